@@ -1,0 +1,6 @@
+"""A decoder-only Transformer language model, built from scaled dot-product attention."""
+
+from .config import GPTConfig
+from .gpt import GPT
+
+__all__ = ["GPT", "GPTConfig"]

@@ -1,0 +1,138 @@
+"""Attention: the five-step function, multi-head self-attention and the KV cache.
+
+Read top to bottom: `scaled_dot_product_attention` is the whole idea in one function;
+`MultiHeadAttention` wraps it in learned projections W_Q, W_K, W_V, W_O; `KVCache`
+keeps the keys and values of past tokens so generation does not recompute them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import GPTConfig
+from .positional import apply_rotary
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V, written out as five steps.
+
+    query [..., T, d_k], key [..., S, d_k], value [..., S, d_v]; any leading dims
+    (batch, heads). mask: bool or 0/1, broadcastable to [..., T, S], True/1 = may
+    attend (the convention of torch's F.scaled_dot_product_attention and of Hugging
+    Face's attention_mask). A query row with nothing allowed gets zero weights and a
+    zero output, not NaN. Returns (output [..., T, d_v], weights [..., T, S]).
+    """
+    d_k = query.size(-1)
+    # 1. similarity: one score per (query, key) pair. (T × d_k) @ (d_k × S) = T × S
+    scores = query @ key.transpose(-2, -1)  # [..., T, S]
+    # 2. scale: dot products of d_k-dim vectors grow like √d_k; dividing keeps their
+    #    variance near 1 so the softmax does not saturate and gradients do not vanish
+    scores = scores / math.sqrt(d_k)  # [..., T, S]
+    # 3. mask: forbidden pairs get -inf, so softmax gives them weight exactly 0
+    if mask is not None:
+        allowed = mask if mask.dtype == torch.bool else mask != 0
+        scores = scores.masked_fill(~allowed, float("-inf"))  # [..., T, S]
+    # 4. softmax over the keys: each query's weights are positive and sum to 1
+    weights = torch.softmax(scores, dim=-1)  # [..., T, S]
+    if mask is not None:
+        # a row whose keys are all forbidden is softmax(-inf, ..., -inf) = NaN;
+        # it has nothing to attend to, so its weights are 0 instead
+        weights = weights.masked_fill(~allowed, 0.0)  # [..., T, S]
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)  # [..., T, S], training only
+    # 5. weighted sum: each output is a mix of the values, weighted by attention
+    output = weights @ value  # [..., T, d_v]
+    return output, weights
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, for every layer, preallocated.
+
+    k, v: [n_layer, B, H, max_len, d_k]. Each forward writes its new keys and values
+    in place at positions [length, length + T), so decoding one token costs O(length)
+    attention instead of recomputing the whole prefix, and no tensor is re-allocated.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int,
+                 device: torch.device | str, dtype: torch.dtype):
+        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_size)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.length = 0  # tokens stored; the GPT advances it after all layers wrote
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v [B, H, T, d_k] for `layer`; return all keys and values so far."""
+        end = self.length + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} tokens; cannot store {end}")
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # [B, H, end, d_k]
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(X) = Concat(head_1, …, head_H) W_O, head_i = Attention(X W_Q,i, X W_K,i, X W_V,i).
+
+    Self-attention: queries, keys and values all come from the same sequence X.
+    W_Q, W_K, W_V are fused into one Linear (c_attn, GPT-2's name); splitting its
+    output into H heads of d_k = n_embd / H lets each head attend in its own subspace.
+    attn_impl 'explicit' runs the five-step function above (and can keep the weights
+    for inspection: set `keep_weights`); 'sdpa' runs torch's fused kernel (flash
+    attention on GPUs). Both compute the same thing.
+    """
+
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_head = config.n_head
+        self.impl = config.attn_impl
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # W_Q, W_K, W_V
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.keep_weights = False
+        self.weights: torch.Tensor | None = None  # [B, H, T, S] when keep_weights is set
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """x [B, T, C]. mask [B, 1, T, S] (True = may attend) or None for plain causal
+        attention over x itself. rope: (cos, sin) for rotary positions. cache: past keys."""
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 × [B, T, C]
+        # split C into H heads of d_k: [B, T, C] -> [B, T, H, d_k] -> [B, H, T, d_k]
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if cache is not None:
+            k, v = cache.write(self.layer, k, v)  # [B, H, S, d_k], S = past + T
+        causal = mask is None and T > 1  # a lone new token may see every cached key
+        dropout_p = self.dropout if self.training else 0.0
+
+        if self.impl == "explicit":
+            if causal:
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # [T, T]
+            y, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # [B, H, T, d_k]
+            self.weights = weights.detach() if self.keep_weights else None
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                               is_causal=causal)  # [B, H, T, d_k]
+        # merge heads: [B, H, T, d_k] -> [B, T, H, d_k] -> [B, T, C]
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))  # W_O

@@ -1,0 +1,300 @@
+"""GPT: token embedding → positional encoding → N blocks → final norm → LM head.
+
+A decoder-only Transformer: every position predicts the next token, seeing only the
+positions before it (the causal mask). `generate` samples one token at a time,
+reusing past keys and values through a KV cache.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import KVCache
+from .block import Block, make_norm
+from .config import GPTConfig
+from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class GPT(nn.Module):
+    """P(x_t | x_<t) = softmax(LMHead(Norm(Blocks(Embed(x) + PE))))_t.
+
+    The LM head shares its weight matrix with the token embedding (weight tying, as in
+    GPT-2): the same vector that represents a token is used to score it as output.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList(Block(config, layer) for layer in range(config.n_layer)),
+            # post-LN blocks already end in a norm; a final one would be redundant
+            ln_f=make_norm(config) if config.norm_position == "pre" else nn.Identity(),
+        ))
+        self.rotary = None
+        if config.pos_encoding == "learned":
+            self.transformer.wpe = LearnedPositionalEmbedding(config.block_size, config.n_embd)
+        elif config.pos_encoding == "sinusoidal":
+            self.transformer.wpe = SinusoidalPositionalEncoding(config.n_embd)
+        else:
+            self.rotary = RotaryEmbedding(config.head_size, config.rope_base)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # weight tying
+
+        self.apply(self._init_weights)
+        # GPT-2: each block adds two residual branches, so the variance of the stream
+        # grows with depth; scaling the projections into it by 1/√(2·n_layer) keeps it flat
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    # ---- sizes ---------------------------------------------------------------
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, the tied embedding/head counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq_len: int | None = None, training: bool = True) -> float:
+        """Matmul FLOPs per token: 2 per weight per token forward, plus attention's
+        Q Kᵀ and weights @ V (2 · 2 · T · C per layer, T = seq_len). Training (forward
+        and backward) costs 3× the forward. As in the PaLM paper's MFU and nanoGPT."""
+        c = self.config
+        T = c.block_size if seq_len is None else seq_len
+        weights = self.num_parameters()
+        if c.pos_encoding == "learned":
+            weights -= self.transformer.wpe.weight.numel()  # a lookup, not a matmul
+        forward = 2 * weights + 4 * c.n_layer * T * c.n_embd
+        return float(3 * forward if training else forward)
+
+    # ---- forward -------------------------------------------------------------
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx [B, T] token ids. targets [B, T] (-100 = ignore) gives a mean cross-entropy loss.
+        attention_mask [B, S] (1 = real token, 0 = padding) covers the cached tokens and
+        idx, S = past + T. Returns (logits [B, T, vocab_size], loss or None)."""
+        B, T = idx.shape
+        past = kv_cache.length if kv_cache is not None else 0
+        if past + T > self.config.block_size:
+            raise ValueError(f"sequence of {past + T} tokens is longer than block_size={self.config.block_size}")
+        if attention_mask is not None and attention_mask.shape != (B, past + T):
+            raise ValueError(f"attention_mask must have shape {(B, past + T)}, got {tuple(attention_mask.shape)}")
+
+        positions = self._positions(B, T, past, attention_mask, idx.device)  # [B, T]
+        mask = self._attention_mask(T, past, attention_mask, idx.device)  # [B, 1, T, S] or None
+        x = self.transformer.wte(idx)  # [B, T, C]
+        rope = None
+        if self.rotary is None:
+            x = x + self.transformer.wpe(positions).to(x.dtype)  # [B, T, C]
+        else:
+            rope = self.rotary(positions)  # (cos, sin) [B, 1, T, d_k]
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x, mask, rope, kv_cache)  # [B, T, C]
+        if kv_cache is not None:
+            kv_cache.length += T
+        logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, vocab_size]
+
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        return logits, loss
+
+    @staticmethod
+    def _positions(B: int, T: int, past: int, attention_mask: torch.Tensor | None,
+                   device: torch.device) -> torch.Tensor:
+        """Position of each new token: its index, or with padding, the number of real
+        tokens before it, so a left-padded prompt starts at position 0 like one alone."""
+        if attention_mask is None:
+            return torch.arange(past, past + T, device=device).expand(B, T)
+        positions = attention_mask.long().cumsum(dim=-1) - 1  # [B, S]
+        return positions[:, -T:].clamp(min=0)  # [B, T]
+
+    @staticmethod
+    def _attention_mask(T: int, past: int, attention_mask: torch.Tensor | None,
+                        device: torch.device) -> torch.Tensor | None:
+        """Which keys each new token may attend to (True = may attend), or None when
+        the plain causal pattern suffices (no padding, and no cache or a single token)."""
+        if attention_mask is None and (past == 0 or T == 1):
+            return None
+        S = past + T
+        query_pos = torch.arange(past, S, device=device)[:, None]  # [T, 1]
+        key_pos = torch.arange(S, device=device)[None, :]  # [1, S]
+        mask = key_pos <= query_pos  # [T, S]: causal, never the future
+        if attention_mask is not None:
+            mask = mask & attention_mask.bool()[:, None, None, :]  # [B, 1, T, S]: no padding
+            # a padding query would have no key left; letting it see itself avoids an
+            # empty row (fused GPU kernels may return NaN for one). Real tokens never
+            # see padding, so their outputs are unchanged.
+            mask = mask | (key_pos == query_pos)
+        return mask
+
+    # ---- generation ----------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
+                 attention_mask: torch.Tensor | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Append max_new_tokens sampled tokens to idx [B, T]; returns [B, T + max_new_tokens].
+        temperature 0 is greedy. See `generate_tokens` for the rest."""
+        new = list(self.generate_tokens(idx, max_new_tokens, temperature, top_k, top_p,
+                                        use_cache, attention_mask, generator))
+        return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx.clone()
+
+    @torch.no_grad()
+    def generate_tokens(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                        top_k: int | None = None, top_p: float | None = None,
+                        use_cache: bool = True, attention_mask: torch.Tensor | None = None,
+                        generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
+        """Yield the next token ids [B], one step at a time (for streaming).
+
+        The model always sees the last block_size tokens. Without the cache, every step
+        runs the whole window again. With it, the prompt is run once (prefill) and each
+        step runs only the new token against the stored keys and values. Once the
+        window is full and slides, every stored key would change (positions shift and
+        deeper layers' keys depend on the dropped tokens), so the window is run afresh:
+        the output is exactly what the uncached path gives. Dropout is off while
+        generating (the model is put in eval mode and restored afterwards).
+        """
+        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        was_training = self.training
+        self.eval()
+        try:
+            yield from self._decode(idx, max_new_tokens, temperature, top_k, top_p,
+                                    use_cache, attention_mask, generator)
+        finally:
+            self.train(was_training)
+
+    def _decode(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache,
+                attention_mask, generator) -> Iterator[torch.Tensor]:
+        B, T0 = idx.shape
+        block_size = self.config.block_size
+        seq = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=idx.device)
+        seq[:, :T0] = idx
+        mask = None
+        if attention_mask is not None:
+            mask = torch.ones_like(seq, dtype=torch.bool)
+            mask[:, :T0] = attention_mask.bool()
+        cache = None
+        if use_cache:
+            dtype = self.lm_head.weight.dtype
+            cache = KVCache(self.config, B, block_size, idx.device, dtype)
+        cache_start = 0  # index in seq of the first token held in the cache
+        n = T0  # tokens in seq so far
+        for _ in range(max_new_tokens):
+            start = max(0, n - block_size)  # the window the model sees: seq[start:n]
+            if cache is None or cache.length in (0, block_size):
+                if cache is not None:
+                    cache.reset()
+                    cache_start = start
+                window_mask = None if mask is None else mask[:, start:n]
+                logits, _ = self(seq[:, start:n], attention_mask=window_mask, kv_cache=cache)
+            else:
+                window_mask = None if mask is None else mask[:, cache_start:n]
+                logits, _ = self(seq[:, n - 1:n], attention_mask=window_mask, kv_cache=cache)
+            next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # [B]
+            seq[:, n] = next_token
+            n += 1
+            yield next_token
+
+    # ---- saving and loading (no pickle) ---------------------------------------
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write config.json and model.safetensors, each atomically (temp file, then replace)."""
+        from safetensors.torch import save_model
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / (CONFIG_FILE + ".tmp")
+        tmp.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        os.replace(tmp, directory / CONFIG_FILE)
+        tmp = directory / (WEIGHTS_FILE + ".tmp")
+        save_model(self, str(tmp), metadata={"format": "pt"})  # handles the tied head
+        os.replace(tmp, directory / WEIGHTS_FILE)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> "GPT":
+        """Load what save_pretrained wrote. Raises FileNotFoundError for a missing file and
+        ValueError for a malformed config.json or weights that are not safetensors or do
+        not match the config."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_model
+
+        directory = Path(directory)
+        config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+        for path in (config_path, weights_path):
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} does not exist")
+        try:
+            config = GPTConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{config_path} is not valid JSON ({e})") from e
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{config_path}: {e}") from e
+        model = cls(config)
+        try:
+            load_model(model, str(weights_path), strict=True, device=str(device))
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{weights_path} is not a valid safetensors file ({e})") from e
+        except RuntimeError as e:
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{weights_path} does not match {config_path}: {first_line}") from e
+        return model.to(device)
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None,
+                   top_p: float | None) -> None:
+    """Raise ValueError naming the first sampling setting that is out of range."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: must be 0 or more")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature}: must be 0 (greedy) or more")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k}: must be 1 or more (or unset)")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p}: must be in (0, 1] (or unset)")
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pick one token per row from logits [B, V]: greedy at temperature 0, else sample
+    softmax(logits / temperature) restricted to the top_k tokens and then to the
+    smallest set whose probability reaches top_p (nucleus sampling). Returns [B]."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # [B, V]
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the tokens ranked above it already reach top_p
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    probs = torch.softmax(logits, dim=-1)  # [B, V]
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

@@ -1,0 +1,63 @@
+"""Positional encodings: attention alone cannot tell "猫追狗" from "狗追猫".
+
+Attention is permutation-invariant: shuffle the tokens and each output is shuffled
+the same way. Word order has to be put in, either added to the token embeddings
+(sinusoidal, learned) or turned into a rotation of the queries and keys (rope).
+Every encoding takes explicit positions [B, T], so a left-padded prompt and a
+token decoded with the KV cache both get the positions they would have alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
+
+    The paper's fixed encoding: no parameters, defined for any position.
+    """
+
+    def __init__(self, n_embd: int):
+        super().__init__()
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, n_embd, 2).float() / n_embd))  # [C/2]
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        angles = positions[..., None].float() * self.inv_freq  # [B, T, C/2]
+        # interleave: even dims get sin, odd dims get cos -> [B, T, C/2, 2] -> [B, T, C]
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)
+
+
+class LearnedPositionalEmbedding(nn.Embedding):
+    """PE(pos) = W_pos[pos]: one trained vector per position (GPT-2's wpe), pos < block_size."""
+
+    def __init__(self, block_size: int, n_embd: int):
+        super().__init__(block_size, n_embd)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al., RoFormer): rotate each pair of query/key dims by angle pos · θ_i.
+
+    θ_i = base^(-2i/d_k). Because rotations compose, q_m · k_n depends only on the
+    offset m - n, so attention sees relative positions; nothing is added to x.
+    forward returns (cos, sin) [B, 1, T, d_k] for `apply_rotary`.
+    """
+
+    def __init__(self, head_size: int, base: float = 10000.0):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_size, 2).float() / head_size))  # [d_k/2]
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions[..., None].float() * self.inv_freq  # [B, T, d_k/2]
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, d_k]
+        return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, T, d_k]: dim i pairs with dim i + d_k/2 (the GPT-NeoX/Llama layout)."""
+    x1, x2 = x.chunk(2, dim=-1)  # 2 × [B, H, T, d_k/2]
+    rotated = torch.cat((-x2, x1), dim=-1)  # [B, H, T, d_k]
+    return (x * cos + rotated * sin).type_as(x)

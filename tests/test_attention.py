@@ -1,0 +1,126 @@
+"""The five-step attention function and multi-head attention, checked against torch."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPTConfig
+from model.attention import MultiHeadAttention, scaled_dot_product_attention
+
+
+def qkv(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+
+
+MASKS = {
+    "none": None,
+    "boolean": torch.tensor([[True, False, True, True], [True, True, False, False],
+                             [False, True, True, True], [True, True, True, False]]),
+    "causal": torch.ones(4, 4, dtype=torch.bool).tril(),
+    "zero_one": torch.tensor([[1, 0, 1, 1], [1, 1, 0, 0], [0, 1, 1, 1], [1, 1, 1, 0]]),
+}
+
+
+@pytest.mark.parametrize("name", MASKS)
+def test_explicit_matches_torch_values_and_gradients(name):
+    mask = MASKS[name]
+    q, k, v = qkv(2, 3, 4, 8)
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    torch_mask = None if mask is None else mask.bool()
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=torch_mask)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
+    assert weights.shape == (2, 3, 4, 4)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 4, dtype=torch.float64))
+
+    grad = torch.randn_like(out)
+    ours = torch.autograd.grad(out, (q, k, v), grad)
+    theirs = torch.autograd.grad(ref, (q, k, v), grad)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_fully_masked_row_gives_zeros_not_nan():
+    q, k, v = qkv(1, 2, 3, 4)
+    mask = torch.tensor([[False, False, False], [True, False, False], [True, True, True]])
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    assert not out.isnan().any() and not weights.isnan().any()
+    assert (out[..., 0, :] == 0).all() and (weights[..., 0, :] == 0).all()
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    out.sum().backward()
+    assert not any(t.grad.isnan().any() for t in (q, k, v))
+
+
+def test_mask_broadcasts_over_batch_and_heads():
+    q, k, v = qkv(2, 3, 4, 8)
+    key_padding = torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]]).bool()[:, None, None, :]  # [B,1,1,S]
+    out, weights = scaled_dot_product_attention(q, k, v, key_padding)
+    assert (weights[0, :, :, 3] == 0).all() and (weights[1, :, :, 0] == 0).all()
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=key_padding))
+
+
+def test_tutorial_softmax_example_with_correct_figures():
+    # the first tutorial prints [0.02, 0.12, 0.86]; the true values are these
+    probs = torch.softmax(torch.tensor([2.0, 5.0, 8.0]), dim=-1)
+    torch.testing.assert_close(probs, torch.tensor([0.0024, 0.0473, 0.9503]), atol=5e-5, rtol=0)
+
+
+def test_tutorial_shape_table():
+    x = torch.randn(2, 4, 512)  # batch 2, 4 tokens, d_model 512
+    assert x.transpose(-2, -1).shape == (2, 512, 4)  # Kᵀ
+    out, weights = scaled_dot_product_attention(x, x, x, torch.ones(4, 4, dtype=torch.bool).tril())
+    assert weights.shape == (2, 4, 4)  # scores, scaled, masked, softmaxed: one per (query, key)
+    assert out.shape == (2, 4, 512)  # same size as the input, new contents
+
+
+def test_scaling_keeps_scores_unit_variance():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 256, 512, generator=g), torch.randn(2, 256, 512, generator=g)
+    raw = q @ k.transpose(-2, -1)
+    assert 400 < raw.var() < 620  # ≈ d_k: softmax of these would be one-hot
+    assert 0.8 < (raw / 512 ** 0.5).var() < 1.2
+
+
+def test_dropout_on_weights_only_when_asked():
+    q, k, v = qkv(1, 1, 6, 4)
+    out_a, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
+    out_b, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
+    assert torch.equal(out_a, out_b)
+    torch.manual_seed(0)
+    _, dropped = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert (dropped == 0).any()
+
+
+def make_attention(impl, seed=0):
+    torch.manual_seed(seed)
+    cfg = GPTConfig(vocab_size=10, block_size=16, n_layer=1, n_head=4, n_embd=32, attn_impl=impl)
+    return MultiHeadAttention(cfg, layer=0)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_multihead_explicit_and_sdpa_agree(padded):
+    explicit, sdpa = make_attention("explicit"), make_attention("sdpa")
+    assert torch.equal(explicit.c_attn.weight, sdpa.c_attn.weight)
+    x = torch.randn(3, 10, 32, requires_grad=True)
+    mask = None
+    if padded:
+        keys = torch.ones(3, 10, dtype=torch.bool)
+        keys[1, :4] = False
+        mask = torch.ones(10, 10, dtype=torch.bool).tril() & keys[:, None, None, :]
+        mask = mask | torch.eye(10, dtype=torch.bool)
+    a, b = explicit(x, mask), sdpa(x, mask)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    grad = torch.randn_like(a)
+    ga = torch.autograd.grad(a, [x, *explicit.parameters()], grad)
+    gb = torch.autograd.grad(b, [x, *sdpa.parameters()], grad)
+    for u, w in zip(ga, gb):
+        torch.testing.assert_close(u, w, atol=1e-5, rtol=0)
+
+
+def test_explicit_keeps_weights_for_inspection():
+    attn = make_attention("explicit")
+    attn.keep_weights = True
+    attn(torch.randn(2, 5, 32))
+    assert attn.weights.shape == (2, 4, 5, 5)  # [B, H, T, T]
+    assert (attn.weights.triu(diagonal=1) == 0).all()  # the causal triangle
+    torch.testing.assert_close(attn.weights.sum(-1), torch.ones(2, 4, 5))

@@ -1,0 +1,266 @@
+"""The GPT model: causality, padding, the KV cache, training, saving, and HF parity."""
+
+import json
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from model.gpt import sample_next
+
+ENCODINGS = ["learned", "sinusoidal", "rope"]
+
+
+def tiny(seed=0, **overrides):
+    torch.manual_seed(seed)
+    settings = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    settings.update(overrides)
+    return GPT(GPTConfig(**settings)).eval()
+
+
+def test_forward_shapes_and_ignored_targets():
+    model = tiny()
+    idx = torch.randint(0, 50, (3, 7))
+    logits, loss = model(idx)
+    assert logits.shape == (3, 7, 50) and loss is None
+    targets = torch.randint(0, 50, (3, 7))
+    _, full = model(idx, targets)
+    ignored = targets.clone()
+    ignored[:, :3] = -100
+    _, partial = model(idx, ignored)
+    expected = torch.nn.functional.cross_entropy(logits[:, 3:].flatten(0, 1), targets[:, 3:].flatten())
+    torch.testing.assert_close(partial, expected)
+    assert not torch.isclose(full, partial)
+
+
+def test_too_long_input_is_an_error():
+    with pytest.raises(ValueError, match="block_size=16"):
+        tiny()(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_causality(pos, impl):
+    model = tiny(pos_encoding=pos, attn_impl=impl)
+    idx = torch.randint(0, 50, (2, 12))
+    changed = idx.clone()
+    changed[:, 6:] = torch.randint(0, 50, (2, 6))
+    a, _ = model(idx)
+    b, _ = model(changed)
+    torch.testing.assert_close(a[:, :6], b[:, :6], atol=0, rtol=0)
+    assert not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+def left_pad(prompts, pad=0):
+    width = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        idx[row, width - len(p):] = torch.tensor(p)
+        mask[row, width - len(p):] = 1
+    return idx, mask
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_left_padded_batch_matches_each_prompt_alone(pos, impl):
+    model = tiny(pos_encoding=pos, attn_impl=impl)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
+    idx, mask = left_pad(prompts)
+    logits, _ = model(idx, attention_mask=mask)
+    assert not logits.isnan().any()
+    for row, p in enumerate(prompts):
+        alone, _ = model(torch.tensor([p]))
+        torch.testing.assert_close(logits[row, -len(p):], alone[0], atol=1e-5, rtol=0)
+    # generation past block_size too: windows slide over the padding
+    batched = model.generate(idx, 30, temperature=0, attention_mask=mask)
+    for row, p in enumerate(prompts):
+        alone = model.generate(torch.tensor([p]), 30, temperature=0)
+        assert batched[row, -30:].tolist() == alone[0, -30:].tolist()
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+def test_cache_gives_the_same_greedy_tokens_past_block_size(pos):
+    model = tiny(pos_encoding=pos)
+    idx = torch.randint(0, 50, (2, 5))
+    n = 3 * model.config.block_size
+    cached = model.generate(idx, n, temperature=0, use_cache=True)
+    uncached = model.generate(idx, n, temperature=0, use_cache=False)
+    assert cached.shape == (2, 5 + n)
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+def test_cached_logits_match_uncached(pos):
+    from model.attention import KVCache
+
+    model = tiny(pos_encoding=pos)
+    idx = torch.randint(0, 50, (2, 12))
+    full, _ = model(idx)
+    cache = KVCache(model.config, 2, model.config.block_size, "cpu", torch.float32)
+    prefill, _ = model(idx[:, :4], kv_cache=cache)
+    steps = [prefill]
+    for t in range(4, 12):
+        step, _ = model(idx[:, t:t + 1], kv_cache=cache)
+        steps.append(step)
+    assert cache.length == 12
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_cache_writes_in_place():
+    from model.attention import KVCache
+
+    model = tiny()
+    cache = KVCache(model.config, 1, 16, "cpu", torch.float32)
+    storage = cache.k.data_ptr()
+    model(torch.tensor([[1, 2, 3]]), kv_cache=cache)
+    model(torch.tensor([[4]]), kv_cache=cache)
+    assert cache.k.data_ptr() == storage and cache.length == 4
+    assert cache.k[:, :, :, 4:].abs().sum() == 0 and cache.k[:, :, :, :4].abs().sum() > 0
+
+
+def test_sampling_controls():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.5], [4.0, 0.0, 1.0, 3.9]])
+    greedy = logits.argmax(-1)
+    assert torch.equal(sample_next(logits, temperature=0), greedy)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        assert torch.equal(sample_next(logits, 1.0, top_k=1, generator=g), greedy)
+        assert torch.equal(sample_next(logits, 1.0, top_p=0.01, generator=g), greedy)
+        two = sample_next(logits, 5.0, top_k=2, generator=g)
+        assert two[0] in (1, 2) and two[1] in (0, 3)
+    model = tiny()
+    idx = torch.randint(0, 50, (2, 3))
+    a = model.generate(idx, 20, generator=torch.Generator().manual_seed(1))
+    b = model.generate(idx, 20, generator=torch.Generator().manual_seed(1))
+    c = model.generate(idx, 20, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    for bad in (dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            model.generate(idx, 5, **bad)
+
+
+def test_generate_restores_training_mode():
+    model = tiny(dropout=0.1).train()
+    model.generate(torch.tensor([[1]]), 3)
+    assert model.training
+
+
+@pytest.mark.parametrize("settings", [
+    dict(norm_position="pre"), dict(norm_position="post"), dict(norm="rmsnorm", bias=False),
+    dict(attn_impl="explicit", pos_encoding="rope"),
+])
+def test_loss_falls_on_a_fixed_batch(settings):
+    model = tiny(**settings).train()
+    idx = torch.randint(0, 50, (4, 16), generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_overfits_one_batch():
+    model = tiny(n_layer=2, n_embd=64, n_head=4).train()
+    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+
+
+def test_initialisation_and_tying():
+    model = tiny(n_layer=4)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    std = model.transformer.h[0].attn.c_proj.weight.std().item()
+    assert abs(std - 0.02 / (2 * 4) ** 0.5) < 0.002
+    assert abs(model.transformer.h[0].attn.c_attn.weight.std().item() - 0.02) < 0.002
+    n = model.num_parameters()
+    assert n == sum(p.numel() for p in set(model.parameters()))
+    assert model.flops_per_token(16) > 6 * (n - 16 * 32)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    for pos in ENCODINGS:
+        model = tiny(pos_encoding=pos, norm="rmsnorm")
+        model.save_pretrained(tmp_path / pos)
+        loaded = GPT.from_pretrained(tmp_path / pos)
+        assert loaded.config == model.config
+        idx = torch.randint(0, 50, (2, 9))
+        assert torch.equal(model(idx)[0], loaded.eval()(idx)[0])
+        assert loaded.lm_head.weight is loaded.transformer.wte.weight
+        assert sorted(p.name for p in (tmp_path / pos).iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_load_errors_are_clear(tmp_path):
+    tiny().save_pretrained(tmp_path)
+    weights = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(ValueError, match="not a valid safetensors"):
+        GPT.from_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"\x80\x04not safetensors at all")
+    with pytest.raises(ValueError, match="not a valid safetensors"):
+        GPT.from_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(weights)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_embd": 64}))
+    with pytest.raises(ValueError, match="does not match"):
+        GPT.from_pretrained(tmp_path)
+    del config["n_layer"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="missing config field.*n_layer"):
+        GPT.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        GPT.from_pretrained(tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        GPT.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(n_embd=30, n_head=4), "n_embd=30 is not divisible by n_head=4"),
+    (dict(block_size=0), "block_size=0: must be at least 1"),
+    (dict(pos_encoding="alibi"), "pos_encoding='alibi': must be one of sinusoidal, learned, rope"),
+    (dict(attn_impl="flash"), "attn_impl='flash': must be one of explicit, sdpa"),
+    (dict(norm_position="middle"), "norm_position='middle'"),
+    (dict(n_embd=36, n_head=12, pos_encoding="rope"), "even head size"),
+    (dict(dropout=1.0), "dropout=1.0"),
+    (dict(n_layer=2.5), "n_layer=2.5: must be an integer"),
+    (dict(bias="yes"), "bias='yes': must be true or false"),
+])
+def test_config_validation_messages(settings, message):
+    base = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        GPTConfig(**{**base, **settings})
+
+
+def test_config_from_dict_rejects_unknown_fields():
+    with pytest.raises(ValueError, match="unknown config field.*n_embed"):
+        GPTConfig.from_dict(dict(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=8, n_embed=8))
+
+
+def test_logits_equal_hugging_face_gpt2():
+    transformers = pytest.importorskip("transformers")
+    model = tiny(n_layer=3, n_head=4, n_embd=64, block_size=32, vocab_size=97,
+                 pos_encoding="learned", activation="gelu_tanh", bias=True)
+    hf_config = transformers.GPT2Config(
+        vocab_size=97, n_positions=32, n_embd=64, n_layer=3, n_head=4,
+        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        layer_norm_epsilon=1e-5)
+    hf = transformers.GPT2LMHeadModel(hf_config).eval()
+    ours = model.state_dict()
+    conv1d = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    mapped = {k: v.t() if k.endswith(conv1d) else v for k, v in ours.items()}
+    missing, unexpected = hf.load_state_dict(mapped, strict=False)
+    assert not unexpected and all(k.endswith(("attn.bias", "attn.masked_bias")) for k in missing)
+    idx = torch.randint(0, 97, (2, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
