@@ -24,17 +24,25 @@ def windows(tokens: np.ndarray, starts: torch.Tensor, block_size: int) -> tuple[
 
 class BatchSampler:
     """Random windows, reproducible from a seed, with a state that can be saved and
-    restored so a resumed run draws exactly the batches it would have drawn. Under
-    DDP each rank seeds its own generator, so ranks draw different windows."""
+    restored so a resumed run draws exactly the batches it would have drawn.
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, rank: int = 0):
+    Under DDP every rank draws the same global batch of batch_size × world_size windows
+    and keeps its own slice: ranks see different windows, and together exactly the
+    windows one process with the whole global batch would see.
+    """
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
+                 rank: int = 0, world_size: int = 1):
         check_length(tokens, block_size, "train")
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
-        self.generator = torch.Generator().manual_seed(seed + 1_000_003 * rank)
+        self.rank, self.world_size = rank, world_size
+        self.generator = torch.Generator().manual_seed(seed)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = torch.randint(len(self.tokens) - self.block_size, (self.batch_size,), generator=self.generator)
-        return windows(self.tokens, starts, self.block_size)
+        starts = torch.randint(len(self.tokens) - self.block_size, (self.batch_size * self.world_size,),
+                               generator=self.generator)
+        mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        return windows(self.tokens, mine, self.block_size)
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -166,8 +166,11 @@ def test_batches_are_shifted_reproducible_and_resumable():
         assert torch.equal(a, c) and torch.equal(b, d)
     same_seed = BatchSampler(tokens, 8, 4, seed=1)
     assert torch.equal(same_seed.next_batch()[0], x)
-    other_rank = BatchSampler(tokens, 8, 4, seed=1, rank=1)
-    assert not torch.equal(other_rank.next_batch()[0], x)
+    # two DDP ranks draw different windows that together make one process's global batch
+    rank0 = BatchSampler(tokens, 8, 2, seed=1, rank=0, world_size=2).next_batch()[0]
+    rank1 = BatchSampler(tokens, 8, 2, seed=1, rank=1, world_size=2).next_batch()[0]
+    assert not torch.equal(rank0, rank1)
+    assert torch.equal(torch.cat([rank0, rank1]), x)
     fixed = fixed_batches(tokens, 8, 4, n_batches=2)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(fixed, fixed_batches(tokens, 8, 4, 2)))
 

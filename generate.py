@@ -1,0 +1,253 @@
+"""Sample from a trained GPT: python generate.py --prompt "ROMEO:" [--checkpoint out/tiny]
+
+Loads model.safetensors, config.json and tokenizer.json (no pickle) and samples token
+by token with a KV cache. Several --prompt flags run as one left-padded batch.
+Exit codes: 0 ok, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from data import load_tokenizer, unknown_characters
+from data.tokenizer import EOT
+from model import GPT
+from model.gpt import check_sampling
+from training.config import UserError
+from training.device import resolve_device
+
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def load(checkpoint: Path, device: torch.device, dtype: str):
+    if not checkpoint.is_dir():
+        hint = " (the tiny config's run)" if checkpoint == Path("out/tiny") else ""
+        raise UserError(f"checkpoint folder {checkpoint}{hint} does not exist; train one first: "
+                        "python train.py --config configs/tiny.yaml")
+    missing = [name for name in REQUIRED_FILES if not (checkpoint / name).is_file()]
+    if missing:
+        raise UserError(f"{checkpoint} is missing {', '.join(missing)}; it is not a finished run "
+                        "directory (train again with python train.py --config ...)")
+    try:
+        model = GPT.from_pretrained(checkpoint, device=device)
+        tokenizer = load_tokenizer(checkpoint / "tokenizer.json")
+    except (ValueError, FileNotFoundError) as e:
+        raise UserError(f"{e}; retrain or copy the run directory again") from None
+    if tokenizer.get_vocab_size() != model.config.vocab_size:
+        raise UserError(f"{checkpoint}/tokenizer.json has {tokenizer.get_vocab_size()} tokens but the model "
+                        f"expects {model.config.vocab_size}; they come from different runs")
+    if dtype == "auto":  # small models decode fastest in float32 on CPUs; bf16 on GPUs
+        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    model = model.to({"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
+    return model.eval(), tokenizer
+
+
+def encode_prompt(tokenizer, prompt: str, block_size: int) -> list[int]:
+    unknown = unknown_characters(tokenizer, prompt)
+    if unknown:
+        shown = " ".join(repr(c) for c in unknown[:10])
+        raise UserError(f"the prompt has characters this model never saw in training: {shown}; "
+                        "remove or replace them")
+    ids = tokenizer.encode(prompt).ids
+    if not ids:  # an empty prompt starts from <|endoftext|> (bpe) or a newline (char)
+        start = tokenizer.token_to_id(EOT)
+        ids = [start] if start is not None else tokenizer.encode("\n").ids
+    if len(ids) > block_size:
+        print(f"note: the prompt has {len(ids)} tokens; keeping the last {block_size} (block_size)",
+              file=sys.stderr)
+        ids = ids[-block_size:]
+    return ids
+
+
+def batch(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Left-pad prompts into idx [B, T] and attention_mask [B, T] (None if all equal length)."""
+    width = max(len(p) for p in prompts)
+    idx = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        idx[row, width - len(p):] = torch.tensor(p)
+        mask[row, width - len(p):] = 1
+    same = all(len(p) == width for p in prompts)
+    return idx.to(device), None if same else mask.to(device)
+
+
+class Stream:
+    """Prints one sample's text as it grows, holding back what may still change: an
+    incomplete UTF-8 character (byte-level BPE) or a possible start of a stop string."""
+
+    def __init__(self, out, stop: list[str]):
+        self.out, self.printed = out, 0
+        self.hold = max((len(s) for s in stop), default=1) - 1
+
+    def update(self, text: str, final: bool = False) -> None:
+        end = len(text) if final else len(text) - self.hold
+        while not final and end > self.printed and text[end - 1] == "\ufffd":
+            end -= 1
+        if end > self.printed:
+            self.out.write(text[self.printed:end])
+            self.out.flush()
+            self.printed = end
+
+
+def cut_at_stop(text: str, start: int, stop: list[str]) -> tuple[str, bool]:
+    """Cut text before the first stop string found after position `start` (the prompt)."""
+    hits = [i for s in stop if (i := text.find(s, start)) >= 0]
+    return (text[:min(hits)], True) if hits else (text, False)
+
+
+def generate(model, tokenizer, prompts: list[str], args, device, out=sys.stdout) -> list[str]:
+    """Sample args.num_samples continuations of each prompt; returns the texts."""
+    block_size = model.config.block_size
+    encoded = [encode_prompt(tokenizer, p, block_size) for p in prompts for _ in range(args.num_samples)]
+    idx, mask = batch(encoded, device)
+    generator = torch.Generator(device=device)
+    if args.seed is not None:
+        generator.manual_seed(args.seed)
+    else:
+        generator.seed()
+    rows = len(encoded)
+    prefixes = [tokenizer.decode(p) for p in encoded]
+    new_ids: list[list[int]] = [[] for _ in range(rows)]
+    texts = list(prefixes)
+    done = [False] * rows
+    stream = Stream(out, args.stop) if rows == 1 and args.stream else None
+    if stream:
+        stream.update(texts[0])
+    start = time.perf_counter()
+    try:
+        for step, token in enumerate(model.generate_tokens(
+                idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                use_cache=not args.no_kv_cache, attention_mask=mask, generator=generator)):
+            for row, t in enumerate(token.tolist()):
+                if done[row]:
+                    continue
+                new_ids[row].append(t)
+                text = prefixes[row] + tokenizer.decode(new_ids[row])
+                texts[row], done[row] = cut_at_stop(text, len(prefixes[row]), args.stop)
+            if stream:
+                stream.update(texts[0])
+            if all(done):
+                break
+    except KeyboardInterrupt:
+        if not args.interactive:
+            raise
+        print("\n[stopped]", file=sys.stderr)
+    elapsed = time.perf_counter() - start
+    if stream:
+        stream.update(texts[0], final=True)
+        out.write("\n")
+    else:
+        for row, text in enumerate(texts):
+            if rows > 1:
+                out.write(f"{'-' * 20} sample {row + 1} of {rows} {'-' * 20}\n")
+            out.write(text + "\n")
+    out.flush()
+    if args.stats:
+        generated = sum(len(ids) for ids in new_ids)
+        print(f"prompt tokens: {sum(len(p) for p in encoded)} | new tokens: {generated} | "
+              f"{elapsed:.2f} s | {generated / max(elapsed, 1e-9):,.1f} tokens/s | "
+              f"batch {rows} | kv cache {'off' if args.no_kv_cache else 'on'} | {device}", file=sys.stderr)
+    return texts
+
+
+def interactive(model, tokenizer, args, device) -> None:
+    print("Type a prompt and press Enter (Ctrl-D to quit, Ctrl-C stops a sample).", file=sys.stderr)
+    while True:
+        try:
+            prompt = input("prompt> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            continue
+        try:
+            generate(model, tokenizer, [prompt], args, device)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        print(f"error: {message} (see python {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv):
+    p = OneLineParser(prog="generate.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=Path, default=Path("out/tiny"), help="run directory (default out/tiny)")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="text to continue; repeat for a batch of prompts")
+    p.add_argument("--prompt-file", type=Path, help="read one prompt from a file")
+    p.add_argument("--max-new-tokens", type=int, default=500)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with mass p")
+    p.add_argument("--seed", type=int, default=None, help="same seed, same samples")
+    p.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
+    p.add_argument("--stop", action="append", default=[], help="end a sample at this text (repeatable)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context every token")
+    p.add_argument("--stats", action="store_true", help="print token counts and tokens/s to stderr")
+    p.add_argument("--interactive", action="store_true", help="read prompts from the terminal")
+    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    args = p.parse_args(argv)
+    # let a shell user type --stop '\n\n' for two newlines
+    args.stop = [s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop]
+    return args
+
+
+def run(args) -> int:
+    try:
+        check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        raise UserError(f"--{str(e).replace('_', '-')}") from None
+    if args.num_samples < 1:
+        raise UserError(f"--num-samples={args.num_samples}: must be 1 or more")
+    if any(s == "" for s in args.stop):
+        raise UserError("--stop needs some text, e.g. --stop '\\n\\n'")
+    prompts = list(args.prompt or [])
+    if args.prompt_file is not None:
+        if not args.prompt_file.is_file():
+            raise UserError(f"prompt file {args.prompt_file} does not exist")
+        try:
+            prompts.append(args.prompt_file.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise UserError(f"prompt file {args.prompt_file} is not UTF-8 text") from None
+    args.interactive = args.interactive or (not prompts and sys.stdin.isatty())
+    args.stream = sys.stdout.isatty()
+    device = resolve_device(args.device)
+    if args.dtype == "float16" and device.type == "cpu":
+        raise UserError("--dtype float16 is for GPUs; on the CPU use float32 or bfloat16")
+    model, tokenizer = load(args.checkpoint, device, args.dtype)
+    if args.interactive:
+        interactive(model, tokenizer, args, device)
+    else:
+        generate(model, tokenizer, prompts or [""], args, device)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except UserError as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. piped into head
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Shared fixtures: a small corpus and a micro run configuration that trains in seconds."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """About 100 kB of real Shakespeare (one play of the built-in corpus)."""
+    from data import shakespeare
+
+    speeches = shakespeare.markdown_to_speeches(
+        next(p for p in shakespeare.play_files() if p.stem == "macbeth").read_text(encoding="utf-8"))
+    path = tmp_path_factory.mktemp("corpus") / "macbeth.txt"
+    path.write_text("\n".join(speeches), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def micro(tmp_path, corpus):
+    """Overrides for a micro run into tmp_path/run; pass extra 'key=value' strings."""
+    cache = tmp_path.parent / "token-cache"  # shared by the runs of one test
+
+    def overrides(*extra: str, out: str = "run") -> list[str]:
+        return [
+            f"data.source={corpus}", f"data.cache_dir={cache}", f"out_dir={tmp_path / out}",
+            "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+            "train.batch_size=8", "train.max_iters=30", "train.eval_interval=10", "train.eval_iters=2",
+            "train.warmup_iters=5", "train.log_interval=5", "train.sample_tokens=20",
+            "train.dtype=float32", "train.threads=1", *extra,
+        ]
+
+    return overrides
+
+
+def run_cli(script: str, *args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=kwargs.pop("cwd", ROOT), **kwargs)

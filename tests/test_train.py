@@ -1,0 +1,233 @@
+"""train.py end to end on a micro model: run directory, TensorBoard, resume, faults, DDP."""
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train
+from conftest import ROOT, run_cli
+from training.config import ConfigError, TrainConfig, load_config
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+def scalars(run_dir, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    return {e.step: e.value for e in events.Scalars(tag)}
+
+
+def test_end_to_end_micro_run(tmp_path, micro, capsys):
+    assert train.main(["--config", TINY, *micro()]) == 0
+    run = tmp_path / "run"
+    names = {p.name for p in run.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "config.yaml", "trainer_state.pt"} <= names
+    assert any(n.startswith("events.out.tfevents") for n in names)
+    assert not any(n.endswith(".tmp") for n in names)
+    out = capsys.readouterr().out
+    assert "done: 30 iterations" in out and "python generate.py --checkpoint" in out
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for tag in ("train/loss", "val/loss", "val/perplexity", "train/lr", "train/grad_norm",
+                "train/tokens_per_sec", "train/mfu", "val/bits_per_char"):
+        assert tag in tags, tag
+    assert {"samples/text_summary", "config/text_summary"} <= set(events.Tags()["tensors"])
+    val = scalars(run, "val/loss")
+    assert sorted(val) == [10, 20, 30] and val[30] < val[10] < math.log(70)
+    resolved = (run / "config.yaml").read_text()
+    assert "n_embd: 32" in resolved and "max_iters: 30" in resolved
+    state = torch.load(run / "trainer_state.pt", weights_only=True)
+    assert state["iter"] == 30 and state["best_val_loss"] == min(val.values())
+
+
+def test_rerun_of_finished_run_exits_at_once(tmp_path, micro, capsys):
+    assert train.main(["--config", TINY, *micro("train.max_iters=10")]) == 0
+    before = (tmp_path / "run" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    assert train.main(["--config", TINY, *micro("train.max_iters=10")]) == 0
+    assert "already holds a finished run of 10 iterations" in capsys.readouterr().out
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
+    # raising max_iters continues the same run
+    assert train.main(["--config", TINY, *micro("train.max_iters=20")]) == 0
+    assert sorted(scalars(tmp_path / "run", "val/loss")) == [10, 20]
+
+
+def test_changed_model_refuses_to_resume_and_fresh_starts_over(tmp_path, micro, capsys):
+    assert train.main(["--config", TINY, *micro("train.max_iters=10")]) == 0
+    assert train.main(["--config", TINY, *micro("train.max_iters=20", "model.n_layer=1")]) == 2
+    err = capsys.readouterr().err
+    assert "different setup (model.n_layer: checkpoint 2, requested 1)" in err and "--fresh" in err
+    assert train.main(["--config", TINY, "--fresh", *micro("train.max_iters=10", "model.n_layer=1")]) == 0
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["n_layer"] == 1
+
+
+def weights(run_dir):
+    return load_file(str(run_dir / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_bit_identical(tmp_path, micro):
+    settings = ["train.max_iters=150", "train.checkpoint_interval=10", "train.eval_interval=50",
+                "model.dropout=0.1"]
+    assert run_cli("train.py", "--config", TINY, *micro(*settings, out="straight")).returncode == 0
+
+    interrupted = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", TINY, *micro(*settings, out="interrupted")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while not (interrupted / "trainer_state.pt").exists() and time.time() < deadline:
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    killed_at = torch.load(interrupted / "trainer_state.pt", weights_only=True)["iter"]
+    assert 10 <= killed_at < 150
+    assert run_cli("train.py", "--config", TINY, *micro(*settings, out="interrupted")).returncode == 0
+    a, b = weights(tmp_path / "straight"), weights(interrupted)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_saves_and_exits(tmp_path, micro, sig, code):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", TINY,
+                             *micro("train.max_iters=100000", "train.checkpoint_interval=100000")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not list(run_dir.glob("events.out.tfevents*")) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "checkpoint saved" in out
+    state = torch.load(run_dir / "trainer_state.pt", weights_only=True)
+    assert 0 < state["iter"] < 100000
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, micro, monkeypatch, capsys):
+    assert train.main(["--config", TINY, *micro("train.max_iters=10")]) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file() and "events" not in p.name}
+    real_forward = train.GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None, **kw):
+        logits, loss = real_forward(self, idx, targets, **kw)
+        calls["n"] += 1
+        if self.training and calls["n"] > 3:
+            loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(train.GPT, "forward", poisoned)
+    assert train.main(["--config", TINY, *micro("train.max_iters=20", "train.eval_interval=100")]) == 1
+    err = capsys.readouterr().err
+    assert "loss became nan" in err and "iteration 14" in err and "last good checkpoint" in err
+    after = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file() and "events" not in p.name}
+    assert {k: v for k, v in after.items() if k != "config.yaml"} == {k: v for k, v in before.items() if k != "config.yaml"}
+
+
+def test_learning_rate_schedule():
+    cfg = TrainConfig(max_iters=100, lr=1.0, min_lr=0.1, warmup_iters=10)
+    lrs = [train.learning_rate(i, cfg) for i in range(120)]
+    assert lrs[0] < lrs[5] < lrs[9] < 1.0  # warmup
+    assert max(lrs) == pytest.approx(1.0, abs=0.01)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then only down
+    assert lrs[100] == lrs[119] == 0.1
+
+
+def test_weight_decay_skips_norms_biases_embeddings():
+    from model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    opt = train.make_optimizer(model, TrainConfig(), torch.device("cpu"))
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    names = {n for n, p in model.named_parameters() if id(p) in decayed}
+    assert names == {"transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.weight",
+                     "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight"}
+
+
+@pytest.mark.parametrize("text, overrides, message", [
+    ("model:\n  n_layer: 2\n", ["train.lrr=1"], "unknown key train.lrr; did you mean 'lr'"),
+    ("model:\n  n_layers: 2\n", [], "unknown key model.n_layers; did you mean 'n_layer'"),
+    ("train:\n  lr: -1\n", [], "train.lr=-1.0: must be positive"),
+    ("train:\n  max_iters: ten\n", [], "train.max_iters='ten': must be an integer"),
+    ("model:\n  n_embd: 30\n  n_head: 4\n", [], "model.n_embd=30 is not divisible by n_head=4"),
+    ("model: [1, 2\n", [], "not valid YAML at line 2, column 1"),
+    ("", [], "is empty"),
+    ("- a\n- b\n", [], "must be a mapping"),
+    ("modle:\n  n_layer: 2\n", [], "unknown key 'modle'; did you mean 'model'"),
+    ("model:\n  vocab_size: 10\n", [], "model.vocab_size is set from the tokenizer"),
+    ("{}", ["train.max_iters"], "must look like section.key=value"),
+    ("{}", ["trian.lr=1"], "unknown section 'trian'; did you mean 'train'"),
+])
+def test_config_errors_name_key_value_and_file(tmp_path, text, overrides, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as e:
+        load_config(path, overrides)
+    assert str(path) in str(e.value) or "override" in str(e.value)
+
+
+def test_overrides_are_typed_as_yaml_and_out_dir_defaults_to_stem(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("train:\n  lr: 1.0e-3\n")
+    cfg = load_config(path, ["train.max_iters=7", "model.bias=false", "data.source=my.txt", "train.lr=3e-4"])
+    assert cfg.train.max_iters == 7 and cfg.model["bias"] is False and cfg.train.lr == 3e-4
+    assert cfg.data.source == "my.txt" and cfg.out_dir == "out/exp"
+
+
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, micro):
+    result = run_cli("train.py", "--config", str(tmp_path / "missing.yaml"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "does not exist" in result.stderr
+    result = run_cli("train.py", "--config", TINY, *micro("train.device=cuda:7" if torch.cuda.is_available()
+                                                           else "train.device=cuda"))
+    assert result.returncode == 2 and "CUDA" in result.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "run" / "trainer_state.pt").exists()
+
+
+def test_second_run_into_same_out_dir_is_refused(tmp_path, micro):
+    from training.checkpoint import RunLock
+
+    (tmp_path / "run").mkdir()
+    lock = RunLock(tmp_path / "run")
+    assert lock.acquire()
+    try:
+        result = run_cli("train.py", "--config", TINY, *micro())
+        assert result.returncode == 2 and "is in use by another training run" in result.stderr
+    finally:
+        lock.release()
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_matches_one_process_global_batch(tmp_path, micro):
+    if shutil.which("torchrun") is None and not (ROOT / ".venv").exists():
+        pass
+    common = ["train.max_iters=3", "train.log_interval=1", "train.eval_interval=3", "train.sample_tokens=0"]
+    single = run_cli("train.py", "--config", TINY, *micro(*common, "train.batch_size=8", out="single"))
+    assert single.returncode == 0, single.stderr
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "train.py", "--config", TINY, *micro(*common, "train.batch_size=4", out="ddp")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=180, env=env)
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    assert "2 process(es)" in ddp.stdout
+    a, b = scalars(tmp_path / "single", "train/loss"), scalars(tmp_path / "ddp", "train/loss")
+    assert a[1] == pytest.approx(b[1], abs=1e-5)
+    assert a[3] == pytest.approx(b[3], abs=1e-4)
+    wa, wb = weights(tmp_path / "single"), weights(tmp_path / "ddp")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)

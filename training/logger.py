@@ -1,0 +1,76 @@
+"""What the user sees during training: a progress bar (or plain lines when stdout is
+not a terminal) and TensorBoard event files in out_dir."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+
+class RunLogger:
+    """Only rank 0 logs; on other ranks every method does nothing."""
+
+    def __init__(self, out_dir: Path, enabled: bool, start_iter: int, max_iters: int, log_interval: int):
+        self.enabled = enabled
+        self.log_interval = log_interval
+        self.writer = None
+        self.bar = None
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(out_dir))
+        if sys.stdout.isatty():
+            self.bar = tqdm(total=max_iters, initial=start_iter, unit="it", dynamic_ncols=True)
+        self.last_time = time.perf_counter()
+        self.last_iter = start_iter
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self.writer is not None:
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, step)
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        if self.writer is not None:
+            # TensorBoard renders markdown; a fenced block keeps line breaks and spaces
+            self.writer.add_text(tag, "```\n" + text + "\n```", step)
+
+    def hparams(self, config: dict[str, Any], metrics: dict[str, float]) -> None:
+        """Hyperparameters in TensorBoard's HParams tab, in this run's own folder."""
+        if self.writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        flat = {f"{section}.{k}": (v if isinstance(v, (int, float, str, bool)) else str(v))
+                for section, values in config.items() if isinstance(values, dict)
+                for k, v in values.items()}
+        for summary in hparams(flat, metrics):
+            self.writer.file_writer.add_summary(summary)
+
+    def progress(self, it: int, loss: float, lr: float, tokens_per_sec: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.n = it
+            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
+            self.bar.refresh()
+        elif it % self.log_interval == 0:
+            print(f"iter {it} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_sec:,.0f} tok/s", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
