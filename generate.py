@@ -7,7 +7,6 @@ Exit codes: 0 ok, 2 bad input.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from data import load_tokenizer, unknown_characters
 from data.tokenizer import EOT
 from model import GPT
 from model.gpt import check_sampling
+from training.cli import OneLineParser, run_main
 from training.config import UserError
 from training.device import resolve_device
 
@@ -85,9 +85,11 @@ class Stream:
         self.hold = max((len(s) for s in stop), default=1) - 1
 
     def update(self, text: str, final: bool = False) -> None:
-        end = len(text) if final else len(text) - self.hold
-        while not final and end > self.printed and text[end - 1] == "\ufffd":
-            end -= 1
+        end = len(text)
+        if not final:
+            while end > self.printed and text[end - 1] == "\ufffd":
+                end -= 1
+            end -= self.hold
         if end > self.printed:
             self.out.write(text[self.printed:end])
             self.out.flush()
@@ -100,8 +102,9 @@ def cut_at_stop(text: str, start: int, stop: list[str]) -> tuple[str, bool]:
     return (text[:min(hits)], True) if hits else (text, False)
 
 
-def generate(model, tokenizer, prompts: list[str], args, device, out=sys.stdout) -> list[str]:
+def generate(model, tokenizer, prompts: list[str], args, device, out=None) -> list[str]:
     """Sample args.num_samples continuations of each prompt; returns the texts."""
+    out = out or sys.stdout
     block_size = model.config.block_size
     encoded = [encode_prompt(tokenizer, p, block_size) for p in prompts for _ in range(args.num_samples)]
     idx, mask = batch(encoded, device)
@@ -159,7 +162,8 @@ def interactive(model, tokenizer, args, device) -> None:
     print("Type a prompt and press Enter (Ctrl-D to quit, Ctrl-C stops a sample).", file=sys.stderr)
     while True:
         try:
-            prompt = input("prompt> ")
+            print("prompt> ", end="", file=sys.stderr, flush=True)  # stdout keeps only samples
+            prompt = input()
         except EOFError:
             print(file=sys.stderr)
             return
@@ -170,12 +174,6 @@ def interactive(model, tokenizer, args, device) -> None:
             generate(model, tokenizer, [prompt], args, device)
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        print(f"error: {message} (see python {self.prog} --help)", file=sys.stderr)
-        sys.exit(2)
 
 
 def parse_args(argv):
@@ -234,19 +232,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except UserError as e:
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # e.g. piped into head
-        return 0
+    return run_main(parse_args, run, argv, {UserError: 2})
 
 
 if __name__ == "__main__":

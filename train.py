@@ -26,6 +26,7 @@ import yaml
 from data import BatchSampler, DataError, fixed_batches, prepare
 from model import GPT
 from training import checkpoint
+from training.cli import OneLineParser, run_main
 from training.config import RunConfig, UserError, load_config
 from training.device import autocast, measure_peak_flops, resolve_device, resolve_dtype
 from training.distributed import Distributed, setup
@@ -347,12 +348,6 @@ def run(cfg: RunConfig, args, device, dtype, dist: Distributed, out_dir: Path, s
 
 # ---- command line ----------------------------------------------------------------
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        print(f"error: {message} (see python {self.prog} --help)", file=sys.stderr)
-        sys.exit(2)
-
-
 def parse_args(argv):
     parser = OneLineParser(prog="train.py", description=__doc__.split("\n\n")[0],
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -361,26 +356,11 @@ def parse_args(argv):
                         help="override config values, typed as YAML: train.max_iters=100 out_dir=out/exp")
     parser.add_argument("--fresh", action="store_true", help="start over, ignoring a checkpoint in out_dir")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        return train(args)
-    except (UserError, DataError) as e:
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except TrainingError as e:
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return run_main(parse_args, train, argv, {UserError: 2, DataError: 2, TrainingError: 1})
 
 
 if __name__ == "__main__":

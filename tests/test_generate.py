@@ -1,0 +1,170 @@
+"""generate.py: loading, sampling options, batching, streaming, the cache, bad input."""
+
+import io
+import json
+import types
+
+import pytest
+import torch
+
+import generate
+from conftest import run_cli
+from data.tokenizer import train_tokenizer
+from model import GPT, GPTConfig
+
+TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nAy me.\n"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A micro run directory: random weights, a char tokenizer, block_size 16."""
+    path = tmp_path_factory.mktemp("ckpt")
+    tokenizer = train_tokenizer("char", [TEXT], 0)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=2, n_head=2, n_embd=32))
+    model.save_pretrained(path)
+    tokenizer.save(str(path / "tokenizer.json"))
+    return path
+
+
+def run(checkpoint, capsys, *args):
+    code = generate.main(["--checkpoint", str(checkpoint), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_end_to_end_and_stats(checkpoint, capsys):
+    code, out, err = run(checkpoint, capsys, "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "1", "--stats")
+    assert code == 0 and out.startswith("ROMEO:")
+    assert "prompt tokens: 6 | new tokens: 20" in err and "kv cache on" in err
+
+
+def greedy(checkpoint, capsys, *args):
+    code, out, err = run(checkpoint, capsys, "--temperature", "0", "--max-new-tokens", "50", *args)
+    assert code == 0, err
+    return out
+
+
+def test_greedy_is_the_same_without_the_cache_past_block_size(checkpoint, capsys):
+    cached = greedy(checkpoint, capsys, "--prompt", "But soft")
+    uncached = greedy(checkpoint, capsys, "--prompt", "But soft", "--no-kv-cache")
+    assert cached == uncached and len(cached) > 50  # 50 new tokens, block_size is 16
+
+
+def test_batched_prompts_match_each_prompt_alone(checkpoint, capsys):
+    prompts = ["ROMEO:", "Ay", "But soft, what light"]
+    batched = greedy(checkpoint, capsys, *[a for p in prompts for a in ("--prompt", p)])
+    alone = [greedy(checkpoint, capsys, "--prompt", p).rstrip("\n") for p in prompts]
+    for i, text in enumerate(alone):
+        assert f"sample {i + 1} of 3" in batched and text in batched
+
+
+def test_same_seed_same_samples(checkpoint, capsys):
+    a = run(checkpoint, capsys, "--prompt", "Ay", "--seed", "7", "--max-new-tokens", "40", "--num-samples", "2")[1]
+    b = run(checkpoint, capsys, "--prompt", "Ay", "--seed", "7", "--max-new-tokens", "40", "--num-samples", "2")[1]
+    c = run(checkpoint, capsys, "--prompt", "Ay", "--seed", "8", "--max-new-tokens", "40", "--num-samples", "2")[1]
+    assert a == b and a != c and "sample 2 of 2" in a
+
+
+def args_for(checkpoint, **overrides):
+    args = generate.parse_args(["--checkpoint", str(checkpoint)])
+    args.__dict__.update(interactive=False, **overrides)
+    return args
+
+
+def test_streaming_prints_the_same_text(checkpoint):
+    model, tokenizer = generate.load(checkpoint, torch.device("cpu"), "float32")
+    texts = []
+    for stream in (True, False):
+        out = io.StringIO()
+        args = args_for(checkpoint, stream=stream, seed=3, max_new_tokens=60, stop=["\n\n"])
+        generate.generate(model, tokenizer, ["ROMEO:"], args, torch.device("cpu"), out=out)
+        texts.append(out.getvalue())
+    assert texts[0] == texts[1]
+
+
+def test_stream_holds_back_partial_stop_strings():
+    out = io.StringIO()
+    stream = generate.Stream(out, ["END"])
+    stream.update("abcE")
+    assert out.getvalue() == "ab"  # "cE" may still become the start of "END"
+    stream.update("abcEN\ufffd")
+    assert out.getvalue() == "abc"
+    stream.update("abcENx", final=True)
+    assert out.getvalue() == "abcENx"
+
+
+def test_stop_string_ends_the_sample(checkpoint, capsys):
+    full = greedy(checkpoint, capsys, "--prompt", "R")
+    stop = full[3:5]
+    cut = greedy(checkpoint, capsys, "--prompt", "R", "--stop", stop)
+    assert cut == full[: full.index(stop, 1)] + "\n"
+
+
+def test_empty_prompt_and_long_prompt(checkpoint, capsys):
+    code, out, err = run(checkpoint, capsys, "--max-new-tokens", "5", "--prompt", "")
+    assert code == 0 and len(out) >= 5
+    code, out, err = run(checkpoint, capsys, "--max-new-tokens", "5", "--prompt", "ROMEO: " * 5)
+    assert code == 0 and "keeping the last 16 (block_size)" in err
+
+
+def broken(tmp_path, checkpoint, name, content):
+    import shutil
+
+    target = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, target)
+    if content is None:
+        (target / name).unlink()
+    else:
+        data = content((target / name).read_bytes())
+        (target / name).write_bytes(data)
+    return target
+
+
+def config_with(**changes):
+    return lambda data: json.dumps({**json.loads(data), **changes}).encode()
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("model.safetensors", lambda d: d[: len(d) // 2], "is not a valid safetensors file"),
+    ("model.safetensors", lambda d: b"PK\x03\x04 not safetensors", "is not a valid safetensors file"),
+    ("model.safetensors", None, "is missing model.safetensors"),
+    ("config.json", config_with(n_layer=3), "does not match"),
+    ("config.json", lambda d: b"{oops", "not valid JSON"),
+    ("tokenizer.json", lambda d: b"[]", "not a valid tokenizer.json"),
+])
+def test_broken_checkpoint_files(tmp_path, checkpoint, capsys, name, content, message):
+    target = broken(tmp_path, checkpoint, name, content)
+    code, out, err = run(target, capsys, "--prompt", "R")
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temperature", "-1"], "--temperature=-1.0: must be 0 (greedy) or more"),
+    (["--top-p", "0"], "--top-p=0.0: must be in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p=1.5"),
+    (["--top-k", "0"], "--top-k=0: must be 1 or more"),
+    (["--max-new-tokens", "-5"], "--max-new-tokens=-5: must be 0 or more"),
+    (["--prompt-file", "/nonexistent/prompt.txt"], "prompt file /nonexistent/prompt.txt does not exist"),
+    (["--prompt", "ROMEO 你"], "never saw in training: '你'"),
+    (["--num-samples", "0"], "--num-samples=0"),
+    (["--temperature", "hot"], "invalid float value: 'hot'"),
+])
+def test_bad_options(checkpoint, capsys, args, message):
+    code, out, err = run(checkpoint, capsys, *args)
+    assert code == 2 and message in err and err.count("\n") == 1 and not out
+
+
+def test_missing_checkpoint_names_the_train_command(tmp_path):
+    result = run_cli("generate.py", "--prompt", "x", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "out/tiny" in result.stderr and "python train.py --config configs/tiny.yaml" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_interactive_mode_reads_prompts_until_eof(checkpoint):
+    result = run_cli("generate.py", "--checkpoint", str(checkpoint), "--interactive", "--temperature", "0",
+                     "--max-new-tokens", "10", input="ROMEO:\nAy\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") >= 2 and "ROMEO:" in result.stdout and "Ay" in result.stdout
+    assert result.stderr.count("prompt> ") == 3  # two prompts, then end of input

@@ -1,0 +1,37 @@
+"""What train.py and generate.py share at the command line: one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit code 2), like every other error."""
+
+    def error(self, message: str):
+        print(f"error: {message} (see python {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def run_main(parse: Callable[[Any], Any], body: Callable[[Any], int], argv,
+             exit_codes: dict[type, int]) -> int:
+    """Parse argv and run body(args). An exception listed in exit_codes prints
+    'error: message' on one line and returns its code (--debug shows the traceback)."""
+    try:
+        args = parse(argv)
+    except SystemExit as e:  # --help, or a usage error already printed
+        return e.code
+    try:
+        return body(args)
+    except tuple(exit_codes) as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return next(code for cls, code in exit_codes.items() if isinstance(e, cls))
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into a program that stopped reading, e.g. head
+        return 0
