@@ -266,7 +266,7 @@ def run(cfg: RunConfig, args, device, dtype, dist: Distributed, out_dir: Path, s
     checkpoint_interval = tc.checkpoint_interval or tc.eval_interval
     val_loss = float("nan")
     model.train()
-    tick = time.perf_counter()
+    tick, tick_iter, tokens_per_sec = time.perf_counter(), it, 0.0
     try:
         while it < tc.max_iters:
             lr = learning_rate(it, tc)
@@ -300,9 +300,10 @@ def run(cfg: RunConfig, args, device, dtype, dist: Distributed, out_dir: Path, s
                 loss_value = loss_total / dist.world_size
                 signum = signum or (signal.SIGTERM if signals else 0)
 
-            now = time.perf_counter()
-            tokens_per_sec = tokens_per_iter / max(now - tick, 1e-9)
-            tick = now
+            if it % tc.log_interval == 0:  # throughput averaged since the last log line
+                now = time.perf_counter()
+                tokens_per_sec = tokens_per_iter * (it - tick_iter) / max(now - tick, 1e-9)
+                tick, tick_iter = now, it
             log.progress(it, loss_value, lr, tokens_per_sec * dist.world_size)
             if it % tc.log_interval == 0:
                 log.scalars(it, {"train/loss": loss_value, "train/lr": lr, "train/grad_norm": grad_norm,
@@ -321,7 +322,7 @@ def run(cfg: RunConfig, args, device, dtype, dist: Distributed, out_dir: Path, s
                     with autocast(device, dtype):
                         log.text("samples", sample_text(model, data.tokenizer, tc.sample_prompt,
                                                         tc.sample_tokens, device), it)
-                tick = time.perf_counter()  # evaluation time is not training throughput
+                tick, tick_iter = time.perf_counter(), it  # evaluation time is not training throughput
             if it % checkpoint_interval == 0 or it == tc.max_iters:
                 save()
             if signum:

@@ -1,0 +1,83 @@
+"""Peak memory: train.py with tiny.yaml, and data preparation of a generated 200 MB text.
+
+Each job runs in a child process; its peak resident set size comes from the kernel
+(getrusage of the finished child), so nothing is sampled or estimated.
+
+    python bench/memory.py [--quick] [--mb 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT, machine, save, table
+
+
+def peak_of(cmd: list[str]) -> tuple[float, float]:
+    """Run cmd in a fresh process; return (peak RSS in MB, wall seconds)."""
+    start = time.perf_counter()
+    script = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], cwd=%r); "
+              "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)" % str(ROOT))
+    out = subprocess.run([sys.executable, "-c", script, *cmd], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-2000:]}")
+    return int(out.stdout.strip().splitlines()[-1]) / 1024, time.perf_counter() - start
+
+
+def generate_text(path: Path, megabytes: float, seed: int = 0) -> None:
+    """Random lines of the built-in Shakespeare until the file reaches the size."""
+    sys.path.insert(0, str(ROOT))
+    from data import shakespeare
+
+    lines = [line for speeches in shakespeare.load_plays().values() for s in speeches
+             for line in s.splitlines(keepends=True)]
+    rng = random.Random(seed)
+    target = int(megabytes * 1e6)
+    with open(path, "w", encoding="utf-8") as f:
+        written = 0
+        while written < target:
+            block = "".join(rng.choices(lines, k=10_000))
+            f.write(block)
+            written += len(block.encode())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 MB and a 5-iteration run (a test runs this)")
+    parser.add_argument("--mb", type=float, default=200.0, help="size of the generated text")
+    parser.add_argument("--out", help="JSON path (default bench/results/memory.json)")
+    args = parser.parse_args()
+    mb = 1.0 if args.quick else args.mb
+    iters = 5 if args.quick else 300
+    rows, results = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        rss, wall = peak_of([sys.executable, "train.py", "--config", "configs/tiny.yaml", f"out_dir={tmp / 'run'}",
+                             f"train.max_iters={iters}", "train.eval_interval=100", "train.sample_tokens=50",
+                             f"data.cache_dir={tmp / 'cache'}"])
+        rows.append([f"train.py tiny.yaml, {iters} iterations (data preparation included)", rss, wall, ""])
+        results.append({"job": "train tiny", "iters": iters, "peak_rss_mb": rss, "seconds": wall})
+        text = tmp / "generated.txt"
+        generate_text(text, mb)
+        size_mb = text.stat().st_size / 1e6
+        for tokenizer in ("char", "bpe"):
+            code = (f"from data import prepare; prepare({str(text)!r}, {tokenizer!r}, 4096, "
+                    f"cache_dir={str(tmp / ('prep-' + tokenizer))!r}, progress=False)")
+            rss, wall = peak_of([sys.executable, "-c", code])
+            rows.append([f"prepare {size_mb:.0f} MB of text, {tokenizer} tokenizer", rss, wall, size_mb / wall])
+            results.append({"job": f"prepare {tokenizer}", "megabytes": size_mb, "peak_rss_mb": rss,
+                            "seconds": wall, "mb_per_sec": size_mb / wall})
+    print(table(["job", "peak RSS (MB)", "wall (s)", "MB/s"], rows))
+    path = save("memory", {"machine": machine(0), "results": results}, args.out)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

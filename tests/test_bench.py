@@ -1,0 +1,24 @@
+"""Every benchmark's --quick mode runs and writes its JSON, so the scripts never rot.
+(The figures themselves are not checked: speed is measured in bench/, not asserted.)"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+SCRIPTS = ["train_throughput", "decode", "learning", "memory"]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_benchmark_quick_mode(tmp_path, name):
+    pytest.importorskip("transformers")
+    out = tmp_path / f"{name}.json"
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), "--quick", "--out", str(out)],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "|---" in result.stdout  # a markdown table
+    payload = json.loads(out.read_text())
+    assert payload["results"] and payload["machine"]["torch"]
