@@ -66,8 +66,8 @@ class KVCache:
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int,
                  device: torch.device | str, dtype: torch.dtype):
         shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_size)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k = torch.empty(shape, device=device, dtype=dtype)  # only [:length] is ever read
+        self.v = torch.empty(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.length = 0  # tokens stored; the GPT advances it after all layers wrote
 
@@ -113,11 +113,10 @@ class MultiHeadAttention(nn.Module):
         """x [B, T, C]. mask [B, 1, T, S] (True = may attend) or None for plain causal
         attention over x itself. rope: (cos, sin) for rotary positions. cache: past keys."""
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 × [B, T, C]
-        # split C into H heads of d_k: [B, T, C] -> [B, T, H, d_k] -> [B, H, T, d_k]
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        qkv = self.c_attn(x)  # [B, T, 3C]: X W_Q, X W_K, X W_V side by side
+        # split into q, k, v and C into H heads of d_k = C / H:
+        # [B, T, 3C] -> [B, T, 3, H, d_k] -> [3, B, H, T, d_k]
+        q, k, v = qkv.view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is not None:

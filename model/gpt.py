@@ -153,7 +153,6 @@ class GPT(nn.Module):
 
     # ---- generation ----------------------------------------------------------
 
-    @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
                  attention_mask: torch.Tensor | None = None,
@@ -162,9 +161,10 @@ class GPT(nn.Module):
         temperature 0 is greedy. See `generate_tokens` for the rest."""
         new = list(self.generate_tokens(idx, max_new_tokens, temperature, top_k, top_p,
                                         use_cache, attention_mask, generator))
+        # built outside inference mode, so the result is an ordinary tensor
         return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx.clone()
 
-    @torch.no_grad()
+    @torch.inference_mode()  # like no_grad, and lighter: no autograd bookkeeping at all
     def generate_tokens(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                         top_k: int | None = None, top_p: float | None = None,
                         use_cache: bool = True, attention_mask: torch.Tensor | None = None,
