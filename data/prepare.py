@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from .sources import END, DataError, Piece, open_source
-from .tokenizer import end_of_text_id, load_tokenizer, train_tokenizer
+from .tokenizer import Encoder, end_of_text_id, load_tokenizer, train_tokenizer
 
 FORMAT_VERSION = 1
 CHUNK_CHARS = 1 << 20  # text is tokenized in chunks of about 1M characters
@@ -137,6 +137,7 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
     <|endoftext|> where the tokenizer has it, else by a blank line."""
     eot = end_of_text_id(tokenizer)
     unk = tokenizer.token_to_id("<unk>")
+    encode = Encoder(tokenizer)
     tokens = characters = unknown = 0
     tail = ""  # end of the text written so far, to place blank lines between documents
     with open(path, "wb") as f, tqdm(desc=desc, unit="char", unit_scale=True, disable=not progress,
@@ -155,11 +156,11 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
                 if eot is not None:
                     write([eot])
                 elif not tail.endswith("\n\n"):
-                    write(tokenizer.encode("\n" if tail.endswith("\n") else "\n\n").ids)
+                    write(encode("\n" if tail.endswith("\n") else "\n\n"))
                 between_documents = False
-            ids = tokenizer.encode(chunk).ids
+            ids = encode(chunk)
             if unk is not None:
-                unknown += ids.count(unk)
+                unknown += int((ids == unk).sum())
             write(ids)
             characters += len(chunk)
             tail = (tail + chunk)[-2:]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from .sources import END, DataError, Piece
@@ -87,3 +88,43 @@ def unknown_characters(tokenizer: Tokenizer, text: str) -> list[str]:
     if unk is None:
         return []
     return sorted({ch for ch in set(text) if tokenizer.token_to_id(ch) is None})
+
+
+class Encoder:
+    """Text -> token ids as a numpy array, for tokenizing large corpora in bounded memory.
+
+    A char tokenizer maps each code point through a lookup table (the same ids as
+    tokenizer.encode, without building a Python object per character). Other
+    tokenizers encode in pieces of about 64k characters, cut after a newline that is
+    followed by text, so tokens never straddle a cut, spread over the CPU's cores."""
+
+    PIECE = 1 << 16
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.unk = tokenizer.token_to_id(UNK)
+        vocab = tokenizer.get_vocab()
+        chars = {ch: i for ch, i in vocab.items() if ch != UNK}
+        self.table = None
+        if self.unk is not None and all(len(ch) == 1 for ch in chars):
+            points = np.array(sorted(ord(ch) for ch in chars), dtype=np.uint32)
+            self.table = (points, np.array([chars[chr(p)] for p in points], dtype=np.int64))
+
+    def __call__(self, text: str) -> np.ndarray:
+        if self.table is not None:
+            points, ids = self.table
+            codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+            where = np.minimum(np.searchsorted(points, codes), len(points) - 1)
+            return np.where(points[where] == codes, ids[where], self.unk)
+        pieces, start = [], 0
+        while start < len(text):
+            end = start + self.PIECE
+            if end < len(text):  # cut after a newline that is followed by text
+                cut = text.rfind("\n", start, end)
+                while cut > start and text[cut + 1:cut + 2].isspace():
+                    cut = text.rfind("\n", start, cut)
+                end = cut + 1 if cut > start else end
+            pieces.append(text[start:end])
+            start = end
+        encodings = self.tokenizer.encode_batch(pieces, add_special_tokens=False)
+        return np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64)

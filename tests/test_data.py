@@ -225,3 +225,16 @@ def test_bad_data_input_messages(tmp_path, case):
 def test_validation_shorter_than_a_block_is_an_error():
     with pytest.raises(DataError, match="fewer than block_size \\+ 1 = 65"):
         fixed_batches(np.arange(50, dtype=np.uint16), 64, 4, 2)
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_fast_encoder_gives_the_tokenizers_ids(kind, bpe):
+    from data.tokenizer import Encoder
+
+    tok = train_tokenizer("char", [SAMPLE], 0) if kind == "char" else bpe
+    text = (SAMPLE + "你好 🙂 Zebra\n\n  \t end") * 30
+    Encoder.PIECE = 500  # force many pieces
+    try:
+        assert Encoder(tok)(text).tolist() == tok.encode(text).ids
+    finally:
+        Encoder.PIECE = 1 << 16

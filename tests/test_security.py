@@ -1,0 +1,78 @@
+"""Nothing a user may receive from someone else is unpickled: every file the project
+loads is replaced by a pickle whose loading would create a file, and is refused."""
+
+import pickle
+
+import pytest
+import torch
+
+import generate
+import train
+from conftest import ROOT
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+class Payload:
+    """Unpickling this calls open(marker, 'w'): it would create the marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, corpus):
+    tmp = tmp_path_factory.mktemp("secure")
+    overrides = [f"data.source={corpus}", f"data.cache_dir={tmp / 'cache'}", f"out_dir={tmp / 'run'}",
+                 "model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=16",
+                 "train.max_iters=4", "train.eval_interval=4", "train.eval_iters=1", "train.batch_size=2",
+                 "train.sample_tokens=0", "train.dtype=float32", "train.threads=1"]
+    assert train.main(["--config", TINY, *overrides]) == 0
+    return tmp / "run", overrides
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch notes the planted file
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json", "trainer_state.pt"])
+@pytest.mark.parametrize("style", ["raw pickle", "torch.save"])
+def test_planted_pickles_are_refused_and_never_run(tmp_path, run_dir, name, style, capsys):
+    import shutil
+
+    source, overrides = run_dir
+    run = tmp_path / "run"
+    shutil.copytree(source, run)
+    marker = tmp_path / "pwned"
+    with open(run / name, "wb") as f:
+        if style == "raw pickle":
+            pickle.dump(Payload(marker), f)
+        else:
+            torch.save({"model": Payload(marker)}, f)
+    overrides = [o for o in overrides if not o.startswith("out_dir=")] + [f"out_dir={run}", "train.max_iters=8"]
+    codes = [generate.main(["--checkpoint", str(run), "--prompt", "A", "--max-new-tokens", "2"])]
+    if name == "trainer_state.pt":  # only training reads it
+        codes.append(train.main(["--config", TINY, *overrides]))
+    err = capsys.readouterr().err
+    assert not marker.exists(), "the payload ran"
+    if name != "trainer_state.pt":
+        assert codes[0] == 2 and name in err
+    else:
+        assert codes[1] == 2 and "cannot be loaded safely" in err
+
+
+def test_yaml_is_loaded_safely(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    config = tmp_path / "evil.yaml"
+    config.write_text(f"model: !!python/object/apply:builtins.open ['{marker}', 'w']\n")
+    assert train.main(["--config", str(config)]) == 2
+    assert not marker.exists() and "not valid YAML" in capsys.readouterr().err
+
+
+def test_shipped_configs_load():
+    from training.config import load_config
+
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        cfg = load_config(path)
+        assert cfg.out_dir == f"out/{path.stem}"
+        cfg.model_config(vocab_size=100)  # a valid model
