@@ -257,16 +257,21 @@ def run(cfg: RunConfig, args, device, dtype, dist: Distributed, out_dir: Path, s
         ranks = dist.gather({"sampler": sampler.state_dict(), "rng": rng_state(device)})
         if not dist.is_main:
             return
-        model.save_pretrained(out_dir)
-        checkpoint.write_atomic(out_dir / "tokenizer.json", data.tokenizer.to_str().encode())
-        checkpoint.save_state(out_dir, {
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "iter": it,
-            "best_val_loss": best_val, "identity": wanted, "ranks": ranks})
+        try:
+            model.save_pretrained(out_dir)
+            checkpoint.write_atomic(out_dir / "tokenizer.json", data.tokenizer.to_str().encode())
+            checkpoint.save_state(out_dir, {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "iter": it,
+                "best_val_loss": best_val, "identity": wanted, "ranks": ranks})
+        except OSError as e:  # a full disk, a quota, a vanished folder
+            raise TrainingError(f"could not write the checkpoint of iteration {it} in {out_dir} "
+                                f"({e.strerror or e}); the previous checkpoint is kept. Free some space "
+                                "and run the same command to continue") from None
 
     checkpoint_interval = tc.checkpoint_interval or tc.eval_interval
     val_loss = float("nan")
     model.train()
-    tick, tick_iter, tokens_per_sec = time.perf_counter(), it, 0.0
+    tick, tick_iter = time.perf_counter(), it
     try:
         while it < tc.max_iters:
             lr = learning_rate(it, tc)
@@ -300,15 +305,14 @@ def run(cfg: RunConfig, args, device, dtype, dist: Distributed, out_dir: Path, s
                 loss_value = loss_total / dist.world_size
                 signum = signum or (signal.SIGTERM if signals else 0)
 
-            if it % tc.log_interval == 0:  # throughput averaged since the last log line
-                now = time.perf_counter()
-                tokens_per_sec = tokens_per_iter * (it - tick_iter) / max(now - tick, 1e-9)
-                tick, tick_iter = now, it
+            now = time.perf_counter()  # throughput averaged since the last log line
+            tokens_per_sec = tokens_per_iter * (it - tick_iter) / max(now - tick, 1e-9)
             log.progress(it, loss_value, lr, tokens_per_sec * dist.world_size)
             if it % tc.log_interval == 0:
                 log.scalars(it, {"train/loss": loss_value, "train/lr": lr, "train/grad_norm": grad_norm,
                                  "train/tokens_per_sec": tokens_per_sec * dist.world_size,
                                  "train/mfu": flops_per_token * tokens_per_sec / peak})
+                tick, tick_iter = now, it
             if it % tc.eval_interval == 0 or it == tc.max_iters:
                 train_loss = evaluate(model, train_batches, device, dtype, dist)
                 val_loss = evaluate(model, val_batches, device, dtype, dist)

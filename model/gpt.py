@@ -232,8 +232,11 @@ class GPT(nn.Module):
         tmp.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
         os.replace(tmp, directory / CONFIG_FILE)
         tmp = directory / (WEIGHTS_FILE + ".tmp")
-        save_model(self, str(tmp), metadata={"format": "pt"})  # handles the tied head
-        os.replace(tmp, directory / WEIGHTS_FILE)
+        try:
+            save_model(self, str(tmp), metadata={"format": "pt"})  # handles the tied head
+            os.replace(tmp, directory / WEIGHTS_FILE)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> "GPT":

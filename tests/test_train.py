@@ -231,3 +231,29 @@ def test_ddp_two_processes_matches_one_process_global_batch(tmp_path, micro):
     assert a[3] == pytest.approx(b[3], abs=1e-4)
     wa, wb = weights(tmp_path / "single"), weights(tmp_path / "ddp")
     assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
+
+
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, micro, monkeypatch, capsys):
+    import errno
+
+    from training import checkpoint
+
+    assert train.main(["--config", TINY, *micro("train.max_iters=10")]) == 0
+    run = tmp_path / "run"
+    before = (run / "trainer_state.pt").read_bytes()
+    real_fsync = checkpoint.os.fsync
+
+    def full_disk(fd):
+        if os.fstat(fd).st_size > 100_000:  # the trainer state, the largest file
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", full_disk)
+    assert train.main(["--config", TINY, *micro("train.max_iters=20")]) == 1
+    err = capsys.readouterr().err
+    assert "could not write the checkpoint of iteration 10" not in err
+    assert "No space left on device" in err and "previous checkpoint is kept" in err
+    assert (run / "trainer_state.pt").read_bytes() == before
+    assert not list(run.glob("*.tmp"))
+    monkeypatch.setattr(checkpoint.os, "fsync", real_fsync)
+    assert train.main(["--config", TINY, *micro("train.max_iters=20")]) == 0  # and it resumes
