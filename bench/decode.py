@@ -92,7 +92,7 @@ def main() -> None:
             m = alternate({"cached": cached, "uncached": uncached}, rounds)
             per_token.append({"context": L, "cached_ms": 1e3 * m["cached"], "uncached_ms": 1e3 * m["uncached"],
                               "speedup": m["uncached"] / m["cached"]})
-    print(f"\ntime for one new token (batch 1) against the context length\n")
+    print("\ntime for one new token (batch 1) against the context length\n")
     print(table(["context", "cached ms/token", "uncached ms/token", "cache speedup"],
                 [[p["context"], p["cached_ms"], p["uncached_ms"], f"{p['speedup']:.1f}×"] for p in per_token]))
     path = save("decode", {"machine": machine(args.threads), "results": results, "per_token": per_token}, args.out)
