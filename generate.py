@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from data import load_tokenizer, unknown_characters
-from data.tokenizer import EOT
+from data.tokenizer import encode_or_start
 from model import GPT
 from model.gpt import check_sampling
 from training.cli import OneLineParser, run_main
@@ -53,10 +53,7 @@ def encode_prompt(tokenizer, prompt: str, block_size: int) -> list[int]:
         shown = " ".join(repr(c) for c in unknown[:10])
         raise UserError(f"the prompt has characters this model never saw in training: {shown}; "
                         "remove or replace them")
-    ids = tokenizer.encode(prompt).ids
-    if not ids:  # an empty prompt starts from <|endoftext|> (bpe) or a newline (char)
-        start = tokenizer.token_to_id(EOT)
-        ids = [start] if start is not None else tokenizer.encode("\n").ids
+    ids = encode_or_start(tokenizer, prompt)  # an empty prompt starts after <|endoftext|> or a newline
     if len(ids) > block_size:
         print(f"note: the prompt has {len(ids)} tokens; keeping the last {block_size} (block_size)",
               file=sys.stderr)

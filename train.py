@@ -24,6 +24,7 @@ import torch
 import yaml
 
 from data import BatchSampler, DataError, fixed_batches, prepare
+from data.tokenizer import encode_or_start
 from model import GPT
 from training import checkpoint
 from training.cli import OneLineParser, run_main
@@ -131,10 +132,8 @@ def evaluate(model: GPT, batches, device, dtype, dist: Distributed) -> float:
 
 
 def sample_text(model: GPT, tokenizer, prompt: str, n_tokens: int, device) -> str:
-    ids = tokenizer.encode(prompt).ids or [0]
-    idx = torch.tensor([ids], device=device)
-    out = model.generate(idx, n_tokens, temperature=0.8, top_k=None,
-                         generator=torch.Generator(device=device).manual_seed(0))
+    idx = torch.tensor([encode_or_start(tokenizer, prompt)], device=device)
+    out = model.generate(idx, n_tokens, temperature=0.8, generator=torch.Generator(device=device).manual_seed(0))
     return tokenizer.decode(out[0].tolist())
 
 

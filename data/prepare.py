@@ -136,7 +136,6 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
     """Encode chunks and append their ids to `path`; documents are separated by
     <|endoftext|> where the tokenizer has it, else by a blank line."""
     eot = end_of_text_id(tokenizer)
-    unk = tokenizer.token_to_id("<unk>")
     encode = Encoder(tokenizer)
     tokens = characters = unknown = 0
     tail = ""  # end of the text written so far, to place blank lines between documents
@@ -159,8 +158,8 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
                     write(encode("\n" if tail.endswith("\n") else "\n\n"))
                 between_documents = False
             ids = encode(chunk)
-            if unk is not None:
-                unknown += int((ids == unk).sum())
+            if encode.unk is not None:
+                unknown += int((ids == encode.unk).sum())
             write(ids)
             characters += len(chunk)
             tail = (tail + chunk)[-2:]

@@ -82,6 +82,16 @@ def end_of_text_id(tokenizer: Tokenizer) -> int | None:
     return tokenizer.token_to_id(EOT)
 
 
+def encode_or_start(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of text; for empty text, the token a document starts after:
+    <|endoftext|> (bpe) or a newline (char)."""
+    ids = tokenizer.encode(text).ids
+    if ids:
+        return ids
+    eot = end_of_text_id(tokenizer)
+    return [eot] if eot is not None else tokenizer.encode("\n").ids
+
+
 def unknown_characters(tokenizer: Tokenizer, text: str) -> list[str]:
     """Characters of `text` a char tokenizer would turn into <unk> (none for bpe)."""
     unk = tokenizer.token_to_id(UNK)
