@@ -116,9 +116,10 @@ class MultiHeadAttention(nn.Module):
         qkv = self.c_attn(x)  # [B, T, 3C]: X W_Q, X W_K, X W_V side by side
         # split into q, k, v and C into H heads of d_k = C / H:
         # [B, T, 3C] -> [B, T, 3, H, d_k] -> [3, B, H, T, d_k]
-        q, k, v = qkv.view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        qkv = qkv.view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv  # 3 × [B, H, T, d_k]
         if rope is not None:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            q, k = apply_rotary(qkv[:2], *rope)  # rotate q and k in one go
         if cache is not None:
             k, v = cache.write(self.layer, k, v)  # [B, H, S, d_k], S = past + T
         causal = mask is None and T > 1  # a lone new token may see every cached key

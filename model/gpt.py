@@ -102,14 +102,17 @@ class GPT(nn.Module):
         if attention_mask is not None and attention_mask.shape != (B, past + T):
             raise ValueError(f"attention_mask must have shape {(B, past + T)}, got {tuple(attention_mask.shape)}")
 
-        positions = self._positions(B, T, past, attention_mask, idx.device)  # [B, T]
+        positions = self._positions(T, past, attention_mask, idx.device)  # [B or 1, T]
         mask = self._attention_mask(T, past, attention_mask, idx.device)  # [B, 1, T, S] or None
+        if mask is None and T > 1 and self.config.attn_impl == "explicit":
+            # plain causal attention: build the [T, T] mask once here, not in every layer
+            mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
         x = self.transformer.wte(idx)  # [B, T, C]
         rope = None
         if self.rotary is None:
             x = x + self.transformer.wpe(positions).to(x.dtype)  # [B, T, C]
         else:
-            rope = self.rotary(positions)  # (cos, sin) [B, 1, T, d_k]
+            rope = self.rotary(positions)  # (cos, sin) [B or 1, 1, T, d_k]
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, mask, rope, kv_cache)  # [B, T, C]
@@ -123,12 +126,13 @@ class GPT(nn.Module):
         return logits, loss
 
     @staticmethod
-    def _positions(B: int, T: int, past: int, attention_mask: torch.Tensor | None,
+    def _positions(T: int, past: int, attention_mask: torch.Tensor | None,
                    device: torch.device) -> torch.Tensor:
-        """Position of each new token: its index, or with padding, the number of real
-        tokens before it, so a left-padded prompt starts at position 0 like one alone."""
+        """Position of each new token: its index ([1, T], the same for every row), or
+        with padding ([B, T]), the number of real tokens before it, so a left-padded
+        prompt starts at position 0 like one alone."""
         if attention_mask is None:
-            return torch.arange(past, past + T, device=device).expand(B, T)
+            return torch.arange(past, past + T, device=device)[None]
         positions = attention_mask.long().cumsum(dim=-1) - 1  # [B, S]
         return positions[:, -T:].clamp(min=0)  # [B, T]
 

@@ -42,7 +42,7 @@ class RotaryEmbedding(nn.Module):
 
     θ_i = base^(-2i/d_k). Because rotations compose, q_m · k_n depends only on the
     offset m - n, so attention sees relative positions; nothing is added to x.
-    forward returns (cos, sin) [B, 1, T, d_k] for `apply_rotary`.
+    forward returns (cos, sin) [B, 1, T, d_k] for `apply_rotary` (B may be 1: shared).
     """
 
     def __init__(self, head_size: int, base: float = 10000.0):
@@ -57,7 +57,8 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [B, H, T, d_k]: dim i pairs with dim i + d_k/2 (the GPT-NeoX/Llama layout)."""
-    x1, x2 = x.chunk(2, dim=-1)  # 2 × [B, H, T, d_k/2]
-    rotated = torch.cat((-x2, x1), dim=-1)  # [B, H, T, d_k]
-    return (x * cos + rotated * sin).type_as(x)
+    """Rotate x [..., T, d_k]: dim i pairs with dim i + d_k/2 (the GPT-NeoX/Llama layout)."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # angles were computed in fp32
+    x1, x2 = x.chunk(2, dim=-1)  # 2 × [..., T, d_k/2]
+    rotated = torch.cat((-x2, x1), dim=-1)  # [..., T, d_k]
+    return x * cos + rotated * sin
