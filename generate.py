@@ -17,6 +17,7 @@ from data import load_tokenizer, unknown_characters
 from data.tokenizer import encode_or_start
 from model import GPT
 from model.gpt import check_sampling
+from training.attention_maps import attention_maps, heatmap_grid, write_png
 from training.cli import OneLineParser, run_main
 from training.config import UserError
 from training.device import resolve_device
@@ -191,6 +192,9 @@ def parse_args(argv):
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context every token")
     p.add_argument("--stats", action="store_true", help="print token counts and tokens/s to stderr")
     p.add_argument("--interactive", action="store_true", help="read prompts from the terminal")
+    p.add_argument("--show-attention", type=Path, metavar="FILE.png",
+                   help="write every layer's attention maps (rows: layers, columns: heads) for the "
+                        "first sample, prompt and generated text, to this PNG file")
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = p.parse_args(argv)
     # let a shell user type --stop '\n\n' for two newlines
@@ -220,12 +224,39 @@ def run(args) -> int:
     device = resolve_device(args.device)
     if args.dtype == "float16" and device.type == "cpu":
         raise UserError("--dtype float16 is for GPUs; on the CPU use float32 or bfloat16")
+    if args.show_attention is not None:
+        check_png_path(args.show_attention, args.interactive)
     model, tokenizer = load(args.checkpoint, device, args.dtype)
     if args.interactive:
         interactive(model, tokenizer, args, device)
     else:
-        generate(model, tokenizer, prompts or [""], args, device)
+        texts = generate(model, tokenizer, prompts or [""], args, device)
+        if args.show_attention is not None:
+            show_attention(model, tokenizer, texts[0], args.show_attention, device)
     return 0
+
+
+def check_png_path(path: Path, interactive: bool) -> None:
+    """Refuse a bad --show-attention path before any work is done."""
+    if interactive:
+        raise UserError("--show-attention works with --prompt or --prompt-file, not in interactive mode")
+    if path.suffix.lower() != ".png":
+        raise UserError(f"--show-attention {path}: the file name must end in .png")
+    if not path.parent.is_dir():
+        raise UserError(f"--show-attention {path}: folder {path.parent} does not exist; create it first")
+    if path.is_dir():
+        raise UserError(f"--show-attention {path} is a folder; give a file name ending in .png")
+
+
+def show_attention(model, tokenizer, text: str, path: Path, device) -> None:
+    ids = encode_or_start(tokenizer, text)[-model.config.block_size:]
+    maps = attention_maps(model, torch.tensor([ids], device=device))  # [n_layer, H, T, T]
+    try:
+        write_png(path, heatmap_grid(maps.cpu()))
+    except OSError as e:
+        raise UserError(f"--show-attention {path} cannot be written ({e.strerror}); choose another path") from None
+    print(f"wrote {path}: attention of {len(ids)} tokens, {maps.shape[0]} layers (rows) × "
+          f"{maps.shape[1]} heads (columns); row i = query token i, column j = key token j", file=sys.stderr)
 
 
 def main(argv=None) -> int:

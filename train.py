@@ -1,8 +1,9 @@
-"""Train a GPT: python train.py --config configs/tiny.yaml [section.key=value ...] [--fresh]
+"""Train a GPT: python train.py --config configs/tiny.yaml [section.key=value ...] [--fresh] [--explain]
 
 Config → data → model → loop (evaluations, TensorBoard, checkpoints). Re-running the
 same command resumes from out_dir; --fresh starts over. Under torchrun each process
-trains on its own batches with DistributedDataParallel.
+trains on its own batches with DistributedDataParallel. --explain prints the shapes of
+one traced forward pass of the configured model and exits without training.
 
 Exit codes: 0 done, 1 training failed (non-finite loss), 2 bad input,
 130/143 stopped by SIGINT/SIGTERM after saving a checkpoint.
@@ -29,6 +30,7 @@ from model import GPT
 from training import checkpoint
 from training.cli import OneLineParser, run_main
 from training.config import RunConfig, UserError, load_config
+from training.attention_maps import attention_maps
 from training.device import autocast, measure_peak_flops, resolve_device, resolve_dtype
 from training.distributed import Distributed, setup
 from training.logger import RunLogger
@@ -139,12 +141,35 @@ def sample_text(model: GPT, tokenizer, prompt: str, n_tokens: int, device) -> st
 
 # ---- the run -------------------------------------------------------------------
 
+def data_settings(cfg: RunConfig) -> dict:
+    d = cfg.data
+    return dict(source=d.source, tokenizer=d.tokenizer, vocab_size=d.vocab_size, text_field=d.text_field,
+                val_fraction=d.val_fraction, cache_dir=d.cache_dir)
+
+
+def explain(cfg: RunConfig, dtype: torch.dtype) -> int:
+    """Trace one forward pass of the configured model on a real batch; no training."""
+    from training.explain import report
+
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    data = prepare(**data_settings(cfg), progress=True)
+    model_config = cfg.model_config(data.vocab_size)
+    torch.manual_seed(cfg.train.seed)
+    model = GPT(model_config)
+    x, y = fixed_batches(data.train, model_config.block_size, cfg.train.batch_size, 1, cfg.train.seed, "train")[0]
+    print(report(model, x, y, dtype))
+    return 0
+
+
 def train(args) -> int:
     start_time = time.perf_counter()
     cfg = load_config(args.config, args.overrides)
     tc = cfg.train
     device = resolve_device(tc.device)
     dtype = resolve_dtype(tc.dtype, device)
+    if args.explain:
+        return explain(cfg, dtype)
     dist = setup(device.type)
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
@@ -172,8 +197,7 @@ def run(cfg: RunConfig, args, device, dtype, dist: Distributed, out_dir: Path, s
         torch.set_num_threads(tc.threads)
 
     # data: rank 0 tokenizes (or finds the token files); the others then reuse them
-    prep = dict(source=cfg.data.source, tokenizer=cfg.data.tokenizer, vocab_size=cfg.data.vocab_size,
-                text_field=cfg.data.text_field, val_fraction=cfg.data.val_fraction, cache_dir=cfg.data.cache_dir)
+    prep = data_settings(cfg)
     if dist.is_main:
         data = prepare(**prep, progress=True)
     dist.barrier()
@@ -251,6 +275,10 @@ def run(cfg: RunConfig, args, device, dtype, dist: Distributed, out_dir: Path, s
     flops_per_token = model.flops_per_token(block_size)
     tokens_per_iter = tc.batch_size * block_size * tc.grad_accum  # per process
     bits_per_char = data.meta["val_tokens"] / max(1, data.meta["val_characters"]) / math.log(2)
+    # a fixed piece of validation text whose attention maps are logged at each evaluation
+    attention_ids = torch.from_numpy(data.val[:min(block_size, 128)].astype(np.int64))[None].to(device)
+    if dist.is_main:
+        log.text("attention/text", data.tokenizer.decode(attention_ids[0].tolist()), it)
 
     def save() -> None:
         ranks = dist.gather({"sampler": sampler.state_dict(), "rng": rng_state(device)})
@@ -321,6 +349,8 @@ def run(cfg: RunConfig, args, device, dtype, dist: Distributed, out_dir: Path, s
                 log.scalars(it, metrics)
                 log.message(f"iter {it}: train {train_loss:.4f}, val {val_loss:.4f} "
                             f"(perplexity {metrics['val/perplexity']:.2f}, {metrics['val/bits_per_char']:.3f} bits/char)")
+                if dist.is_main:
+                    log.attention(it, attention_maps(model, attention_ids))
                 if dist.is_main and tc.sample_tokens:
                     with autocast(device, dtype):
                         log.text("samples", sample_text(model, data.tokenizer, tc.sample_prompt,
@@ -359,6 +389,8 @@ def parse_args(argv):
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="override config values, typed as YAML: train.max_iters=100 out_dir=out/exp")
     parser.add_argument("--fresh", action="store_true", help="start over, ignoring a checkpoint in out_dir")
+    parser.add_argument("--explain", action="store_true",
+                        help="print the shapes of one traced forward pass of this model, then exit")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     return parser.parse_intermixed_args(argv)
 

@@ -38,8 +38,15 @@ def test_end_to_end_micro_run(tmp_path, micro, capsys):
     assert "done: 30 iterations" in out and "python generate.py --checkpoint" in out
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0})
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0, "images": 0})
     events.Reload()
+    # attention maps of both layers at every evaluation, heads side by side
+    for layer in (0, 1):
+        images = events.Images(f"attention/layer_{layer}")
+        assert [i.step for i in images] == [10, 20, 30]
+        # 2 heads in a row, 32 tokens each scaled up 3× (cells of 96 pixels), 2-pixel gaps
+        assert (images[-1].width, images[-1].height) == (2 * 98 + 2, 98 + 2)
+    assert "attention/text/text_summary" in events.Tags()["tensors"]
     tags = set(events.Tags()["scalars"])
     for tag in ("train/loss", "val/loss", "val/perplexity", "train/lr", "train/grad_norm",
                 "train/tokens_per_sec", "train/mfu", "val/bits_per_char"):

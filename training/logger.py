@@ -47,6 +47,15 @@ class RunLogger:
             # TensorBoard renders markdown; a fenced block keeps line breaks and spaces
             self.writer.add_text(tag, "```\n" + text + "\n```", step)
 
+    def attention(self, step: int, maps) -> None:
+        """maps [n_layer, H, T, T]: one image per layer, its heads side by side."""
+        if self.writer is not None:
+            from training.attention_maps import heatmap_grid
+
+            for layer, heads in enumerate(maps):
+                self.writer.add_image(f"attention/layer_{layer}", heatmap_grid(heads[None]), step,
+                                      dataformats="HWC")
+
     def hparams(self, config: dict[str, Any], metrics: dict[str, float]) -> None:
         """Hyperparameters in TensorBoard's HParams tab, in this run's own folder."""
         if self.writer is None:

@@ -1,0 +1,120 @@
+"""The --explain shape trace and the attention maps (TensorBoard and PNG)."""
+
+import re
+import struct
+import zlib
+
+import pytest
+import torch
+
+import generate
+from conftest import run_cli
+from model import GPT, GPTConfig
+from training.attention_maps import attention_maps, heatmap_grid, png_bytes
+from training.explain import evaluate_symbolic, parameter_groups, symbolic_sizes, trace
+
+STEPS = ["token embedding", "Q, K, V projections", "split into heads", "1. similarity Q Kᵀ",
+         "2. scale by 1/√d_k", "3. causal mask", "4. softmax", "dropout", "5. weighted sum", "merge heads",
+         "output projection W_O", "residual: x + attention", "feed-forward layer 1", "GELU",
+         "feed-forward layer 2", "residual: x + feed-forward", "blocks 1 … 2", "LM head", "loss"]
+
+
+def micro(**overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{"vocab_size": 37, "block_size": 16, "n_layer": 3, "n_head": 2, "n_embd": 24,
+                            **overrides}))
+
+
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+@pytest.mark.parametrize("pos_encoding", ["sinusoidal", "learned", "rope"])
+def test_trace_shapes_match_the_config(pos_encoding, norm_position):
+    model = micro(pos_encoding=pos_encoding, norm_position=norm_position, dropout=0.1, attn_impl="sdpa")
+    idx = torch.randint(0, 37, (5, 11))
+    rows = trace(model, idx, idx)
+    sizes = symbolic_sizes(model, idx)
+    for row in rows:
+        assert row.shape == evaluate_symbolic(row.symbolic, sizes), row
+    steps = [row.step for row in rows]
+    position = [i for i, s in enumerate(steps) if s.startswith("token embedding")]
+    for wanted in STEPS:  # every step, in this order
+        found = [i for i, s in enumerate(steps) if wanted in s and i >= position[-1]]
+        assert found, f"{wanted} missing from {steps}"
+        position.append(found[0])
+    assert ("rotate q and k (rope)" in steps) == (pos_encoding == "rope")
+    assert ("embedding + position" in steps) == (pos_encoding != "rope")
+    norms = [s for s in steps if s.startswith("LayerNorm")]
+    assert len(norms) == 2 and all(("before" in s) == (norm_position == "pre") for s in norms)
+    assert any(s.startswith("final") for s in steps) == (norm_position == "pre")
+    # the symbolic shapes are not trivially equal: T, C and d_k differ here
+    assert dict(zip(steps, (r.shape for r in rows)))["1. similarity Q Kᵀ"] == (5, 2, 11, 11)
+    assert [b.attn.impl for b in model.transformer.h] == ["sdpa"] * 3  # restored
+    rms = trace(micro(norm="rmsnorm"), idx, idx)
+    assert [r.step for r in rms if "RMSNorm" in r.step] == ["RMSNorm (before attention)",
+                                                           "RMSNorm (before feed-forward)", "final RMSNorm (ln_f)"]
+    assert parameter_groups(model)[-1] == ("total", sum(n for _, n in parameter_groups(model)[:-1]))
+
+
+def test_explain_cli_prints_the_table_and_trains_nothing(tmp_path, micro):
+    out = run_cli("train.py", "--config", "configs/tiny.yaml", *micro("model.pos_encoding=rope"), "--explain")
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "run").exists()
+    text = out.stdout
+    assert "B=8, T=32, C=32, H=2, d_k=16" in text
+    assert re.search(r"1\. similarity Q Kᵀ\s+\[8, 2, 32, 32\]\s+\[B, H, T, T\]", text)
+    assert "2. scale by 1/√d_k = 1/√16 = 0.250" in text
+    assert "FLOPs per token" in text and "KV cache: 2 × 2 layers × 32 = 128 values per token" in text
+    assert "Attention scores [B, H, T, T] = 8×2×32×32 = 16,384 values" in text
+
+
+def test_attention_maps_are_causal_distributions_for_either_impl():
+    for impl in ("explicit", "sdpa"):
+        model = micro(attn_impl=impl)
+        maps = attention_maps(model, torch.randint(0, 37, (1, 9)))
+        assert maps.shape == (3, 2, 9, 9)
+        torch.testing.assert_close(maps.sum(-1), torch.ones(3, 2, 9))
+        assert (maps.triu(diagonal=1) == 0).all()
+        assert all(b.attn.impl == impl and b.attn.weights is None for b in model.transformer.h)
+
+
+def read_png(data: bytes) -> tuple[int, int, bytes]:
+    """A minimal PNG reader, independent of the writer: checks every chunk's CRC."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(data):
+        (length,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + length]
+        assert struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(kind + body)
+        chunks[kind] = chunks.get(kind, b"") + body
+        pos += 12 + length
+    width, height, depth, colour = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, colour) == (8, 2) and b"IEND" in chunks
+    pixels = zlib.decompress(chunks[b"IDAT"])
+    assert len(pixels) == height * (1 + 3 * width)
+    return width, height, pixels
+
+
+def test_png_round_trip():
+    maps = torch.tensor([[[[1.0, 0.0], [0.5, 0.5]]]])  # one 2 × 2 map
+    image = heatmap_grid(maps, gap=0)
+    assert image.shape == (96, 96, 3)  # scaled up to ~96 pixels
+    width, height, pixels = read_png(png_bytes(image))
+    assert (width, height) == (96, 96)
+    first_row = pixels[1:1 + 3 * width]
+    assert first_row[:3] == bytes([253, 231, 37]) and first_row[-3:] == bytes([68, 1, 84])  # weight 1, weight 0
+
+
+def test_generate_show_attention_writes_a_png(tmp_path):
+    from data.tokenizer import train_tokenizer
+
+    text = "ROMEO:\nBut soft, what light through yonder window breaks?\n"
+    tokenizer = train_tokenizer("char", [text], 0)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=2, n_head=3, n_embd=24))
+    model.save_pretrained(tmp_path)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    path = tmp_path / "maps.png"
+    assert generate.main(["--checkpoint", str(tmp_path), "--prompt", "ROMEO:", "--max-new-tokens", "4",
+                          "--seed", "0", "--show-attention", str(path)]) == 0
+    width, height, _ = read_png(path.read_bytes())
+    cell = 10 * 10  # 10 tokens, each scaled up 10× to reach 96 pixels
+    assert (width, height) == (3 * (cell + 2) + 2, 2 * (cell + 2) + 2)  # 3 heads across, 2 layers down
