@@ -45,7 +45,7 @@ def timed(fn: Callable[[], object], sync: Callable[[], None] = lambda: None) -> 
 def table(headers: list[str], rows: list[list]) -> str:
     def fmt(v):
         if isinstance(v, float):
-            return f"{v:,.3g}" if abs(v) < 10 else f"{v:,.0f}"
+            return f"{v:,.4g}" if abs(v) < 10 else f"{v:,.0f}"
         return str(v)
 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]

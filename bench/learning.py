@@ -50,25 +50,27 @@ def main() -> None:
 
     rows, results = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for corpus, source in corpora.items():
+        for n, (corpus, source) in enumerate(corpora.items()):
             common = [f"data.source={source}", f"data.cache_dir={tmp}/cache", *extra]
+            runs = f"{tmp}/corpus-{n}"  # run directories of one corpus; another's would not resume
             # calibrate: the time of 100 extra iterations (data already prepared by the first run)
-            short, _ = run_train([*common, f"out_dir={tmp}/cal1", "train.max_iters=20", "train.eval_interval=1000"])
-            long, _ = run_train([*common, f"out_dir={tmp}/cal2", "train.max_iters=120", "train.eval_interval=1000"])
+            short, _ = run_train([*common, f"out_dir={runs}/cal1", "train.max_iters=20", "train.eval_interval=1000"])
+            long, _ = run_train([*common, f"out_dir={runs}/cal2", "train.max_iters=120", "train.eval_interval=1000"])
             per_iter = max((long - short) / 100, 1e-4)
             overhead = short - 20 * per_iter
             for budget in minutes:
                 # evaluations (every 250 iterations) cost about 3% of the steps
                 iters = max(20, int((budget * 60 - overhead) / per_iter / 1.03))
-                wall, out = run_train([*common, f"out_dir={tmp}/run-{budget}", f"train.max_iters={iters}",
+                wall, out = run_train([*common, f"out_dir={runs}/run-{budget}", f"train.max_iters={iters}",
                                        f"train.eval_interval={min(250, iters)}"])
                 val = float(re.search(r"val loss ([\d.]+)", out).group(1))
                 rows.append([corpus, budget, iters, wall, val])
                 results.append({"corpus": corpus, "budget_minutes": budget, "iters": iters,
                                 "wall_seconds": wall, "val_loss": val})
-    print("configs/tiny.yaml, 2 threads, bf16 autocast where the CPU has it; wall time of the whole command\n")
+                print(f"{corpus}, {budget} min: {iters} iterations, {wall:.0f} s, val loss {val:.4f}", flush=True)
+                path = save("learning", {"machine": machine(2), "results": results}, args.out)  # so far
+    print("\nconfigs/tiny.yaml, 2 threads, bf16 autocast where the CPU has it; wall time of the whole command\n")
     print(table(["corpus", "budget (min)", "iterations", "wall (s)", "val loss"], rows))
-    path = save("learning", {"machine": machine(2), "results": results}, args.out)
     print(f"\nwrote {path}")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -23,22 +24,30 @@ _STOPS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98]
                       dtype=torch.float32) / 255
 
 
-@torch.no_grad()
-def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
-    """Attention weights of every layer for idx [1, T]: [n_layer, H, T, T], float32."""
+@contextmanager
+def explicit_attention(model: GPT, keep_weights: bool = False, training: bool = False):
+    """Run every layer's attention as the explicit five steps (keeping the weights if
+    asked) in train or eval mode; everything is put back afterwards."""
     layers = [block.attn for block in model.transformer.h]
     saved = [(attn.impl, attn.keep_weights) for attn in layers]
     was_training = model.training
-    model.eval()
+    model.train(training)
+    for attn in layers:
+        attn.impl, attn.keep_weights = "explicit", keep_weights
     try:
-        for attn in layers:
-            attn.impl, attn.keep_weights = "explicit", True
-        model(idx)
-        return torch.stack([attn.weights[0].float() for attn in layers])
+        yield layers
     finally:
         for attn, (impl, keep) in zip(layers, saved):
             attn.impl, attn.keep_weights, attn.weights = impl, keep, None
         model.train(was_training)
+
+
+@torch.no_grad()
+def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    """Attention weights of every layer for idx [1, T]: [n_layer, H, T, T], float32."""
+    with explicit_attention(model, keep_weights=True) as layers:
+        model(idx)
+        return torch.stack([attn.weights[0].float() for attn in layers])
 
 
 def heatmap_grid(maps: torch.Tensor, gap: int = 2) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from model import GPT
+from training.attention_maps import explicit_attention
 
 
 @dataclass
@@ -58,20 +59,12 @@ def trace(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> list[Row]:
     return the steps of the embedding, the first block, and the head, in order."""
     c = model.config
     d_k = c.head_size
-    impl = [block.attn.impl for block in model.transformer.h]
-    for block in model.transformer.h:
-        block.attn.impl = "explicit"  # the five steps; 'sdpa' does the same in one fused kernel
     recorder = _Recorder(model)
-    was_training = model.training
-    model.train()
-    try:
-        with torch.no_grad(), recorder:
+    try:  # the five steps ('sdpa' does the same in one fused kernel), dropout on
+        with torch.no_grad(), explicit_attention(model, training=True), recorder:
             model(idx, targets)
     finally:
         recorder.remove_hooks()
-        model.train(was_training)
-        for block, name in zip(model.transformer.h, impl):
-            block.attn.impl = name
 
     rows: list[Row] = []
 

@@ -1,0 +1,169 @@
+"""Faults during training: SIGKILL at many points, inside checkpoint writes too, and a
+double Ctrl-C. After every fault each file in the run directory must load, and the
+re-run must end with exactly the weights of a run that was never interrupted."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, run_cli
+from data import load_tokenizer
+from model import GPT
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+# Runs train.py with os.replace patched: once the first checkpoint is complete, the
+# process SIGKILLs itself at its KILL_AT-th file replacement after that, with the new
+# file written in full (KILL_MODE=before-rename) or cut in half (KILL_MODE=partial, as
+# if the process died in the middle of writing it).
+KILLER = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+kill_at, mode = int(os.environ["KILL_AT"]), os.environ["KILL_MODE"]
+real_replace, armed, count = os.replace, [False], [0]
+
+def replace(src, dst):
+    if armed[0]:
+        count[0] += 1
+        if count[0] == kill_at:
+            if mode == "partial":
+                size = os.path.getsize(src)
+                with open(src, "r+b") as f:
+                    f.truncate(size // 2)
+            os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(src, dst)
+    if str(dst).endswith("trainer_state.pt"):
+        armed[0] = True
+
+os.replace = replace
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def assert_whole(run_dir) -> int:
+    """Every file a run directory holds loads; returns the iteration of the resume point."""
+    state = torch.load(run_dir / "trainer_state.pt", weights_only=True)
+    model = GPT.from_pretrained(run_dir)  # config.json + model.safetensors
+    model.load_state_dict(state["model"])
+    load_tokenizer(run_dir / "tokenizer.json")
+    json.loads((run_dir / "config.json").read_text())
+    return state["iter"]
+
+
+def weights(run_dir):
+    return load_file(str(run_dir / "model.safetensors"))
+
+
+def assert_same_weights(a, b):
+    a, b = weights(a), weights(b)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_bit_identical(tmp_path, micro):
+    """Killed as soon as its first checkpoint exists, with dropout on."""
+    settings = ["train.max_iters=150", "train.checkpoint_interval=10", "train.eval_interval=50",
+                "model.dropout=0.1"]
+    assert run_cli("train.py", "--config", TINY, *micro(*settings, out="straight")).returncode == 0
+    interrupted = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", TINY, *micro(*settings, out="interrupted")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while not (interrupted / "trainer_state.pt").exists() and time.time() < deadline:
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    assert 10 <= assert_whole(interrupted) < 150
+    assert run_cli("train.py", "--config", TINY, *micro(*settings, out="interrupted")).returncode == 0
+    assert_same_weights(tmp_path / "straight", interrupted)
+
+
+@pytest.mark.slow
+def test_sigkill_inside_every_checkpoint_write(tmp_path, micro):
+    """Killed while writing each of the four files of a checkpoint, whole or half written."""
+    settings = ["train.max_iters=30", "train.checkpoint_interval=5", "train.eval_interval=15",
+                "model.dropout=0.1"]
+    assert run_cli("train.py", "--config", TINY, *micro(*settings, out="straight")).returncode == 0
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER.format(root=str(ROOT)))
+    run_dir = tmp_path / "killed"
+    resumed_from = []
+    for kill_at, mode in [(1, "partial"), (2, "before-rename"), (3, "partial"), (4, "before-rename")]:
+        env = {**os.environ, "KILL_AT": str(kill_at), "KILL_MODE": mode}
+        out = subprocess.run([sys.executable, str(script), "--config", TINY, *micro(*settings, out="killed")],
+                             cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == -signal.SIGKILL, out.stderr
+        resumed_from.append(assert_whole(run_dir))
+    # each run completed one checkpoint and died in the next: config.json, the weights,
+    # tokenizer.json, then trainer_state.pt itself
+    assert resumed_from == [5, 10, 15, 20]
+    assert run_cli("train.py", "--config", TINY, *micro(*settings, out="killed")).returncode == 0
+    assert_same_weights(tmp_path / "straight", run_dir)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments(tmp_path, micro):
+    """A checkpoint every iteration, so many kills land in the middle of a save."""
+    settings = ["train.max_iters=60", "train.checkpoint_interval=1", "train.eval_interval=30",
+                "model.dropout=0.1"]
+    assert run_cli("train.py", "--config", TINY, *micro(*settings, out="straight")).returncode == 0
+    run_dir = tmp_path / "killed"
+    command = [sys.executable, "train.py", "--config", TINY, *micro(*settings, out="killed")]
+    delays = random.Random(0)
+    points = []
+    for _ in range(5):
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # wait until this process has written a checkpoint of its own, then a random moment
+        before = (run_dir / "trainer_state.pt").stat().st_mtime_ns if (run_dir / "trainer_state.pt").exists() else 0
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            state = run_dir / "trainer_state.pt"
+            if state.exists() and state.stat().st_mtime_ns != before:
+                break
+            time.sleep(0.002)
+        time.sleep(delays.uniform(0, 0.3))
+        proc.kill()
+        proc.wait()
+        points.append(assert_whole(run_dir))
+        if points[-1] >= 60:
+            break
+    assert len(set(points)) >= 3 and points == sorted(points)  # the kills came at different points
+    assert run_cli("train.py", "--config", TINY, *micro(*settings, out="killed")).returncode == 0
+    assert_whole(run_dir)
+    assert_same_weights(tmp_path / "straight", run_dir)
+
+
+@pytest.mark.slow
+def test_second_ctrl_c_exits_at_once_and_files_stay_whole(tmp_path, micro):
+    run_dir = tmp_path / "run"
+    # a model large enough that one iteration takes a while, so the second Ctrl-C
+    # arrives while the first is still waiting for the iteration to end
+    settings = ["model.n_layer=4", "model.n_embd=256", "model.n_head=4", "model.block_size=128",
+                "train.batch_size=64", "train.checkpoint_interval=1", "train.eval_interval=100000"]
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", TINY, *micro(*settings, "train.max_iters=100000")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (run_dir / "trainer_state.pt").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    while "stopping after this iteration" not in proc.stderr.readline():  # the first Ctrl-C was handled
+        pass
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "checkpoint saved" not in out and "Traceback" not in err  # it left at once, without saving
+    done = assert_whole(run_dir)
+    assert done > 0
+    # the run continues from there
+    out = run_cli("train.py", "--config", TINY, *micro(*settings, f"train.max_iters={done + 1}"))
+    assert out.returncode == 0, out.stderr
+    assert assert_whole(run_dir) == done + 1
