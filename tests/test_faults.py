@@ -68,6 +68,22 @@ def assert_same_weights(a, b):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def kill_after_a_checkpoint(command: list[str], run_dir, delay: float = 0.0) -> None:
+    """Start a training run, wait until it has written a checkpoint of its own, wait
+    `delay` seconds more, then SIGKILL it."""
+    state = run_dir / "trainer_state.pt"
+    before = state.stat().st_mtime_ns if state.exists() else 0
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        if state.exists() and state.stat().st_mtime_ns != before:
+            break
+        time.sleep(0.002)
+    time.sleep(delay)
+    proc.kill()
+    proc.wait()
+
+
 @pytest.mark.slow
 def test_resume_after_sigkill_is_bit_identical(tmp_path, micro):
     """Killed as soon as its first checkpoint exists, with dropout on."""
@@ -75,13 +91,8 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path, micro):
                 "model.dropout=0.1"]
     assert run_cli("train.py", "--config", TINY, *micro(*settings, out="straight")).returncode == 0
     interrupted = tmp_path / "interrupted"
-    proc = subprocess.Popen([sys.executable, "train.py", "--config", TINY, *micro(*settings, out="interrupted")],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while not (interrupted / "trainer_state.pt").exists() and time.time() < deadline:
-        time.sleep(0.005)
-    proc.kill()
-    proc.wait()
+    command = [sys.executable, "train.py", "--config", TINY, *micro(*settings, out="interrupted")]
+    kill_after_a_checkpoint(command, interrupted)
     assert 10 <= assert_whole(interrupted) < 150
     assert run_cli("train.py", "--config", TINY, *micro(*settings, out="interrupted")).returncode == 0
     assert_same_weights(tmp_path / "straight", interrupted)
@@ -121,18 +132,7 @@ def test_sigkill_at_random_moments(tmp_path, micro):
     delays = random.Random(0)
     points = []
     for _ in range(5):
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # wait until this process has written a checkpoint of its own, then a random moment
-        before = (run_dir / "trainer_state.pt").stat().st_mtime_ns if (run_dir / "trainer_state.pt").exists() else 0
-        deadline = time.time() + 60
-        while time.time() < deadline and proc.poll() is None:
-            state = run_dir / "trainer_state.pt"
-            if state.exists() and state.stat().st_mtime_ns != before:
-                break
-            time.sleep(0.002)
-        time.sleep(delays.uniform(0, 0.3))
-        proc.kill()
-        proc.wait()
+        kill_after_a_checkpoint(command, run_dir, delays.uniform(0, 0.3))
         points.append(assert_whole(run_dir))
         if points[-1] >= 60:
             break
