@@ -28,9 +28,9 @@ from data import BatchSampler, DataError, fixed_batches, prepare
 from data.tokenizer import encode_or_start
 from model import GPT
 from training import checkpoint
+from training.attention_maps import attention_maps
 from training.cli import OneLineParser, run_main
 from training.config import RunConfig, UserError, load_config
-from training.attention_maps import attention_maps
 from training.device import autocast, measure_peak_flops, resolve_device, resolve_dtype
 from training.distributed import Distributed, setup
 from training.logger import RunLogger
