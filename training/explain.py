@@ -161,8 +161,10 @@ def evaluate_symbolic(symbolic: str, sizes: dict[str, int]) -> tuple[int, ...]:
 
 def parameter_groups(model: GPT) -> list[tuple[str, int]]:
     """Parameters per component; the tied embedding / LM head counted once."""
+    def count(module: torch.nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
     c = model.config
-    count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
     block = model.transformer.h[0]
     groups = [("token embedding wte (= LM head, tied)", count(model.transformer.wte))]
     if c.pos_encoding == "learned":
