@@ -7,45 +7,42 @@ Exit codes: 0 ok, 2 bad input.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from data import load_tokenizer, unknown_characters
+from common.attention_maps import attention_maps, heatmap_grid, png_bytes
+from common.checkpoint import DEFAULT_RUN, load_run
+from common.cli import OneLineParser, UserError, run_main
+from common.device import DTYPES, resolve_device, resolve_dtype
+from data import unknown_characters
 from data.tokenizer import encode_or_start
-from model import GPT
-from model.gpt import check_sampling
-from training.attention_maps import attention_maps, heatmap_grid, write_png
-from training.cli import OneLineParser, run_main
-from training.config import UserError
-from training.device import resolve_device
-
-REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+from model import Sampling
 
 
-def load(checkpoint: Path, device: torch.device, dtype: str):
-    if not checkpoint.is_dir():
-        hint = " (the tiny config's run)" if checkpoint == Path("out/tiny") else ""
-        raise UserError(f"checkpoint folder {checkpoint}{hint} does not exist; train one first: "
-                        "python train.py --config configs/tiny.yaml")
-    missing = [name for name in REQUIRED_FILES if not (checkpoint / name).is_file()]
-    if missing:
-        raise UserError(f"{checkpoint} is missing {', '.join(missing)}; it is not a finished run "
-                        "directory (train again with python train.py --config ...)")
-    try:
-        model = GPT.from_pretrained(checkpoint, device=device)
-        tokenizer = load_tokenizer(checkpoint / "tokenizer.json")
-    except (ValueError, FileNotFoundError) as e:
-        raise UserError(f"{e}; retrain or copy the run directory again") from None
-    if tokenizer.get_vocab_size() != model.config.vocab_size:
-        raise UserError(f"{checkpoint}/tokenizer.json has {tokenizer.get_vocab_size()} tokens but the model "
-                        f"expects {model.config.vocab_size}; they come from different runs")
-    if dtype == "auto":  # small models decode fastest in float32 on CPUs; bf16 on GPUs
-        dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
-    model = model.to({"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype])
-    return model.eval(), tokenizer
+@dataclass
+class Settings:
+    """What to generate, from the command line."""
+
+    sampling: Sampling = Sampling(0.8)
+    max_new_tokens: int = 500
+    num_samples: int = 1  # per prompt
+    seed: int | None = None  # None: different samples every time
+    stop: list[str] = field(default_factory=list)  # end a sample at the first of these
+    use_cache: bool = True
+    stream: bool = False  # print one sample as it grows
+    stats: bool = False  # token counts and tokens/s to stderr
+    interactive: bool = False  # Ctrl-C ends the sample, not the program
+
+
+def load(checkpoint: Path, device: torch.device, dtype: torch.dtype):
+    """The run's model, in eval mode and in dtype, and its tokenizer."""
+    model, tokenizer = load_run(checkpoint, device)
+    return model.to(dtype).eval(), tokenizer
 
 
 def encode_prompt(tokenizer, prompt: str, block_size: int) -> list[int]:
@@ -100,15 +97,16 @@ def cut_at_stop(text: str, start: int, stop: list[str]) -> tuple[str, bool]:
     return (text[:min(hits)], True) if hits else (text, False)
 
 
-def generate(model, tokenizer, prompts: list[str], args, device, out=None) -> list[str]:
-    """Sample args.num_samples continuations of each prompt; returns the texts."""
+def generate(model, tokenizer, prompts: list[str], settings: Settings, device, out=None) -> list[str]:
+    """Sample settings.num_samples continuations of each prompt, in the order of the
+    prompts; returns the texts."""
     out = out or sys.stdout
     block_size = model.config.block_size
-    encoded = [encode_prompt(tokenizer, p, block_size) for p in prompts for _ in range(args.num_samples)]
+    encoded = [encode_prompt(tokenizer, p, block_size) for p in prompts for _ in range(settings.num_samples)]
     idx, mask = batch(encoded, device)
     generator = torch.Generator(device=device)
-    if args.seed is not None:
-        generator.manual_seed(args.seed)
+    if settings.seed is not None:
+        generator.manual_seed(settings.seed)
     else:
         generator.seed()
     rows = len(encoded)
@@ -116,26 +114,25 @@ def generate(model, tokenizer, prompts: list[str], args, device, out=None) -> li
     new_ids: list[list[int]] = [[] for _ in range(rows)]
     texts = list(prefixes)
     done = [False] * rows
-    stream = Stream(out, args.stop) if rows == 1 and args.stream else None
+    stream = Stream(out, settings.stop) if rows == 1 and settings.stream else None
     if stream:
         stream.update(texts[0])
     start = time.perf_counter()
+    tokens = model.generate_tokens(idx, settings.max_new_tokens, settings.sampling, settings.use_cache, mask, generator)
     try:
-        for step, token in enumerate(model.generate_tokens(
-                idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                use_cache=not args.no_kv_cache, attention_mask=mask, generator=generator)):
+        for token in tokens:
             for row, t in enumerate(token.tolist()):
                 if done[row]:
                     continue
                 new_ids[row].append(t)
                 text = prefixes[row] + tokenizer.decode(new_ids[row])
-                texts[row], done[row] = cut_at_stop(text, len(prefixes[row]), args.stop)
+                texts[row], done[row] = cut_at_stop(text, len(prefixes[row]), settings.stop)
             if stream:
                 stream.update(texts[0])
             if all(done):
                 break
     except KeyboardInterrupt:
-        if not args.interactive:
+        if not settings.interactive:
             raise
         print("\n[stopped]", file=sys.stderr)
     elapsed = time.perf_counter() - start
@@ -148,15 +145,15 @@ def generate(model, tokenizer, prompts: list[str], args, device, out=None) -> li
                 out.write(f"{'-' * 20} sample {row + 1} of {rows} {'-' * 20}\n")
             out.write(text + "\n")
     out.flush()
-    if args.stats:
+    if settings.stats:
         generated = sum(len(ids) for ids in new_ids)
         print(f"prompt tokens: {sum(len(p) for p in encoded)} | new tokens: {generated} | "
               f"{elapsed:.2f} s | {generated / max(elapsed, 1e-9):,.1f} tokens/s | "
-              f"batch {rows} | kv cache {'off' if args.no_kv_cache else 'on'} | {device}", file=sys.stderr)
+              f"batch {rows} | kv cache {'on' if settings.use_cache else 'off'} | {device}", file=sys.stderr)
     return texts
 
 
-def interactive(model, tokenizer, args, device) -> None:
+def interactive(model, tokenizer, settings: Settings, device) -> None:
     print("Type a prompt and press Enter (Ctrl-D to quit, Ctrl-C stops a sample).", file=sys.stderr)
     while True:
         try:
@@ -169,14 +166,14 @@ def interactive(model, tokenizer, args, device) -> None:
             print(file=sys.stderr)
             continue
         try:
-            generate(model, tokenizer, [prompt], args, device)
+            generate(model, tokenizer, [prompt], settings, device)
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
 
 
 def parse_args(argv):
     p = OneLineParser(prog="generate.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", type=Path, default=Path("out/tiny"), help="run directory (default out/tiny)")
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN, help=f"run directory (default {DEFAULT_RUN})")
     p.add_argument("--prompt", action="append", default=None,
                    help="text to continue; repeat for a batch of prompts")
     p.add_argument("--prompt-file", type=Path, help="read one prompt from a file")
@@ -188,7 +185,7 @@ def parse_args(argv):
     p.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
     p.add_argument("--stop", action="append", default=[], help="end a sample at this text (repeatable)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context every token")
     p.add_argument("--stats", action="store_true", help="print token counts and tokens/s to stderr")
     p.add_argument("--interactive", action="store_true", help="read prompts from the terminal")
@@ -196,21 +193,10 @@ def parse_args(argv):
                    help="write every layer's attention maps (rows: layers, columns: heads) for the "
                         "first sample, prompt and generated text, to this PNG file")
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
-    args = p.parse_args(argv)
-    # let a shell user type --stop '\n\n' for two newlines
-    args.stop = [s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop]
-    return args
+    return p.parse_args(argv)
 
 
-def run(args) -> int:
-    try:
-        check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
-    except ValueError as e:
-        raise UserError(f"--{str(e).replace('_', '-')}") from None
-    if args.num_samples < 1:
-        raise UserError(f"--num-samples={args.num_samples}: must be 1 or more")
-    if any(s == "" for s in args.stop):
-        raise UserError("--stop needs some text, e.g. --stop '\\n\\n'")
+def read_prompts(args) -> list[str]:
     prompts = list(args.prompt or [])
     if args.prompt_file is not None:
         if not args.prompt_file.is_file():
@@ -219,18 +205,39 @@ def run(args) -> int:
             prompts.append(args.prompt_file.read_text(encoding="utf-8"))
         except UnicodeDecodeError:
             raise UserError(f"prompt file {args.prompt_file} is not UTF-8 text") from None
-    args.interactive = args.interactive or (not prompts and sys.stdin.isatty())
-    args.stream = sys.stdout.isatty()
+    return prompts
+
+
+def settings_from(args) -> Settings:
+    """The command line's sampling settings, each checked: a one-line error names the option."""
+    try:
+        sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        raise UserError(f"--{str(e).replace('_', '-')}") from None
+    for option, value, low in (("max-new-tokens", args.max_new_tokens, 0), ("num-samples", args.num_samples, 1)):
+        if value < low:
+            raise UserError(f"--{option}={value}: must be {low} or more")
+    if any(s == "" for s in args.stop):
+        raise UserError("--stop needs some text, e.g. --stop '\\n\\n'")
+    # let a shell user type --stop '\n\n' for two newlines
+    stop = [s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop]
+    return Settings(sampling, args.max_new_tokens, args.num_samples, args.seed, stop, not args.no_kv_cache,
+                    sys.stdout.isatty(), args.stats)
+
+
+def run(args) -> int:
+    settings = settings_from(args)
+    prompts = read_prompts(args)
+    interactive_mode = args.interactive or (not prompts and sys.stdin.isatty())
     device = resolve_device(args.device)
-    if args.dtype == "float16" and device.type == "cpu":
-        raise UserError("--dtype float16 is for GPUs; on the CPU use float32 or bfloat16")
+    dtype = resolve_dtype(args.dtype, device, training=False)  # 'auto': bf16 on GPUs, float32 on CPUs
     if args.show_attention is not None:
-        check_png_path(args.show_attention, args.interactive)
-    model, tokenizer = load(args.checkpoint, device, args.dtype)
-    if args.interactive:
-        interactive(model, tokenizer, args, device)
+        check_png_path(args.show_attention, interactive_mode)
+    model, tokenizer = load(args.checkpoint, device, dtype)
+    if interactive_mode:
+        interactive(model, tokenizer, dataclasses.replace(settings, interactive=True), device)
     else:
-        texts = generate(model, tokenizer, prompts or [""], args, device)
+        texts = generate(model, tokenizer, prompts or [""], settings, device)
         if args.show_attention is not None:
             show_attention(model, tokenizer, texts[0], args.show_attention, device)
     return 0
@@ -252,7 +259,7 @@ def show_attention(model, tokenizer, text: str, path: Path, device) -> None:
     ids = encode_or_start(tokenizer, text)[-model.config.block_size:]
     maps = attention_maps(model, torch.tensor([ids], device=device))  # [n_layer, H, T, T]
     try:
-        write_png(path, heatmap_grid(maps.cpu()))
+        path.write_bytes(png_bytes(heatmap_grid(maps.cpu())))
     except OSError as e:
         raise UserError(f"--show-attention {path} cannot be written ({e.strerror}); choose another path") from None
     print(f"wrote {path}: attention of {len(ids)} tokens, {maps.shape[0]} layers (rows) × "

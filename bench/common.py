@@ -6,7 +6,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -14,7 +13,6 @@ from typing import Callable
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -35,10 +33,9 @@ def alternate(candidates: dict[str, Callable[[], float]], rounds: int) -> dict[s
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def timed(fn: Callable[[], object], sync: Callable[[], None] = lambda: None) -> float:
+def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
-    sync()
     return time.perf_counter() - start
 
 

@@ -6,7 +6,7 @@ length, to show that the cached cost stays flat while the uncached one grows. Th
 model is GPT-2-shaped (learned positions, tanh GELU) so both libraries run the same
 network: 4 layers, 4 heads, 128 dims, 1,024 positions.
 
-    python bench/decode.py [--quick] [--threads 2] [--rounds 3]
+    python -m bench.decode [--quick] [--threads 2] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ import argparse
 
 import torch
 
-from common import alternate, machine, save, table, timed
-
-from model import GPT, GPTConfig  # noqa: E402
+from bench.common import alternate, machine, save, table, timed
+from model import GPT, GPTConfig
 from model.attention import KVCache
 
 VOCAB = 65

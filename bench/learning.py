@@ -7,7 +7,7 @@ here first. The wall time reported is the whole command's, data preparation incl
 Corpora: the built-in Shakespeare and the classic tiny Shakespeare file, used only to
 compare with nanoGPT's published figures.
 
-    python bench/learning.py [--quick] [--minutes 1 2 5 10] [--classic PATH]
+    python -m bench.learning [--quick] [--minutes 1 2 5 10] [--classic PATH/tinyshakespeare.txt]
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, machine, save, table
-
-CLASSIC = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+from bench.common import ROOT, machine, save, table
 
 
 def run_train(overrides: list[str]) -> tuple[float, str]:
@@ -38,14 +36,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a micro model for a few seconds (a test runs this)")
     parser.add_argument("--minutes", type=float, nargs="+", default=[1, 2, 5, 10])
-    parser.add_argument("--classic", type=Path, default=CLASSIC, help="the tiny Shakespeare file, if present")
+    parser.add_argument("--classic", type=Path, help="also run on this file: the classic tiny Shakespeare")
     parser.add_argument("--out", help="JSON path (default bench/results/learning.json)")
     args = parser.parse_args()
     extra = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
              "train.eval_iters=2"] if args.quick else []
     minutes = [0.1] if args.quick else args.minutes
     corpora = {"built-in Shakespeare": "shakespeare"}
-    if args.classic.is_file() and not args.quick:
+    if args.classic is not None and not args.quick:
+        if not args.classic.is_file():
+            raise SystemExit(f"--classic {args.classic} does not exist")
         corpora["tiny Shakespeare file"] = str(args.classic)
 
     rows, results = [], []

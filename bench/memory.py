@@ -2,7 +2,7 @@
 
 Each job runs in a child process whose peak memory the kernel reports in /proc.
 
-    python bench/memory.py [--quick] [--mb 200]
+    python -m bench.memory [--quick] [--mb 200]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, machine, save, table
+from bench.common import ROOT, machine, save, table
 
 
 def peak_of(cmd: list[str]) -> tuple[float, float, float]:
@@ -43,7 +43,6 @@ def peak_of(cmd: list[str]) -> tuple[float, float, float]:
 
 def generate_text(path: Path, megabytes: float, seed: int = 0) -> None:
     """Random lines of the built-in Shakespeare until the file reaches the size."""
-    sys.path.insert(0, str(ROOT))
     from data import shakespeare
 
     lines = [line for speeches in shakespeare.load_plays().values() for s in speeches
@@ -79,8 +78,8 @@ def main() -> None:
         generate_text(text, mb)
         size_mb = text.stat().st_size / 1e6
         for tokenizer in ("char", "bpe"):
-            code = (f"from data import prepare; prepare({str(text)!r}, {tokenizer!r}, 4096, "
-                    f"cache_dir={str(tmp / ('prep-' + tokenizer))!r}, progress=False)")
+            code = (f"from data import DataConfig, prepare; prepare(DataConfig({str(text)!r}, {tokenizer!r}, 4096, "
+                    f"cache_dir={str(tmp / ('prep-' + tokenizer))!r}), progress=False)")
             rss, anon, wall = peak_of([sys.executable, "-c", code])
             rows.append([f"prepare {size_mb:.0f} MB of text, {tokenizer} tokenizer", rss, anon, wall, size_mb / wall])
             results.append({"job": f"prepare {tokenizer}", "megabytes": size_mb, "peak_rss_mb": rss,

@@ -9,20 +9,18 @@ GPT-2 with its own activation (gelu_new, the tanh formula in Python ops) and, to
 where a difference comes from, with exact GELU like ours. --compile adds
 torch.compile'd variants of both (about 30 s of compilation each).
 
-    python bench/train_throughput.py [--quick] [--threads 2] [--rounds 5] [--compile]
+    python -m bench.train_throughput [--quick] [--threads 2] [--rounds 5] [--compile]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 import torch
 
-from common import alternate, machine, save, table, timed
-
-from model import GPT, GPTConfig  # noqa: E402  (common puts the repo on sys.path)
-from training.device import measure_peak_flops
+from bench.common import alternate, machine, save, table, timed
+from common.device import autocast, measure_peak_flops
+from model import GPT, GPTConfig
 
 SIZES = {  # name: (n_layer, n_head, n_embd, block_size, batch_size)
     "nanoGPT CPU recipe (4L/4H/128, T=64, B=12)": (4, 4, 128, 64, 12),
@@ -57,10 +55,9 @@ def step_fn(model, shape, dtype, hf: bool, steps: int):
     _, _, _, T, B = shape
     x = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(0))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    autocast = (lambda: torch.autocast("cpu", dtype=dtype)) if dtype != torch.float32 else contextlib.nullcontext
 
     def one_step():
-        with autocast():
+        with autocast(torch.device("cpu"), dtype):
             loss = model(input_ids=x, labels=x).loss if hf else model(x, x)[1]
         loss.backward()
         opt.step()

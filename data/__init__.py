@@ -1,9 +1,10 @@
 """Data: corpora, tokenizers, token files and batches. Knows nothing of the model."""
 
 from .batches import BatchSampler, fixed_batches
+from .config import DataConfig
 from .prepare import TokenData, prepare
 from .sources import DataError
 from .tokenizer import load_tokenizer, unknown_characters
 
-__all__ = ["BatchSampler", "DataError", "TokenData", "fixed_batches", "load_tokenizer", "prepare",
+__all__ = ["BatchSampler", "DataConfig", "DataError", "TokenData", "fixed_batches", "load_tokenizer", "prepare",
            "unknown_characters"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -29,6 +30,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from .config import DataConfig
 from .sources import END, DataError, Piece, open_source
 from .tokenizer import Encoder, end_of_text_id, load_tokenizer, train_tokenizer
 
@@ -49,21 +51,27 @@ class TokenData:
     def vocab_size(self) -> int:
         return self.meta["vocab_size"]
 
+    def bits_per_character(self, loss: float) -> float:
+        """A validation loss in nats per token, as bits per character of the validation text."""
+        return loss * self.meta["val_tokens"] / max(1, self.meta["val_characters"]) / math.log(2)
 
-def prepare(source: str = "shakespeare", tokenizer: str = "char", vocab_size: int = 4096,
-            text_field: str = "text", val_fraction: float = 0.1,
-            cache_dir: str | Path | None = None, progress: bool = True) -> TokenData:
-    """Token files for (source, tokenizer settings): reused if present, else built."""
-    src = open_source(source, text_field, val_fraction)
-    settings = {"tokenizer": tokenizer, "vocab_size": vocab_size if tokenizer == "bpe" else None,
+
+def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | None = None) -> TokenData:
+    """Token files for (source, tokenizer settings): reused if present, else built.
+    A given tokenizer (a model's own, when fine-tuning) is used instead of training one."""
+    src = open_source(config.source, config.text_field, config.val_fraction)
+    settings = {"tokenizer": config.tokenizer, "vocab_size": config.vocab_size if config.tokenizer == "bpe" else None,
                 "format": FORMAT_VERSION}
+    if tokenizer is not None:
+        settings = {"tokenizer": "given", "sha256": hashlib.sha256(tokenizer.to_str().encode()).hexdigest(),
+                    "format": FORMAT_VERSION}
     fingerprint = hashlib.sha256(
         json.dumps({"source": src.identity, "settings": settings}, sort_keys=True).encode()
     ).hexdigest()[:16]
-    cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
-    directory = cache / f"{src.name}-{tokenizer}-{fingerprint}"
+    cache = Path(config.cache_dir) if config.cache_dir is not None else DEFAULT_CACHE
+    directory = cache / f"{src.name}-{settings['tokenizer']}-{fingerprint}"
     if not (directory / "meta.json").is_file():
-        build(src, settings, fingerprint, directory, progress)
+        build(src, settings, fingerprint, directory, progress, tokenizer)
     return load(directory)
 
 
@@ -74,7 +82,8 @@ def load(directory: Path) -> TokenData:
     return TokenData(directory, load_tokenizer(directory / "tokenizer.json"), *splits, meta)
 
 
-def build(src, settings: dict, fingerprint: str, directory: Path, progress: bool) -> None:
+def build(src, settings: dict, fingerprint: str, directory: Path, progress: bool,
+          tokenizer: Tokenizer | None) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -82,7 +91,8 @@ def build(src, settings: dict, fingerprint: str, directory: Path, progress: bool
     try:
         log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
         log(f"preparing data: {src.name}, {settings['tokenizer']} tokenizer -> {directory}")
-        tokenizer = train_tokenizer(settings["tokenizer"], chunked(src.train()), settings["vocab_size"])
+        if tokenizer is None:
+            tokenizer = train_tokenizer(settings["tokenizer"], chunked(src.train()), settings["vocab_size"])
         tokenizer.save(str(tmp / "tokenizer.json"))
         vocab = tokenizer.get_vocab_size()
         dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
@@ -93,15 +103,14 @@ def build(src, settings: dict, fingerprint: str, directory: Path, progress: bool
         if sizes["train"]["tokens"] == 0 or sizes["val"]["tokens"] == 0:
             raise DataError(f"data source {src.name!r} gave an empty train or validation split; "
                             "give more text or change data.val_fraction")
-        unknown = sizes["val"]["unknown"]
-        if unknown:
-            log(f"warning: {unknown} validation characters never appear in training; "
-                "they are encoded as <unk>")
+        for split in ("train", "val"):  # (training text has some only with a given tokenizer)
+            if sizes[split]["unknown"]:
+                log(f"warning: {sizes[split]['unknown']} {split} characters are not in the tokenizer's "
+                    "vocabulary; they are encoded as <unk>")
         meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings,
                 "vocab_size": vocab, "dtype": np.dtype(dtype).name,
-                "train_tokens": sizes["train"]["tokens"], "val_tokens": sizes["val"]["tokens"],
-                "train_characters": sizes["train"]["characters"],
-                "val_characters": sizes["val"]["characters"], "val_unknown": unknown}
+                **{f"{split}_{key}": sizes[split][key] for split in ("train", "val")
+                   for key in ("tokens", "characters", "unknown")}}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         try:
             os.rename(tmp, directory)

@@ -40,8 +40,6 @@ class Source:
 
 def open_source(source: str, text_field: str = "text", val_fraction: float = 0.1) -> Source:
     """Resolve data.source: 'shakespeare', 'hf:<name>[:<config>]' or a local path."""
-    if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"data.val_fraction={val_fraction}: must be between 0 and 1, e.g. 0.1")
     if source == "shakespeare":
         return shakespeare_source(val_fraction)
     if source.startswith("hf:"):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .sources import END, DataError, Piece
+from .sources import END, Piece
 
 UNK = "<unk>"
 EOT = "<|endoftext|>"
@@ -26,12 +26,9 @@ BYTE_ALPHABET = 256
 
 
 def train_tokenizer(kind: str, pieces: Iterable[Piece], vocab_size: int) -> Tokenizer:
-    """Build a tokenizer of `kind` from the training text (vocab_size is for bpe only)."""
-    if kind == "char":
-        return train_char(pieces)
-    if kind == "bpe":
-        return train_bpe(pieces, vocab_size)
-    raise DataError(f"data.tokenizer={kind!r}: must be one of {', '.join(KINDS)}")
+    """Build a tokenizer of `kind` (one of KINDS) from the training text (vocab_size is
+    for bpe only; DataConfig checks both)."""
+    return train_char(pieces) if kind == "char" else train_bpe(pieces, vocab_size)
 
 
 def train_char(pieces: Iterable[Piece]) -> Tokenizer:
@@ -50,9 +47,6 @@ def train_char(pieces: Iterable[Piece]) -> Tokenizer:
 
 
 def train_bpe(pieces: Iterable[Piece], vocab_size: int) -> Tokenizer:
-    if vocab_size < BYTE_ALPHABET + 1:
-        raise DataError(f"data.vocab_size={vocab_size} is below the {BYTE_ALPHABET} byte tokens "
-                        f"byte-level BPE starts from, plus {EOT}; use at least {BYTE_ALPHABET + 1}")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

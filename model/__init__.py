@@ -2,5 +2,6 @@
 
 from .config import GPTConfig
 from .gpt import GPT
+from .sampling import Sampling
 
-__all__ = ["GPT", "GPTConfig"]
+__all__ = ["GPT", "GPTConfig", "Sampling"]

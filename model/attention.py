@@ -90,28 +90,27 @@ class MultiHeadAttention(nn.Module):
     Self-attention: queries, keys and values all come from the same sequence X.
     W_Q, W_K, W_V are fused into one Linear (c_attn, GPT-2's name); splitting its
     output into H heads of d_k = n_embd / H lets each head attend in its own subspace.
-    attn_impl 'explicit' runs the five-step function above (and can keep the weights
-    for inspection: set `keep_weights`); 'sdpa' runs torch's fused kernel (flash
-    attention on GPUs). Both compute the same thing.
+    attn_impl 'explicit' runs the five-step function above; 'sdpa' runs torch's fused
+    kernel (flash attention on GPUs, where it can). Both compute the same thing; a call
+    with return_attention=True always takes the five steps, to hand back the weights.
     """
 
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
         self.layer = layer
         self.n_head = config.n_head
-        self.impl = config.attn_impl
+        self.explicit = config.attn_impl == "explicit"
         self.dropout = config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # W_Q, W_K, W_V
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.keep_weights = False
-        self.weights: torch.Tensor | None = None  # [B, H, T, S] when keep_weights is set
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
-        """x [B, T, C]. mask [B, 1, T, S] (True = may attend) or None for plain causal
-        attention over x itself. rope: (cos, sin) for rotary positions. cache: past keys."""
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
+                return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [B, T, C]. mask [B, 1, T, S] (True = may attend), or None for plain causal
+        attention over x itself. rope: (cos, sin) for rotary positions. cache: past keys
+        and values. Returns (output [B, T, C], weights [B, H, T, S] or None)."""
         B, T, C = x.shape
         qkv = self.c_attn(x)  # [B, T, 3C]: X W_Q, X W_K, X W_V side by side
         # split into q, k, v and C into H heads of d_k = C / H:
@@ -125,14 +124,14 @@ class MultiHeadAttention(nn.Module):
         causal = mask is None and T > 1  # a lone new token may see every cached key
         dropout_p = self.dropout if self.training else 0.0
 
-        if self.impl == "explicit":
+        weights = None
+        if self.explicit or return_attention:
             if causal:
                 mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # [T, T]
             y, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # [B, H, T, d_k]
-            self.weights = weights.detach() if self.keep_weights else None
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                                is_causal=causal)  # [B, H, T, d_k]
         # merge heads: [B, H, T, d_k] -> [B, T, H, d_k] -> [B, T, C]
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))  # W_O
+        return self.resid_dropout(self.c_proj(y)), (weights if return_attention else None)  # W_O

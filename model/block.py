@@ -52,12 +52,15 @@ class Block(nn.Module):
         self.mlp = FeedForward(config)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
+                return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [B, T, C] -> (x [B, T, C], the attention weights [B, H, T, S] if asked)."""
         if self.pre_norm:
-            x = x + self.attn(self.ln_1(x), mask, rope, cache)
+            attended, weights = self.attn(self.ln_1(x), mask, rope, cache, return_attention)
+            x = x + attended
             x = x + self.mlp(self.ln_2(x))
         else:
-            x = self.ln_1(x + self.attn(x, mask, rope, cache))
+            attended, weights = self.attn(x, mask, rope, cache, return_attention)
+            x = self.ln_1(x + attended)
             x = self.ln_2(x + self.mlp(x))
-        return x  # [B, T, C]
+        return x, weights

@@ -53,16 +53,8 @@ class GPTConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"{f.name}={value!r}: must be an integer")
-            if f.type == "float":
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ValueError(f"{f.name}={value!r}: must be a number")
-                setattr(self, f.name, float(value))
-            if f.type == "bool" and not isinstance(value, bool):
-                raise ValueError(f"{f.name}={value!r}: must be true or false")
+        for name, value in checked_types(type(self), dataclasses.asdict(self)).items():
+            setattr(self, name, value)
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
@@ -107,3 +99,35 @@ class GPTConfig:
         if missing:
             raise ValueError(f"missing config field(s) {', '.join(missing)}")
         return cls(**d)
+
+
+def checked_types(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` for the fields of dataclass `cls`, each checked against its annotation
+    ('int', 'float', 'str | None', ...): a whole number is accepted for a float (and
+    converted), and so is a string that reads as one (YAML reads 3e-4 as a string).
+    Raises ValueError 'name=value: must be ...' for the first wrong one. Used for every
+    config: GPTConfig here, and each section of a YAML run config in training/config.py."""
+    annotations = {f.name: f.type for f in dataclasses.fields(cls)}
+    names = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+    checked = {}
+    for name, value in values.items():
+        kinds = [k.strip() for k in annotations[name].split("|")]
+        if value is None and "None" in kinds:
+            checked[name] = None
+            continue
+        kind = kinds[0]
+        if kind == "float" and isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        ok = {
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+            "bool": isinstance(value, bool),
+            "str": isinstance(value, str),
+        }[kind]
+        if not ok:
+            raise ValueError(f"{name}={value!r}: must be {names[kind]}")
+        checked[name] = float(value) if kind == "float" else value
+    return checked

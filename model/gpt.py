@@ -20,7 +20,9 @@ import torch.nn.functional as F
 from .attention import KVCache
 from .block import Block, make_norm
 from .config import GPTConfig
+from .files import write_atomic
 from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .sampling import Sampling, sample_next
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -76,25 +78,26 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: int | None = None, training: bool = True) -> float:
-        """Matmul FLOPs per token: 2 per weight per token forward, plus attention's
-        Q Kᵀ and weights @ V (2 · 2 · T · C per layer, T = seq_len). Training (forward
-        and backward) costs 3× the forward. As in the PaLM paper's MFU and nanoGPT."""
+        """Matmul FLOPs per token, as in the PaLM paper's MFU (and nanoGPT): 2 per weight
+        of every Linear layer (the LM head included; embeddings are lookups, norms and
+        biases are not matmuls), plus attention's Q Kᵀ and weights @ V, 2 · 2 · T · C per
+        layer at context T = seq_len. Training (forward and backward) costs 3× the forward."""
         c = self.config
         T = c.block_size if seq_len is None else seq_len
-        weights = self.num_parameters()
-        if c.pos_encoding == "learned":
-            weights -= self.transformer.wpe.weight.numel()  # a lookup, not a matmul
-        forward = 2 * weights + 4 * c.n_layer * T * c.n_embd
+        matmul_weights = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        forward = 2 * matmul_weights + 4 * c.n_layer * T * c.n_embd
         return float(3 * forward if training else forward)
 
     # ---- forward -------------------------------------------------------------
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                return_attention: bool = False):
         """idx [B, T] token ids. targets [B, T] (-100 = ignore) gives a mean cross-entropy loss.
         attention_mask [B, S] (1 = real token, 0 = padding) covers the cached tokens and
-        idx, S = past + T. Returns (logits [B, T, vocab_size], loss or None)."""
+        idx, S = past + T. Returns (logits [B, T, vocab_size], loss or None), and with
+        return_attention=True also every layer's attention weights [n_layer, B, H, T, S],
+        computed by the explicit five steps whatever attn_impl is."""
         B, T = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
         if past + T > self.config.block_size:
@@ -103,10 +106,7 @@ class GPT(nn.Module):
             raise ValueError(f"attention_mask must have shape {(B, past + T)}, got {tuple(attention_mask.shape)}")
 
         positions = self._positions(T, past, attention_mask, idx.device)  # [B or 1, T]
-        mask = self._attention_mask(T, past, attention_mask, idx.device)  # [B, 1, T, S] or None
-        if mask is None and T > 1 and self.config.attn_impl == "explicit":
-            # plain causal attention: build the [T, T] mask once here, not in every layer
-            mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+        mask = self._attention_mask(T, past, attention_mask, idx.device)  # [B, 1, T, S] or None: causal
         x = self.transformer.wte(idx)  # [B, T, C]
         rope = None
         if self.rotary is None:
@@ -114,8 +114,10 @@ class GPT(nn.Module):
         else:
             rope = self.rotary(positions)  # (cos, sin) [B or 1, 1, T, d_k]
         x = self.transformer.drop(x)
+        weights = []
         for block in self.transformer.h:
-            x = block(x, mask, rope, kv_cache)  # [B, T, C]
+            x, w = block(x, mask, rope, kv_cache, return_attention)  # [B, T, C]
+            weights.append(w)
         if kv_cache is not None:
             kv_cache.length += T
         logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, vocab_size]
@@ -123,6 +125,8 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        if return_attention:
+            return logits, loss, torch.stack(weights)  # [n_layer, B, H, T, S]
         return logits, loss
 
     @staticmethod
@@ -162,15 +166,14 @@ class GPT(nn.Module):
                  attention_mask: torch.Tensor | None = None,
                  generator: torch.Generator | None = None) -> torch.Tensor:
         """Append max_new_tokens sampled tokens to idx [B, T]; returns [B, T + max_new_tokens].
-        temperature 0 is greedy. See `generate_tokens` for the rest."""
-        new = list(self.generate_tokens(idx, max_new_tokens, temperature, top_k, top_p,
-                                        use_cache, attention_mask, generator))
+        temperature 0 is greedy; see `Sampling` for top_k, top_p and `generate_tokens`."""
+        sampling = Sampling(temperature, top_k, top_p)
+        new = list(self.generate_tokens(idx, max_new_tokens, sampling, use_cache, attention_mask, generator))
         # built outside inference mode, so the result is an ordinary tensor
         return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx.clone()
 
     @torch.inference_mode()  # like no_grad, and lighter: no autograd bookkeeping at all
-    def generate_tokens(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                        top_k: int | None = None, top_p: float | None = None,
+    def generate_tokens(self, idx: torch.Tensor, max_new_tokens: int, sampling: Sampling = Sampling(),
                         use_cache: bool = True, attention_mask: torch.Tensor | None = None,
                         generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
         """Yield the next token ids [B], one step at a time (for streaming).
@@ -183,17 +186,17 @@ class GPT(nn.Module):
         the output is exactly what the uncached path gives. Dropout is off while
         generating (the model is put in eval mode and restored afterwards).
         """
-        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens}: must be 0 or more")
         was_training = self.training
         self.eval()
         try:
-            yield from self._decode(idx, max_new_tokens, temperature, top_k, top_p,
-                                    use_cache, attention_mask, generator)
+            yield from self._sampling_loop(idx, max_new_tokens, sampling, use_cache, attention_mask, generator)
         finally:
             self.train(was_training)
 
-    def _decode(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache,
-                attention_mask, generator) -> Iterator[torch.Tensor]:
+    def _sampling_loop(self, idx, max_new_tokens, sampling, use_cache, attention_mask,
+                       generator) -> Iterator[torch.Tensor]:
         B, T0 = idx.shape
         block_size = self.config.block_size
         seq = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=idx.device)
@@ -204,8 +207,7 @@ class GPT(nn.Module):
             mask[:, :T0] = attention_mask.bool()
         cache = None
         if use_cache:
-            dtype = self.lm_head.weight.dtype
-            cache = KVCache(self.config, B, block_size, idx.device, dtype)
+            cache = KVCache(self.config, B, block_size, idx.device, self.lm_head.weight.dtype)
         cache_start = 0  # index in seq of the first token held in the cache
         n = T0  # tokens in seq so far
         for _ in range(max_new_tokens):
@@ -219,7 +221,7 @@ class GPT(nn.Module):
             else:
                 window_mask = None if mask is None else mask[:, cache_start:n]
                 logits, _ = self(seq[:, n - 1:n], attention_mask=window_mask, kv_cache=cache)
-            next_token = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # [B]
+            next_token = sample_next(logits[:, -1, :], sampling, generator)  # [B]
             seq[:, n] = next_token
             n += 1
             yield next_token
@@ -227,20 +229,24 @@ class GPT(nn.Module):
     # ---- saving and loading (no pickle) ---------------------------------------
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Write config.json and model.safetensors, each atomically (temp file, then replace)."""
-        from safetensors.torch import save_model
-
+        """Write config.json and model.safetensors, each atomically (see `write_atomic`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / (CONFIG_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
-        os.replace(tmp, directory / CONFIG_FILE)
-        tmp = directory / (WEIGHTS_FILE + ".tmp")
-        try:
-            save_model(self, str(tmp), metadata={"format": "pt"})  # handles the tied head
-            os.replace(tmp, directory / WEIGHTS_FILE)
-        finally:
-            tmp.unlink(missing_ok=True)
+        for name, data in self.pretrained_files().items():
+            write_atomic(directory / name, data)
+
+    def pretrained_files(self) -> dict[str, bytes]:
+        """{file name: contents} of what save_pretrained writes. The embedding and the LM
+        head are one tensor (tied), stored once as lm_head.weight; the metadata says so,
+        as safetensors' save_model would."""
+        from safetensors.torch import save
+
+        state = self.state_dict()
+        del state["transformer.wte.weight"]
+        weights = save({name: t.contiguous() for name, t in state.items()},
+                       metadata={"format": "pt", "transformer.wte.weight": "lm_head.weight"})
+        config = json.dumps(self.config.to_dict(), indent=2) + "\n"
+        return {CONFIG_FILE: config.encode(), WEIGHTS_FILE: weights}
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, device: str | torch.device = "cpu") -> "GPT":
@@ -270,38 +276,3 @@ class GPT(nn.Module):
             first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(f"{weights_path} does not match {config_path}: {first_line}") from e
         return model.to(device)
-
-
-def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None,
-                   top_p: float | None) -> None:
-    """Raise ValueError naming the first sampling setting that is out of range."""
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens}: must be 0 or more")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature}: must be 0 (greedy) or more")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k}: must be 1 or more (or unset)")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p={top_p}: must be in (0, 1] (or unset)")
-
-
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pick one token per row from logits [B, V]: greedy at temperature 0, else sample
-    softmax(logits / temperature) restricted to the top_k tokens and then to the
-    smallest set whose probability reaches top_p (nucleus sampling). Returns [B]."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # [B, V]
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token when the tokens ranked above it already reach top_p
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
-    probs = torch.softmax(logits, dim=-1)  # [B, V]
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

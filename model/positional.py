@@ -1,8 +1,10 @@
 """Positional encodings: attention alone cannot tell "猫追狗" from "狗追猫".
 
-Attention is permutation-invariant: shuffle the tokens and each output is shuffled
-the same way. Word order has to be put in, either added to the token embeddings
-(sinusoidal, learned) or turned into a rotation of the queries and keys (rope).
+Attention without positions is permutation-equivariant: shuffle the tokens and the
+outputs are shuffled the same way, each unchanged. (A causal mask already breaks that
+symmetry a little: a token sees only those before it.) Word order has to be put in,
+either added to the token embeddings (sinusoidal, learned) or turned into a rotation
+of the queries and keys (rope).
 Every encoding takes explicit positions [B, T], so a left-padded prompt and a
 token decoded with the KV cache both get the positions they would have alone.
 """
@@ -40,8 +42,9 @@ class LearnedPositionalEmbedding(nn.Embedding):
 class RotaryEmbedding(nn.Module):
     """RoPE (Su et al., RoFormer): rotate each pair of query/key dims by angle pos · θ_i.
 
-    θ_i = base^(-2i/d_k). Because rotations compose, q_m · k_n depends only on the
-    offset m - n, so attention sees relative positions; nothing is added to x.
+    θ_i = base^(-2i/d_k). Because rotations compose, position enters q_m · k_n only
+    through the signed offset m - n, so attention sees relative positions; nothing is
+    added to x.
     forward returns (cos, sin) [B, 1, T, d_k] for `apply_rotary` (B may be 1: shared).
     """
 

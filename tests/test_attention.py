@@ -60,9 +60,11 @@ def test_mask_broadcasts_over_batch_and_heads():
 
 
 def test_tutorial_softmax_example_with_correct_figures():
-    # the first tutorial prints [0.02, 0.12, 0.86]; the true values are these
-    probs = torch.softmax(torch.tensor([2.0, 5.0, 8.0]), dim=-1)
-    torch.testing.assert_close(probs, torch.tensor([0.0024, 0.0473, 0.9503]), atol=5e-5, rtol=0)
+    # the first tutorial prints [0.02, 0.12, 0.86]; the true values are these. With d_k = 1
+    # the scaled scores of this query against these keys are exactly [2, 5, 8].
+    query, key = torch.tensor([[1.0]]), torch.tensor([[2.0], [5.0], [8.0]])
+    _, weights = scaled_dot_product_attention(query, key, torch.eye(3))
+    torch.testing.assert_close(weights[0], torch.tensor([0.0024, 0.0473, 0.9503]), atol=5e-5, rtol=0)
 
 
 def test_tutorial_shape_table():
@@ -74,11 +76,15 @@ def test_tutorial_shape_table():
 
 
 def test_scaling_keeps_scores_unit_variance():
+    # unit-variance q, k with d_k = 512: unscaled dot products have variance ≈ 512 and a
+    # softmax over them is nearly one-hot. The log of the weights is the scaled score up to
+    # a constant per row, so its spread shows what the scaling did.
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 256, 512, generator=g), torch.randn(2, 256, 512, generator=g)
-    raw = q @ k.transpose(-2, -1)
-    assert 400 < raw.var() < 620  # ≈ d_k: softmax of these would be one-hot
-    assert 0.8 < (raw / 512 ** 0.5).var() < 1.2
+    _, weights = scaled_dot_product_attention(q, k, k)
+    scores = weights.log() - weights.log().mean(dim=-1, keepdim=True)  # [2, 256, 256]
+    assert 0.8 < scores.var() < 1.2
+    assert weights.max(dim=-1).values.mean() < 0.1  # far from one-hot over 256 keys
 
 
 def test_dropout_on_weights_only_when_asked():
@@ -108,7 +114,7 @@ def test_multihead_explicit_and_sdpa_agree(padded):
         keys[1, :4] = False
         mask = torch.ones(10, 10, dtype=torch.bool).tril() & keys[:, None, None, :]
         mask = mask | torch.eye(10, dtype=torch.bool)
-    a, b = explicit(x, mask), sdpa(x, mask)
+    a, b = explicit(x, mask)[0], sdpa(x, mask)[0]
     torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     grad = torch.randn_like(a)
     ga = torch.autograd.grad(a, [x, *explicit.parameters()], grad)
@@ -117,10 +123,31 @@ def test_multihead_explicit_and_sdpa_agree(padded):
         torch.testing.assert_close(u, w, atol=1e-5, rtol=0)
 
 
-def test_explicit_keeps_weights_for_inspection():
-    attn = make_attention("explicit")
-    attn.keep_weights = True
-    attn(torch.randn(2, 5, 32))
-    assert attn.weights.shape == (2, 4, 5, 5)  # [B, H, T, T]
-    assert (attn.weights.triu(diagonal=1) == 0).all()  # the causal triangle
-    torch.testing.assert_close(attn.weights.sum(-1), torch.ones(2, 4, 5))
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_attention_weights_on_request(impl):
+    attn = make_attention(impl)
+    x = torch.randn(2, 5, 32)
+    out, weights = attn(x, return_attention=True)
+    assert weights.shape == (2, 4, 5, 5)  # [B, H, T, T]
+    assert (weights.triu(diagonal=1) == 0).all()  # the causal triangle
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))
+    torch.testing.assert_close(out, attn(x)[0], atol=1e-6, rtol=0)  # the same output either way
+    assert attn(x)[1] is None  # not asked for, none kept
+
+
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_dropout_is_off_in_eval_mode(impl):
+    attn = make_attention(impl)
+    attn.dropout = 0.5
+    x = torch.randn(2, 7, 32)
+    attn.eval()
+    with torch.no_grad():
+        first, second = attn(x)[0], attn(x)[0]
+        attn.dropout = 0.0
+        without = attn(x)[0]
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, without, atol=1e-6, rtol=0)
+    attn.dropout = 0.5
+    attn.train()
+    with torch.no_grad():
+        assert not torch.allclose(attn(x)[0], attn(x)[0])  # and on while training

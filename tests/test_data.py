@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data import BatchSampler, DataError, fixed_batches, load_tokenizer, prepare, unknown_characters
+from data import BatchSampler, DataConfig, DataError, fixed_batches, load_tokenizer, prepare, unknown_characters
 from data import shakespeare, sources
 from data.tokenizer import EOT, train_tokenizer
 
@@ -96,7 +96,7 @@ def write(path, text):
 def test_local_text_file_split_like_nanogpt(tmp_path):
     text = "".join(f"line {i}: {'abc' * (i % 7)}\n" for i in range(2000))
     path = write(tmp_path / "corpus.txt", text)
-    data = prepare(str(path), cache_dir=tmp_path / "cache", progress=False)
+    data = prepare(DataConfig(str(path), cache_dir=tmp_path / "cache"), progress=False)
     cut = int(len(text) * 0.9)
     decode = data.tokenizer.decode
     assert decode(data.train.tolist()) == text[:cut]
@@ -122,12 +122,12 @@ def test_folder_jsonl_csv_parquet_and_hub_folder(tmp_path):
     hub.mkdir()
     (hub / "train.jsonl").write_text((tmp_path / "d.jsonl").read_text())
 
-    text = prepare(str(folder), cache_dir=tmp_path / "c", progress=False)
+    text = prepare(DataConfig(str(folder), cache_dir=tmp_path / "c"), progress=False)
     both = text.tokenizer.decode(text.train.tolist()) + text.tokenizer.decode(text.val.tolist())
     assert both == "\n".join(d + "\n" for d in docs[:3])  # a blank line between files
-    results = [prepare(str(tmp_path / f"d.{ext}"), "bpe", 300, text_field="body",
-                       cache_dir=tmp_path / "c", progress=False) for ext in ("jsonl", "csv", "parquet")]
-    results.append(prepare(f"hf:{hub}", "bpe", 300, text_field="body", cache_dir=tmp_path / "c", progress=False))
+    results = [prepare(DataConfig(str(tmp_path / f"d.{ext}"), "bpe", 300, text_field="body",
+                       cache_dir=tmp_path / "c"), progress=False) for ext in ("jsonl", "csv", "parquet")]
+    results.append(prepare(DataConfig(f"hf:{hub}", "bpe", 300, text_field="body", cache_dir=tmp_path / "c"), progress=False))
     for data in results:
         eot = data.tokenizer.token_to_id(EOT)
         assert (np.asarray(data.train) == eot).sum() > 40  # documents separated by <|endoftext|>
@@ -138,15 +138,15 @@ def test_folder_jsonl_csv_parquet_and_hub_folder(tmp_path):
 
 def test_token_files_reused_and_rebuilt_on_change(tmp_path):
     path = write(tmp_path / "a.txt", SAMPLE)
-    first = prepare(str(path), cache_dir=tmp_path / "c", progress=False)
+    first = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=False)
     stamp = (first.directory / "train.bin").stat().st_mtime_ns
-    again = prepare(str(path), cache_dir=tmp_path / "c", progress=False)
+    again = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=False)
     assert again.directory == first.directory
     assert (again.directory / "train.bin").stat().st_mtime_ns == stamp
-    other_settings = prepare(str(path), "bpe", 300, cache_dir=tmp_path / "c", progress=False)
-    other_fraction = prepare(str(path), val_fraction=0.2, cache_dir=tmp_path / "c", progress=False)
+    other_settings = prepare(DataConfig(str(path), "bpe", 300, cache_dir=tmp_path / "c"), progress=False)
+    other_fraction = prepare(DataConfig(str(path), val_fraction=0.2, cache_dir=tmp_path / "c"), progress=False)
     write(path, SAMPLE + "More text.\n")
-    changed = prepare(str(path), cache_dir=tmp_path / "c", progress=False)
+    changed = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=False)
     dirs = {first.directory, other_settings.directory, other_fraction.directory, changed.directory}
     assert len(dirs) == 4
     assert len(changed.train) + len(changed.val) == len(SAMPLE) + len("More text.\n")
@@ -187,7 +187,7 @@ def test_hub_unreachable_fails_fast_with_advice(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(DataError, match="could not reach the Hugging Face hub.*data.source=path/to/file.txt"):
-        prepare("hf:someone/some_dataset", cache_dir=tmp_path, progress=False)
+        prepare(DataConfig("hf:someone/some_dataset", cache_dir=tmp_path), progress=False)
     assert list(tmp_path.iterdir()) == []  # nothing half-made left behind
 
 
@@ -218,7 +218,7 @@ def test_bad_data_input_messages(tmp_path, case):
     folder.mkdir()
     source = make(folder)
     with pytest.raises(DataError, match=message):
-        prepare(source, cache_dir=tmp_path / "cache", progress=False, **kwargs)
+        prepare(DataConfig(source, cache_dir=tmp_path / "cache", **kwargs), progress=False)
     assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
 
 
@@ -238,3 +238,16 @@ def test_fast_encoder_gives_the_tokenizers_ids(kind, bpe):
         assert Encoder(tok)(text).tolist() == tok.encode(text).ids
     finally:
         Encoder.PIECE = 1 << 16
+
+
+def test_unknown_validation_characters_are_counted_and_reported(tmp_path, capsys):
+    # the last 10% (the validation split) holds 3 'Z' and 2 '€' that training never saw
+    text = "abc abc\n" * 90 + "Zab\u20acZ\u20acZ\n" + "abc\n" * 16
+    path = write(tmp_path / "t.txt", text)
+    data = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=True)
+    assert text[int(len(text) * 0.9):].count("Z") == 3
+    assert data.meta["val_unknown"] == 5 and data.meta["train_unknown"] == 0
+    err = capsys.readouterr().err
+    assert "warning: 5 val characters are not in the tokenizer's vocabulary" in err
+    unk = data.tokenizer.token_to_id("<unk>")
+    assert (np.asarray(data.val) == unk).sum() == 5

@@ -10,7 +10,7 @@ import torch
 import generate
 from conftest import run_cli
 from model import GPT, GPTConfig
-from training.attention_maps import attention_maps, heatmap_grid, png_bytes
+from common.attention_maps import attention_maps, heatmap_grid, png_bytes
 from training.explain import evaluate_symbolic, parameter_groups, symbolic_sizes, trace
 
 STEPS = ["token embedding", "Q, K, V projections", "split into heads", "1. similarity Q Kᵀ",
@@ -47,7 +47,7 @@ def test_trace_shapes_match_the_config(pos_encoding, norm_position):
     assert any(s.startswith("final") for s in steps) == (norm_position == "pre")
     # the symbolic shapes are not trivially equal: T, C and d_k differ here
     assert dict(zip(steps, (r.shape for r in rows)))["1. similarity Q Kᵀ"] == (5, 2, 11, 11)
-    assert [b.attn.impl for b in model.transformer.h] == ["sdpa"] * 3  # restored
+    assert [b.attn.explicit for b in model.transformer.h] == [False] * 3  # the model is left as it was
     rms = trace(micro(norm="rmsnorm"), idx, idx)
     assert [r.step for r in rms if "RMSNorm" in r.step] == ["RMSNorm (before attention)",
                                                            "RMSNorm (before feed-forward)", "final RMSNorm (ln_f)"]
@@ -73,7 +73,7 @@ def test_attention_maps_are_causal_distributions_for_either_impl():
         assert maps.shape == (3, 2, 9, 9)
         torch.testing.assert_close(maps.sum(-1), torch.ones(3, 2, 9))
         assert (maps.triu(diagonal=1) == 0).all()
-        assert all(b.attn.impl == impl and b.attn.weights is None for b in model.transformer.h)
+        assert all(b.attn.explicit == (impl == "explicit") for b in model.transformer.h)
 
 
 def read_png(data: bytes) -> tuple[int, int, bytes]:
@@ -118,3 +118,42 @@ def test_generate_show_attention_writes_a_png(tmp_path):
     width, height, _ = read_png(path.read_bytes())
     cell = 10 * 10  # 10 tokens, each scaled up 10× to reach 96 pixels
     assert (width, height) == (3 * (cell + 2) + 2, 2 * (cell + 2) + 2)  # 3 heads across, 2 layers down
+
+
+def test_a_rewritten_attention_step_keeps_every_row(monkeypatch):
+    """The trace finds steps by where tensors are made, not by which operations made them:
+    the attention function written another way (scale by a product, mask with where)
+    still gives every row."""
+    import math
+
+    import model.attention
+
+    def rewritten(query, key, value, mask=None, dropout_p=0.0):
+        scores = torch.einsum("...td,...sd->...ts", query, key) * (1 / math.sqrt(query.size(-1)))
+        if mask is not None:
+            scores = torch.where(mask.bool(), scores, torch.tensor(float("-inf")))
+        weights = torch.nn.functional.dropout(scores.softmax(-1), p=dropout_p)
+        return torch.einsum("...ts,...sd->...td", weights, value), weights
+
+    model_ = micro(pos_encoding="rope", dropout=0.1)
+    idx = torch.randint(0, 37, (2, 9))
+    expected = [(r.step, r.shape) for r in trace(model_, idx, idx)]
+    monkeypatch.setattr(model.attention, "scaled_dot_product_attention", rewritten)
+    assert [(r.step, r.shape) for r in trace(model_, idx, idx)] == expected
+    assert any("2. scale" in step for step, _ in expected) and len(expected) == 24
+
+
+def test_explain_in_chinese(tmp_path, micro):
+    import os
+
+    by_flag = run_cli("train.py", "--config", "configs/tiny.yaml", *micro(), "--explain", "--lang", "zh")
+    by_locale = run_cli("train.py", "--config", "configs/tiny.yaml", *micro(), "--explain",
+                        env={**os.environ, "LANG": "zh_CN.UTF-8", "LC_ALL": ""})
+    for out in (by_flag, by_locale):
+        assert out.returncode == 0, out.stderr
+        assert "每对（query, key）一个分数" in out.stdout and "one score per" not in out.stdout
+        assert re.search(r"1\. similarity Q Kᵀ\s+\[8, 2, 32, 32\]", out.stdout)  # the same trace
+        assert "参数：" in out.stdout and "KV cache：2 × 2 层 × 32 = 每个 token 128 个数" in out.stdout
+    english = run_cli("train.py", "--config", "configs/tiny.yaml", *micro(), "--explain", "--lang", "en",
+                      env={**os.environ, "LANG": "zh_CN.UTF-8"})
+    assert "one score per (query, key) pair" in english.stdout

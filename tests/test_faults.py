@@ -4,16 +4,19 @@ re-run must end with exactly the weights of a run that was never interrupted."""
 
 import json
 import os
+import queue
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from common.checkpoint import CHECKPOINT_FILES, STATE_FILE
 from conftest import ROOT, run_cli
 from data import load_tokenizer
 from model import GPT
@@ -21,26 +24,24 @@ from model import GPT
 TINY = str(ROOT / "configs" / "tiny.yaml")
 
 # Runs train.py with os.replace patched: once the first checkpoint is complete, the
-# process SIGKILLs itself at its KILL_AT-th file replacement after that, with the new
-# file written in full (KILL_MODE=before-rename) or cut in half (KILL_MODE=partial, as
-# if the process died in the middle of writing it).
+# process SIGKILLs itself when it is about to put KILL_FILE in place, with the new file
+# written in full (KILL_MODE=before-rename) or cut in half (KILL_MODE=partial, as if the
+# process died in the middle of writing it).
 KILLER = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
-kill_at, mode = int(os.environ["KILL_AT"]), os.environ["KILL_MODE"]
-real_replace, armed, count = os.replace, [False], [0]
+kill_file, mode, state_file = os.environ["KILL_FILE"], os.environ["KILL_MODE"], {state!r}
+real_replace, armed = os.replace, [False]
 
 def replace(src, dst):
-    if armed[0]:
-        count[0] += 1
-        if count[0] == kill_at:
-            if mode == "partial":
-                size = os.path.getsize(src)
-                with open(src, "r+b") as f:
-                    f.truncate(size // 2)
-            os.kill(os.getpid(), signal.SIGKILL)
+    if armed[0] and os.path.basename(dst) == kill_file:
+        if mode == "partial":
+            size = os.path.getsize(src)
+            with open(src, "r+b") as f:
+                f.truncate(size // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
     real_replace(src, dst)
-    if str(dst).endswith("trainer_state.pt"):
+    if os.path.basename(dst) == state_file:
         armed[0] = True
 
 os.replace = replace
@@ -100,23 +101,24 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path, micro):
 
 @pytest.mark.slow
 def test_sigkill_inside_every_checkpoint_write(tmp_path, micro):
-    """Killed while writing each of the four files of a checkpoint, whole or half written."""
-    settings = ["train.max_iters=30", "train.checkpoint_interval=5", "train.eval_interval=15",
+    """Killed while writing each file of a checkpoint in turn, whole or half written."""
+    n = len(CHECKPOINT_FILES)
+    settings = [f"train.max_iters={5 * (n + 2)}", "train.checkpoint_interval=5", "train.eval_interval=15",
                 "model.dropout=0.1"]
     assert run_cli("train.py", "--config", TINY, *micro(*settings, out="straight")).returncode == 0
     script = tmp_path / "killer.py"
-    script.write_text(KILLER.format(root=str(ROOT)))
+    script.write_text(KILLER.format(root=str(ROOT), state=STATE_FILE))
     run_dir = tmp_path / "killed"
     resumed_from = []
-    for kill_at, mode in [(1, "partial"), (2, "before-rename"), (3, "partial"), (4, "before-rename")]:
-        env = {**os.environ, "KILL_AT": str(kill_at), "KILL_MODE": mode}
+    for i, name in enumerate(CHECKPOINT_FILES):
+        env = {**os.environ, "KILL_FILE": name, "KILL_MODE": "partial" if i % 2 == 0 else "before-rename"}
         out = subprocess.run([sys.executable, str(script), "--config", TINY, *micro(*settings, out="killed")],
                              cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
         assert out.returncode == -signal.SIGKILL, out.stderr
         resumed_from.append(assert_whole(run_dir))
-    # each run completed one checkpoint and died in the next: config.json, the weights,
-    # tokenizer.json, then trainer_state.pt itself
-    assert resumed_from == [5, 10, 15, 20]
+    # each run completed one checkpoint and died in the next, at the i-th file: the
+    # resume point moves on by one checkpoint each time, whichever file was cut
+    assert resumed_from == [5 * (i + 1) for i in range(n)]
     assert run_cli("train.py", "--config", TINY, *micro(*settings, out="killed")).returncode == 0
     assert_same_weights(tmp_path / "straight", run_dir)
 
@@ -142,6 +144,36 @@ def test_sigkill_at_random_moments(tmp_path, micro):
     assert_same_weights(tmp_path / "straight", run_dir)
 
 
+class Lines:
+    """A child's pipe, read line by line in a thread, so that waiting for a line can
+    fail (never hang) if the child closes the pipe or the time runs out first."""
+
+    def __init__(self, stream):
+        self.queue: queue.Queue = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=lambda: [self.queue.put(line) for line in iter(stream.readline, "")]
+                         + [self.queue.put("")], daemon=True).start()
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                line = self.queue.get(timeout=max(0.0, deadline - time.time()))
+            except queue.Empty:
+                pytest.fail(f"no line with {text!r} within {timeout} s")
+            self.seen.append(line)
+            if text in line:
+                return
+            if line == "":
+                pytest.fail(f"the process ended without printing {text!r}: {''.join(self.seen)[-2000:]}")
+
+    def rest(self, timeout: float = 30) -> str:
+        """Everything printed, once the child has closed the pipe."""
+        while (line := self.queue.get(timeout=timeout)) != "":
+            self.seen.append(line)
+        return "".join(self.seen)
+
+
 @pytest.mark.slow
 def test_second_ctrl_c_exits_at_once_and_files_stay_whole(tmp_path, micro):
     run_dir = tmp_path / "run"
@@ -154,12 +186,16 @@ def test_second_ctrl_c_exits_at_once_and_files_stay_whole(tmp_path, micro):
     deadline = time.time() + 60
     while not (run_dir / "trainer_state.pt").exists() and time.time() < deadline:
         time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    while "stopping after this iteration" not in proc.stderr.readline():  # the first Ctrl-C was handled
-        pass
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err
+    stderr = Lines(proc.stderr)
+    try:
+        proc.send_signal(signal.SIGINT)
+        stderr.wait_for("stopping after this iteration")  # the first Ctrl-C was handled
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    out, err = proc.stdout.read(), stderr.rest()
+    assert code == 130, err
     assert "checkpoint saved" not in out and "Traceback" not in err  # it left at once, without saving
     done = assert_whole(run_dir)
     assert done > 0

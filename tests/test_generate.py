@@ -2,6 +2,7 @@
 
 import io
 import json
+import re
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch
 import generate
 from conftest import run_cli
 from data.tokenizer import train_tokenizer
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, Sampling
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nAy me.\n"
 
@@ -65,19 +66,13 @@ def test_same_seed_same_samples(checkpoint, capsys):
     assert a == b and a != c and "sample 2 of 2" in a
 
 
-def args_for(checkpoint, **overrides):
-    args = generate.parse_args(["--checkpoint", str(checkpoint)])
-    args.__dict__.update(interactive=False, **overrides)
-    return args
-
-
 def test_streaming_prints_the_same_text(checkpoint):
-    model, tokenizer = generate.load(checkpoint, torch.device("cpu"), "float32")
+    model, tokenizer = generate.load(checkpoint, torch.device("cpu"), torch.float32)
     texts = []
     for stream in (True, False):
         out = io.StringIO()
-        args = args_for(checkpoint, stream=stream, seed=3, max_new_tokens=60, stop=["\n\n"])
-        generate.generate(model, tokenizer, ["ROMEO:"], args, torch.device("cpu"), out=out)
+        settings = generate.Settings(stream=stream, seed=3, max_new_tokens=60, stop=["\n\n"])
+        generate.generate(model, tokenizer, ["ROMEO:"], settings, torch.device("cpu"), out=out)
         texts.append(out.getvalue())
     assert texts[0] == texts[1]
 
@@ -169,3 +164,33 @@ def test_interactive_mode_reads_prompts_until_eof(checkpoint):
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("\n") >= 2 and "ROMEO:" in result.stdout and "Ay" in result.stdout
     assert result.stderr.count("prompt> ") == 3  # two prompts, then end of input
+
+
+def test_samples_come_in_prompt_order_with_their_labels(checkpoint, capsys):
+    prompts = ["ROMEO:", "Ay", "But"]
+    code, out, _ = run(checkpoint, capsys, *[a for p in prompts for a in ("--prompt", p)], "--num-samples", "2",
+                       "--max-new-tokens", "7", "--seed", "1")
+    assert code == 0
+    parts = re.split(r"-{20} sample (\d+) of (\d+) -{20}\n", out)
+    assert parts[0] == "" and parts[1::3] == ["1", "2", "3", "4", "5", "6"] and set(parts[2::3]) == {"6"}
+    texts = [t[:-1] for t in parts[3::3]]  # each sample ends with a newline
+    for i, text in enumerate(texts):
+        prompt = prompts[i // 2]
+        assert text.startswith(prompt) and len(text) >= len(prompt) + 7, (i, text)  # (<unk> prints 5 characters)
+    assert texts[0] != texts[1]  # two samples of one prompt, not one printed twice
+
+
+def test_sampling_options_reach_the_sampler(checkpoint, capsys, monkeypatch):
+    import model.gpt
+
+    seen = set()
+    real = model.gpt.sample_next
+
+    def recording(logits, sampling, generator=None):
+        seen.add(sampling)
+        return real(logits, sampling, generator)
+
+    monkeypatch.setattr(model.gpt, "sample_next", recording)
+    code, _, _ = run(checkpoint, capsys, "--prompt", "R", "--max-new-tokens", "3",
+                     "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9")
+    assert code == 0 and seen == {Sampling(0.7, 5, 0.9)}

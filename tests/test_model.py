@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from model import GPT, GPTConfig
-from model.gpt import sample_next
+import model.gpt as model_gpt
+from model import GPT, GPTConfig, Sampling
+from model.sampling import next_token_probabilities, sample_next
 
 ENCODINGS = ["learned", "sinusoidal", "rope"]
 
@@ -16,6 +17,38 @@ def tiny(seed=0, **overrides):
     settings = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32)
     settings.update(overrides)
     return GPT(GPTConfig(**settings)).eval()
+
+
+def train_briefly(model: GPT, steps: int = 100) -> GPT:
+    """Fit a repeating sequence of 24 distinct tokens, so that the logits are confident
+    and depend on the context (a random-init model's barely react to anything)."""
+    period = torch.randperm(50, generator=torch.Generator().manual_seed(1))[:24]
+    stream = period.repeat(20)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for step in range(steps):
+        starts = torch.randint(0, len(stream) - 17, (8,), generator=torch.Generator().manual_seed(step))
+        batch = torch.stack([stream[s:s + 17] for s in starts])
+        _, loss = model(batch[:, :-1], batch[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """{positional encoding: a briefly trained tiny model}."""
+    return {pos: train_briefly(tiny(pos_encoding=pos)) for pos in ENCODINGS}
+
+
+def test_briefly_trained_models_learned_the_sequence(trained):
+    # (sinusoidal learns it too, but several times more slowly: its unit-size sin/cos
+    # swamp token embeddings initialised at std 0.02)
+    period = torch.randperm(50, generator=torch.Generator().manual_seed(1))[:24]
+    for pos in ("learned", "rope"):
+        logits, _ = trained[pos](period[None, :12])
+        assert torch.equal(logits[0, 3:].argmax(-1), period[4:13])
 
 
 def test_forward_shapes_and_ignored_targets():
@@ -63,8 +96,9 @@ def left_pad(prompts, pad=0):
 
 @pytest.mark.parametrize("pos", ENCODINGS)
 @pytest.mark.parametrize("impl", ["explicit", "sdpa"])
-def test_left_padded_batch_matches_each_prompt_alone(pos, impl):
+def test_left_padded_batch_matches_each_prompt_alone(pos, impl, trained):
     model = tiny(pos_encoding=pos, attn_impl=impl)
+    model.load_state_dict(trained[pos].state_dict())
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
     idx, mask = left_pad(prompts)
     logits, _ = model(idx, attention_mask=mask)
@@ -79,14 +113,28 @@ def test_left_padded_batch_matches_each_prompt_alone(pos, impl):
         assert batched[row, -30:].tolist() == alone[0, -30:].tolist()
 
 
+def generate_recording_logits(model, idx, n, monkeypatch, **kwargs):
+    """model.generate, also returning the logits each step sampled from [n, B, V]."""
+    seen = []
+
+    def recording(logits, sampling, generator=None):
+        seen.append(logits.clone())
+        return sample_next(logits, sampling, generator)
+
+    monkeypatch.setattr(model_gpt, "sample_next", recording)
+    out = model.generate(idx, n, temperature=1.0, generator=torch.Generator().manual_seed(0), **kwargs)
+    return out, torch.stack(seen)
+
+
 @pytest.mark.parametrize("pos", ENCODINGS)
-def test_cache_gives_the_same_greedy_tokens_past_block_size(pos):
-    model = tiny(pos_encoding=pos)
-    idx = torch.randint(0, 50, (2, 5))
+def test_cache_gives_the_same_logits_past_block_size(pos, trained, monkeypatch):
+    model = trained[pos]
+    idx = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(2))
     n = 3 * model.config.block_size
-    cached = model.generate(idx, n, temperature=0, use_cache=True)
-    uncached = model.generate(idx, n, temperature=0, use_cache=False)
-    assert cached.shape == (2, 5 + n)
+    cached, cached_logits = generate_recording_logits(model, idx, n, monkeypatch, use_cache=True)
+    uncached, uncached_logits = generate_recording_logits(model, idx, n, monkeypatch, use_cache=False)
+    assert cached.shape == (2, 5 + n) and cached_logits.shape == (n, 2, 50)
+    torch.testing.assert_close(cached_logits, uncached_logits, atol=1e-5, rtol=0)
     assert torch.equal(cached, uncached)
 
 
@@ -126,12 +174,12 @@ def test_cache_writes_in_place():
 def test_sampling_controls():
     logits = torch.tensor([[1.0, 3.0, 2.0, 0.5], [4.0, 0.0, 1.0, 3.9]])
     greedy = logits.argmax(-1)
-    assert torch.equal(sample_next(logits, temperature=0), greedy)
+    assert torch.equal(sample_next(logits, Sampling(temperature=0)), greedy)
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
-        assert torch.equal(sample_next(logits, 1.0, top_k=1, generator=g), greedy)
-        assert torch.equal(sample_next(logits, 1.0, top_p=0.01, generator=g), greedy)
-        two = sample_next(logits, 5.0, top_k=2, generator=g)
+        assert torch.equal(sample_next(logits, Sampling(1.0, top_k=1), generator=g), greedy)
+        assert torch.equal(sample_next(logits, Sampling(1.0, top_p=0.01), generator=g), greedy)
+        two = sample_next(logits, Sampling(5.0, top_k=2), generator=g)
         assert two[0] in (1, 2) and two[1] in (0, 3)
     model = tiny()
     idx = torch.randint(0, 50, (2, 3))
@@ -142,6 +190,52 @@ def test_sampling_controls():
     for bad in (dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             model.generate(idx, 5, **bad)
+
+
+# log-probabilities of [0.5, 0.3, 0.15, 0.05]: the nucleus of each top_p is known exactly
+NUCLEUS = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.5])
+def test_temperature_divides_the_logits(temperature):
+    logits = torch.tensor([[1.0, 3.0, 2.0, -0.5], [4.0, 0.0, 1.0, 3.9]])
+    probs = next_token_probabilities(logits, Sampling(temperature))
+    torch.testing.assert_close(probs, torch.softmax(logits / temperature, dim=-1))
+
+
+@pytest.mark.parametrize("top_p, kept", [(0.4, 1), (0.7, 2), (0.85, 3), (0.97, 4), (1.0, 4)])
+def test_top_p_keeps_the_smallest_set_that_reaches_p(top_p, kept):
+    probs = next_token_probabilities(NUCLEUS, Sampling(1.0, top_p=top_p))[0]
+    expected = torch.tensor([0.5, 0.3, 0.15, 0.05])[:kept]
+    torch.testing.assert_close(probs[:kept], expected / expected.sum())
+    assert (probs[kept:] == 0).all()
+
+
+def test_top_k_then_top_p_on_what_is_left():
+    # top_k=3 leaves [0.5, 0.3, 0.15] / 0.95; top_p 0.8 of that needs 0.526 + 0.316
+    probs = next_token_probabilities(NUCLEUS, Sampling(1.0, top_k=3, top_p=0.8))[0]
+    torch.testing.assert_close(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    probs = next_token_probabilities(NUCLEUS, Sampling(1.0, top_k=2))[0]
+    torch.testing.assert_close(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    greedy = next_token_probabilities(NUCLEUS, Sampling(0.0))[0]
+    assert greedy.tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_samples_follow_the_sampling_distribution():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.5]]).expand(20000, 4)
+    sampling = Sampling(temperature=1.5, top_k=3)
+    draws = sample_next(logits, sampling, torch.Generator().manual_seed(0))
+    frequencies = torch.bincount(draws, minlength=4).float() / len(draws)
+    torch.testing.assert_close(frequencies, next_token_probabilities(logits[:1], sampling)[0], atol=0.015, rtol=0)
+
+
+def test_generation_runs_without_dropout(monkeypatch):
+    with_dropout, without = tiny(dropout=0.5).train(), tiny(dropout=0.0)
+    idx = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(0))
+    _, noisy = generate_recording_logits(with_dropout, idx, 10, monkeypatch)
+    _, clean = generate_recording_logits(without, idx, 10, monkeypatch)
+    torch.testing.assert_close(noisy, clean, atol=1e-6, rtol=0)
+    assert with_dropout.training  # and put back in training mode afterwards
 
 
 def test_generate_restores_training_mode():
@@ -188,7 +282,16 @@ def test_initialisation_and_tying():
     assert abs(model.transformer.h[0].attn.c_attn.weight.std().item() - 0.02) < 0.002
     n = model.num_parameters()
     assert n == sum(p.numel() for p in set(model.parameters()))
-    assert model.flops_per_token(16) > 6 * (n - 16 * 32)
+
+
+def test_flops_per_token_equals_a_hand_count():
+    # C=32, 2 layers, V=50, T=16. Matmul weights per layer: W_Q,W_K,W_V 32×96, W_O 32×32,
+    # W_1 32×128, W_2 128×32 = 12,288; two layers 24,576; LM head 50×32 = 1,600.
+    # Forward: 2 × 26,176 + attention 2 · 2 · T · C per layer = 4 · 2 · 16 · 32 = 4,096.
+    model = tiny()
+    assert model.flops_per_token(16, training=False) == 2 * 26_176 + 4_096 == 56_448
+    assert model.flops_per_token(16) == 3 * 56_448
+    assert model.flops_per_token() == 3 * 56_448  # block_size is 16
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -229,6 +332,66 @@ def test_load_errors_are_clear(tmp_path):
         GPT.from_pretrained(tmp_path)
 
 
+def test_save_pretrained_keeps_the_old_file_if_writing_fails(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    old, new = tiny(seed=0), tiny(seed=1)
+    old.save_pretrained(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        new.save_pretrained(tmp_path)
+    monkeypatch.undo()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no .tmp left either
+    torch.testing.assert_close(GPT.from_pretrained(tmp_path).lm_head.weight, old.lm_head.weight)
+
+
+def test_save_pretrained_survives_a_kill_while_writing_the_weights(tmp_path):
+    """A child process saves new weights over old ones and is SIGKILLed inside the
+    write of model.safetensors: the old file must still load, unchanged."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    tiny(seed=0).save_pretrained(tmp_path)
+    before = (tmp_path / "model.safetensors").read_bytes()
+    child = f"""
+import os, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+import torch
+from model import GPT, GPTConfig
+real_fsync = os.fsync
+def fsync(fd):
+    if os.readlink(f"/proc/self/fd/{{fd}}").endswith("model.safetensors.tmp"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_fsync(fd)
+os.fsync = fsync
+torch.manual_seed(1)
+GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32)).save_pretrained({str(tmp_path)!r})
+"""
+    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert result.returncode == -9, result.stderr
+    assert (tmp_path / "model.safetensors").read_bytes() == before
+    GPT.from_pretrained(tmp_path)
+
+
+def test_dropout_is_off_in_eval_mode_everywhere():
+    model = tiny(dropout=0.5)  # embeddings, attention weights, residual branches
+    reference = tiny(dropout=0.0)
+    idx = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(model(idx)[0], model(idx)[0])
+        torch.testing.assert_close(model(idx)[0], reference(idx)[0], atol=1e-6, rtol=0)
+        model.train()
+        assert not torch.allclose(model(idx)[0], model(idx)[0])
+
+
 @pytest.mark.parametrize("settings, message", [
     (dict(n_embd=30, n_head=4), "n_embd=30 is not divisible by n_head=4"),
     (dict(block_size=0), "block_size=0: must be at least 1"),
@@ -251,10 +414,11 @@ def test_config_from_dict_rejects_unknown_fields():
         GPTConfig.from_dict(dict(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=8, n_embed=8))
 
 
-def test_logits_equal_hugging_face_gpt2():
+@pytest.mark.parametrize("impl", ["sdpa", "explicit"])
+def test_logits_equal_hugging_face_gpt2(impl):
     transformers = pytest.importorskip("transformers")
     model = tiny(n_layer=3, n_head=4, n_embd=64, block_size=32, vocab_size=97,
-                 pos_encoding="learned", activation="gelu_tanh", bias=True)
+                 pos_encoding="learned", activation="gelu_tanh", bias=True, attn_impl=impl)
     hf_config = transformers.GPT2Config(
         vocab_size=97, n_positions=32, n_embd=64, n_layer=3, n_head=4,
         activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,

@@ -14,7 +14,9 @@ from safetensors.torch import load_file
 
 import train
 from conftest import ROOT, run_cli
+from model import GPT
 from training.config import ConfigError, TrainConfig, load_config
+from training.optim import learning_rate, make_optimizer
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 
@@ -107,7 +109,7 @@ def test_signal_saves_and_exits(tmp_path, micro, sig, code):
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, micro, monkeypatch, capsys):
     assert train.main(["--config", TINY, *micro("train.max_iters=10")]) == 0
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file() and "events" not in p.name}
-    real_forward = train.GPT.forward
+    real_forward = GPT.forward
     calls = {"n": 0}
 
     def poisoned(self, idx, targets=None, **kw):
@@ -117,7 +119,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, micro, monkey
             loss = loss * float("nan")
         return logits, loss
 
-    monkeypatch.setattr(train.GPT, "forward", poisoned)
+    monkeypatch.setattr(GPT, "forward", poisoned)
     assert train.main(["--config", TINY, *micro("train.max_iters=20", "train.eval_interval=100")]) == 1
     err = capsys.readouterr().err
     assert "loss became nan" in err and "iteration 14" in err and "last good checkpoint" in err
@@ -127,7 +129,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, micro, monkey
 
 def test_learning_rate_schedule():
     cfg = TrainConfig(max_iters=100, lr=1.0, min_lr=0.1, warmup_iters=10)
-    lrs = [train.learning_rate(i, cfg) for i in range(120)]
+    lrs = [learning_rate(i, cfg) for i in range(120)]
     assert lrs[0] < lrs[5] < lrs[9] < 1.0  # warmup
     assert max(lrs) == pytest.approx(1.0, abs=0.01)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then only down
@@ -135,10 +137,10 @@ def test_learning_rate_schedule():
 
 
 def test_weight_decay_skips_norms_biases_embeddings():
-    from model import GPT, GPTConfig
+    from model import GPTConfig
 
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
-    opt = train.make_optimizer(model, TrainConfig(), torch.device("cpu"))
+    opt = make_optimizer(model, TrainConfig(), torch.device("cpu"))
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     names = {n for n, p in model.named_parameters() if id(p) in decayed}
     assert names == {"transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.weight",
@@ -171,7 +173,7 @@ def test_overrides_are_typed_as_yaml_and_out_dir_defaults_to_stem(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text("train:\n  lr: 1.0e-3\n")
     cfg = load_config(path, ["train.max_iters=7", "model.bias=false", "data.source=my.txt", "train.lr=3e-4"])
-    assert cfg.train.max_iters == 7 and cfg.model["bias"] is False and cfg.train.lr == 3e-4
+    assert cfg.train.max_iters == 7 and cfg.model.bias is False and cfg.train.lr == 3e-4
     assert cfg.data.source == "my.txt" and cfg.out_dir == "out/exp"
 
 
@@ -186,7 +188,7 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, micro):
 
 
 def test_second_run_into_same_out_dir_is_refused(tmp_path, micro):
-    from training.checkpoint import RunLock
+    from common.checkpoint import RunLock
 
     (tmp_path / "run").mkdir()
     lock = RunLock(tmp_path / "run")
@@ -196,6 +198,24 @@ def test_second_run_into_same_out_dir_is_refused(tmp_path, micro):
         assert result.returncode == 2 and "is in use by another training run" in result.stderr
     finally:
         lock.release()
+
+
+def test_lock_is_released_when_its_holder_is_killed(tmp_path):
+    from common.checkpoint import RunLock
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+                               "from pathlib import Path; from common.checkpoint import RunLock; "
+                               "lock = RunLock(Path(sys.argv[2])); assert lock.acquire(); print('locked', flush=True); "
+                               "time.sleep(60)", str(ROOT), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        lock = RunLock(tmp_path)
+        assert not lock.acquire() and lock.holder() == str(holder.pid)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lock.acquire()  # SIGKILL released it
+    lock.release()
 
 
 @pytest.mark.slow
@@ -219,7 +239,7 @@ def test_ddp_two_processes_matches_one_process_global_batch(tmp_path, micro):
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, micro, monkeypatch, capsys):
     import errno
 
-    from training import checkpoint
+    from model import files as checkpoint
 
     assert train.main(["--config", TINY, *micro("train.max_iters=10")]) == 0
     run = tmp_path / "run"

@@ -1,39 +1,32 @@
 """Run configuration: a YAML file with sections model/data/train and an out_dir,
 plus dotted overrides from the command line, loaded into typed dataclasses.
 
-Every mistake (a missing file, bad YAML, an unknown or misspelled key, a wrong type,
-an impossible value) raises ConfigError naming the key, the value and the file.
+Each section is a dataclass that checks its own values when it is made (GPTConfig in
+model/, DataConfig in data/, TrainConfig here); this module parses the YAML, checks
+every value's type against the field it fills (model.config.checked_types), and turns
+any mistake (a missing file, bad YAML, an unknown or misspelled key, a wrong type, an
+impossible value) into a ConfigError naming the key, the value and the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from common.cli import UserError
+from common.device import DTYPES
+from data import DataConfig
 from model import GPTConfig
-
-
-class UserError(Exception):
-    """Bad input from the user: the message says what is wrong and how to fix it."""
+from model.config import checked_types
 
 
 class ConfigError(UserError):
     pass
-
-
-@dataclass
-class DataConfig:
-    source: str = "shakespeare"  # 'shakespeare', a local file or folder, or 'hf:<name>[:<config>]'
-    tokenizer: str = "char"  # char or bpe
-    vocab_size: int = 4096  # bpe only
-    text_field: str = "text"  # column of .jsonl/.csv/.parquet and hub datasets
-    val_fraction: float = 0.1
-    cache_dir: str | None = None  # token files; default data/cache
 
 
 @dataclass
@@ -61,6 +54,33 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads; 0 leaves torch's default
     seed: int = 1337
 
+    def __post_init__(self) -> None:
+        rules = [
+            ("max_iters", self.max_iters >= 1, "must be at least 1"),
+            ("batch_size", self.batch_size >= 1, "must be at least 1"),
+            ("grad_accum", self.grad_accum >= 1, "must be at least 1"),
+            ("lr", self.lr > 0, "must be positive, e.g. 1e-3"),
+            ("min_lr", 0 <= self.min_lr <= self.lr, "must be between 0 and train.lr"),
+            ("warmup_iters", self.warmup_iters >= 0, "must be 0 or more"),
+            ("lr_decay_iters", self.lr_decay_iters is None or self.lr_decay_iters >= 1,
+             "must be at least 1 (or unset: max_iters)"),
+            ("weight_decay", self.weight_decay >= 0, "must be 0 or more"),
+            ("beta1", 0 <= self.beta1 < 1, "must be in [0, 1)"),
+            ("beta2", 0 <= self.beta2 < 1, "must be in [0, 1)"),
+            ("grad_clip", self.grad_clip >= 0, "must be 0 (off) or more"),
+            ("eval_interval", self.eval_interval >= 1, "must be at least 1"),
+            ("eval_iters", self.eval_iters >= 1, "must be at least 1"),
+            ("checkpoint_interval", self.checkpoint_interval is None or self.checkpoint_interval >= 1,
+             "must be at least 1 (or unset)"),
+            ("log_interval", self.log_interval >= 1, "must be at least 1"),
+            ("sample_tokens", self.sample_tokens >= 0, "must be 0 or more"),
+            ("dtype", self.dtype in ("auto", *DTYPES), f"must be one of auto, {', '.join(DTYPES)}"),
+            ("threads", self.threads >= 0, "must be 0 (torch's default) or more"),
+        ]
+        for key, ok, message in rules:
+            if not ok:
+                raise ValueError(f"train.{key}={getattr(self, key)!r}: {message}")
+
 
 SECTIONS = {"model": GPTConfig, "data": DataConfig, "train": TrainConfig}
 MODEL_SET_BY_DATA = ("vocab_size",)
@@ -68,20 +88,19 @@ MODEL_SET_BY_DATA = ("vocab_size",)
 
 @dataclass
 class RunConfig:
-    model: dict[str, Any] = field(default_factory=dict)  # GPTConfig fields but vocab_size
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    out_dir: str = "out/run"
+    model: GPTConfig  # vocab_size is a placeholder: the tokenizer sets it (model_config)
+    data: DataConfig
+    train: TrainConfig
+    out_dir: str
     source: str = "<defaults>"  # the file it came from, for messages
+    model_keys: tuple[str, ...] = ()  # the model fields the file or the overrides set
 
     def model_config(self, vocab_size: int) -> GPTConfig:
-        try:
-            return GPTConfig(vocab_size=vocab_size, **self.model)
-        except ValueError as e:
-            raise ConfigError(f"{self.source}: model.{e}") from None
+        return dataclasses.replace(self.model, vocab_size=vocab_size)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"out_dir": self.out_dir, "model": dict(self.model),
+        model = {k: v for k, v in self.model.to_dict().items() if k not in MODEL_SET_BY_DATA}
+        return {"out_dir": self.out_dir, "model": model,
                 "data": dataclasses.asdict(self.data), "train": dataclasses.asdict(self.train)}
 
 
@@ -134,91 +153,30 @@ def set_dotted(raw: dict, key: str, value: Any, path: Path) -> None:
 
 
 def build(raw: dict, path: Path) -> RunConfig:
-    unknown = set(raw) - {*SECTIONS, "out_dir"}
-    for key in sorted(unknown):
+    for key in sorted(set(raw) - {*SECTIONS, "out_dir"}):
         raise ConfigError(f"{path}: unknown key {key!r}{suggest(key, [*SECTIONS, 'out_dir'])}")
     sections = {}
     for section, cls in SECTIONS.items():
         values = raw.get(section) or {}
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: {section}: must be a mapping of keys to values, not {values!r}")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        for key, value in values.items():
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for key in values:
             if section == "model" and key in MODEL_SET_BY_DATA:
                 raise ConfigError(f"{path}: model.{key} is set from the tokenizer; remove it "
                                   "(for bpe, set data.vocab_size)")
             if key not in fields:
                 raise ConfigError(f"{path}: unknown key {section}.{key}{suggest(key, fields)}")
-            values[key] = check_type(f"{section}.{key}", value, fields[key].type, path)
-        sections[section] = values
+        try:
+            sections[section] = cls(**checked_types(cls, values))
+        except ValueError as e:  # a wrong type, or the section's own checks
+            message = str(e) if str(e).startswith(f"{section}.") else f"{section}.{e}"
+            raise ConfigError(f"{path}: {message}") from None
     out_dir = raw.get("out_dir", f"out/{path.stem}")
     if not isinstance(out_dir, str) or not out_dir:
         raise ConfigError(f"{path}: out_dir={out_dir!r}: must be a folder path")
-    try:
-        data, train = DataConfig(**sections["data"]), TrainConfig(**sections["train"])
-    except TypeError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    config = RunConfig(sections["model"], data, train, out_dir, str(path))
-    validate(config, path)
-    config.model_config(vocab_size=1)  # the model section's own checks (sizes, options)
-    return config
-
-
-def check_type(key: str, value: Any, annotation: str, path: Path) -> Any:
-    """Check a YAML value against a field's annotation ('int', 'float | None', ...)."""
-    kinds = [k.strip() for k in annotation.split("|")]
-    if value is None and "None" in kinds:
-        return None
-    kind = kinds[0]
-    if kind == "float" and isinstance(value, str):
-        try:  # PyYAML reads 3e-4 (no dot) as a string; take it as the number it means
-            value = float(value)
-        except ValueError:
-            pass
-    ok = {
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-        "bool": isinstance(value, bool),
-        "str": isinstance(value, str),
-    }[kind]
-    if not ok:
-        names = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
-        raise ConfigError(f"{path}: {key}={value!r}: must be {names[kind]}")
-    return float(value) if kind == "float" else value
-
-
-def validate(config: RunConfig, path: Path) -> None:
-    t = config.train
-    rules = [
-        ("train.max_iters", t.max_iters, t.max_iters >= 1, "must be at least 1"),
-        ("train.batch_size", t.batch_size, t.batch_size >= 1, "must be at least 1"),
-        ("train.grad_accum", t.grad_accum, t.grad_accum >= 1, "must be at least 1"),
-        ("train.lr", t.lr, t.lr > 0, "must be positive, e.g. 1e-3"),
-        ("train.min_lr", t.min_lr, 0 <= t.min_lr <= t.lr, "must be between 0 and train.lr"),
-        ("train.warmup_iters", t.warmup_iters, t.warmup_iters >= 0, "must be 0 or more"),
-        ("train.lr_decay_iters", t.lr_decay_iters, t.lr_decay_iters is None or t.lr_decay_iters >= 1,
-         "must be at least 1 (or unset: max_iters)"),
-        ("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be 0 or more"),
-        ("train.beta1", t.beta1, 0 <= t.beta1 < 1, "must be in [0, 1)"),
-        ("train.beta2", t.beta2, 0 <= t.beta2 < 1, "must be in [0, 1)"),
-        ("train.grad_clip", t.grad_clip, t.grad_clip >= 0, "must be 0 (off) or more"),
-        ("train.eval_interval", t.eval_interval, t.eval_interval >= 1, "must be at least 1"),
-        ("train.eval_iters", t.eval_iters, t.eval_iters >= 1, "must be at least 1"),
-        ("train.checkpoint_interval", t.checkpoint_interval,
-         t.checkpoint_interval is None or t.checkpoint_interval >= 1, "must be at least 1 (or unset)"),
-        ("train.log_interval", t.log_interval, t.log_interval >= 1, "must be at least 1"),
-        ("train.sample_tokens", t.sample_tokens, t.sample_tokens >= 0, "must be 0 or more"),
-        ("train.dtype", t.dtype, t.dtype in ("auto", "float32", "bfloat16", "float16"),
-         "must be one of auto, float32, bfloat16, float16"),
-        ("train.threads", t.threads, t.threads >= 0, "must be 0 (torch's default) or more"),
-        ("data.tokenizer", config.data.tokenizer, config.data.tokenizer in ("char", "bpe"),
-         "must be one of char, bpe"),
-        ("data.val_fraction", config.data.val_fraction, 0 < config.data.val_fraction < 1,
-         "must be between 0 and 1, e.g. 0.1"),
-    ]
-    for key, value, ok, message in rules:
-        if not ok:
-            raise ConfigError(f"{path}: {key}={value!r}: {message}")
+    return RunConfig(sections["model"], sections["data"], sections["train"], out_dir, str(path),
+                     tuple(raw.get("model") or {}))
 
 
 def suggest(word: str, choices) -> str:

@@ -4,7 +4,6 @@ not a terminal) and TensorBoard event files in out_dir."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,6 @@ class RunLogger:
         self.writer = SummaryWriter(str(out_dir))
         if sys.stdout.isatty():
             self.bar = tqdm(total=max_iters, initial=start_iter, unit="it", dynamic_ncols=True)
-        self.last_time = time.perf_counter()
-        self.last_iter = start_iter
 
     def message(self, text: str) -> None:
         if not self.enabled:
@@ -50,7 +47,7 @@ class RunLogger:
     def attention(self, step: int, maps) -> None:
         """maps [n_layer, H, T, T]: one image per layer, its heads side by side."""
         if self.writer is not None:
-            from training.attention_maps import heatmap_grid
+            from common.attention_maps import heatmap_grid
 
             for layer, heads in enumerate(maps):
                 self.writer.add_image(f"attention/layer_{layer}", heatmap_grid(heads[None]), step,

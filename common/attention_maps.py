@@ -1,9 +1,9 @@
 """Attention maps: each head's T × T weights as a heatmap, for TensorBoard and PNG files.
 
-The weights come from the explicit five-step attention (`keep_weights`), whatever
-attn_impl the model trains with: the fused kernel never materialises them. Row i of
-a map is query token i; column j is key token j; the causal triangle above the
-diagonal is always dark. Brightness is √weight, so weak links stay visible.
+The weights are those the model returns with return_attention=True (the explicit
+five steps, whatever attn_impl it trains with: the fused kernel never materialises
+them). Row i of a map is query token i; column j is key token j; the causal triangle
+above the diagonal is always dark. Brightness is √weight, so weak links stay visible.
 """
 
 from __future__ import annotations
@@ -11,43 +11,26 @@ from __future__ import annotations
 import math
 import struct
 import zlib
-from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
 from model import GPT
-from training.checkpoint import write_atomic
 
 # a few stops of the viridis colour map (dark blue → green → yellow), linearly blended
 _STOPS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
                       dtype=torch.float32) / 255
 
 
-@contextmanager
-def explicit_attention(model: GPT, keep_weights: bool = False, training: bool = False):
-    """Run every layer's attention as the explicit five steps (keeping the weights if
-    asked) in train or eval mode; everything is put back afterwards."""
-    layers = [block.attn for block in model.transformer.h]
-    saved = [(attn.impl, attn.keep_weights) for attn in layers]
-    was_training = model.training
-    model.train(training)
-    for attn in layers:
-        attn.impl, attn.keep_weights = "explicit", keep_weights
-    try:
-        yield layers
-    finally:
-        for attn, (impl, keep) in zip(layers, saved):
-            attn.impl, attn.keep_weights, attn.weights = impl, keep, None
-        model.train(was_training)
-
-
 @torch.no_grad()
 def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
-    """Attention weights of every layer for idx [1, T]: [n_layer, H, T, T], float32."""
-    with explicit_attention(model, keep_weights=True) as layers:
-        model(idx)
-        return torch.stack([attn.weights[0].float() for attn in layers])
+    """Attention weights of every layer for idx [1, T] in eval mode: [n_layer, H, T, T], float32."""
+    was_training = model.training
+    model.eval()
+    try:
+        _, _, weights = model(idx, return_attention=True)  # [n_layer, 1, H, T, T]
+    finally:
+        model.train(was_training)
+    return weights[:, 0].float()
 
 
 def heatmap_grid(maps: torch.Tensor, gap: int = 2) -> torch.Tensor:
@@ -83,7 +66,3 @@ def png_bytes(image: torch.Tensor) -> bytes:
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6))
             + chunk(b"IEND", b""))
-
-
-def write_png(path: Path, image: torch.Tensor) -> None:
-    write_atomic(path, png_bytes(image))

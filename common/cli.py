@@ -1,10 +1,14 @@
-"""What train.py and generate.py share at the command line: one-line errors, exit codes."""
+"""One-line errors and exit codes, the same for every command-line program."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from typing import Any, Callable
+
+
+class UserError(Exception):
+    """Bad input from the user: the message says what is wrong and how to fix it (exit code 2)."""
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -7,7 +7,9 @@ import time
 
 import torch
 
-from .config import ConfigError
+from .cli import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -21,15 +23,15 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"device={name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+        raise UserError(f"device={name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} but CUDA is not available on this machine; use auto or cpu")
+        raise UserError(f"device={name!r} but CUDA is not available on this machine; use auto or cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ConfigError(f"device={name!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise UserError(f"device={name!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"device={name!r} but MPS is not available on this machine; use auto or cpu")
+        raise UserError(f"device={name!r} but MPS is not available on this machine; use auto or cpu")
     if device.type not in ("cpu", "cuda", "mps"):
-        raise ConfigError(f"device={name!r} is not supported; use auto, cpu, cuda or mps")
+        raise UserError(f"device={name!r} is not supported; use auto, cpu, cuda or mps")
     return device
 
 
@@ -41,18 +43,25 @@ def cpu_has_fast_bf16() -> bool:
         return False
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """'auto' is bfloat16 where the hardware runs it fast, else float32."""
+def resolve_dtype(name: str, device: torch.device, training: bool = True) -> torch.dtype:
+    """The dtype for 'auto', 'float32', 'bfloat16' or 'float16' on this device.
+
+    'auto' is bfloat16 where the hardware runs it fast (GPUs that have it; for training,
+    CPUs with AMX or AVX512-BF16), float16 for training on older GPUs (with a gradient
+    scaler), else float32: decoding one token at a time on a CPU gains nothing from bf16."""
     if name == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device.type == "cpu" and cpu_has_fast_bf16():
+            if torch.cuda.is_bf16_supported():
+                return torch.bfloat16
+            return torch.float16 if training else torch.float32
+        if device.type == "cpu" and training and cpu_has_fast_bf16():
             return torch.bfloat16
         return torch.float32
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-    if dtype == torch.float16 and device.type == "cpu":
-        raise ConfigError("dtype=float16 is for GPUs; on the CPU use bfloat16 or float32")
-    return dtype
+    if name not in DTYPES:
+        raise UserError(f"dtype={name!r}: must be one of auto, {', '.join(DTYPES)}")
+    if name == "float16" and device.type == "cpu":
+        raise UserError("dtype=float16 is for GPUs; on the CPU use bfloat16 or float32")
+    return DTYPES[name]
 
 
 def autocast(device: torch.device, dtype: torch.dtype):

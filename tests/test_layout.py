@@ -1,0 +1,80 @@
+"""The layers: model/ and data/ at the bottom, common/ above them, training/ and the
+programs on top; generate.py needs nothing of training/; no import cycles; nothing
+POSIX-only at import time."""
+
+import ast
+import subprocess
+import sys
+
+from conftest import ROOT
+
+PACKAGES = ("model", "data", "common", "training", "bench")
+PROGRAMS = ("train", "generate", "evaluate", "export")
+# what each part of the project may import from the project
+ALLOWED = {
+    "model": {"model"},
+    "data": {"data"},
+    "common": {"common", "model", "data"},
+    "training": {"training", "common", "model", "data"},
+    "bench": {"bench", "common", "model", "data"},
+    "generate": {"common", "model", "data"},
+    "evaluate": {"common", "model", "data", "training"},
+    "export": {"common", "model", "data", "training"},
+    "train": {"common", "model", "data", "training"},
+}
+
+
+def project_imports(path) -> set[str]:
+    """The project modules a file imports ('model.gpt', 'common.cli', ...), relative imports resolved."""
+    package = path.parent.name if path.parent != ROOT else None
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = f"{package}.{node.module}" if node.level and node.module else (package if node.level else node.module)
+            if not (node.level and node.module is None):  # "from . import x" imports only x
+                found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.split(".")[0] in (*PACKAGES, *PROGRAMS)}
+
+
+def modules():
+    """{module name: path} for every non-test Python file."""
+    files = {p.stem: p for p in (ROOT / f"{name}.py" for name in PROGRAMS) if p.exists()}
+    for package in PACKAGES:
+        for path in (ROOT / package).glob("*.py"):
+            files[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return files
+
+
+def test_each_layer_imports_only_what_is_below_it():
+    for name, path in modules().items():
+        for imported in project_imports(path):
+            assert imported.split(".")[0] in ALLOWED[name.split(".")[0]], f"{name} imports {imported}"
+
+
+def test_no_import_cycles():
+    files = modules()
+    graph = {name: {m for m in project_imports(path) if m in files and m != name} for name, path in files.items()}
+    state = {}
+
+    def visit(name, trail):
+        if state.get(name) == "done":
+            return
+        assert state.get(name) != "open", " -> ".join([*trail, name])
+        state[name] = "open"
+        for nxt in graph[name]:
+            visit(nxt, [*trail, name])
+        state[name] = "done"
+
+    for name in graph:
+        visit(name, [])
+
+
+def test_programs_import_without_posix_only_modules():
+    """As on Windows: fcntl (and its like) cannot be imported."""
+    code = ("import sys\nfor name in ('fcntl', 'termios', 'resource', 'pwd', 'grp'): sys.modules[name] = None\n"
+            "import train, generate, training.trainer")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -1,0 +1,146 @@
+"""The Trainer's pieces: gradient accumulation (and DDP's no_sync), clipping, bf16
+autocast, compile, the learning-rate schedule, and a fast bit-identical resume."""
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train
+from common import checkpoint
+from common.device import resolve_dtype
+from conftest import ROOT
+from training.config import TrainConfig, load_config
+from training.distributed import Distributed
+from training.optim import learning_rate
+from training.trainer import Trainer
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+def make_trainer(micro, *extra: str, dtype=torch.float32) -> Trainer:
+    return Trainer(load_config(TINY, micro(*extra)), torch.device("cpu"), dtype)
+
+
+def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in trainer.model.named_parameters()}
+
+
+def test_gradient_accumulation_equals_one_big_batch(micro):
+    """4 × 2 micro-batches give the gradients of one batch of 8 (the sampler draws the
+    same 8 windows either way)."""
+    whole = make_trainer(micro, "train.batch_size=8")
+    split = make_trainer(micro, "train.batch_size=4", "train.grad_accum=2")
+    assert whole.compute_gradients() == pytest.approx(split.compute_gradients(), abs=1e-5)
+    expected, accumulated = gradients(whole), gradients(split)
+    for name, grad in expected.items():
+        torch.testing.assert_close(accumulated[name], grad, atol=1e-6, rtol=1e-4)
+
+
+class FakeDDP:
+    """Stands in for DistributedDataParallel: records, for each forward and backward,
+    whether the gradients would be averaged across processes (outside no_sync)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.syncing, self.forwards, self.backwards = module, True, [], []
+        next(module.parameters()).register_hook(lambda grad: self.backwards.append(self.syncing))
+
+    def __call__(self, *args):
+        self.forwards.append(self.syncing)
+        return self.module(*args)
+
+    @contextmanager
+    def no_sync(self):
+        self.syncing = False
+        try:
+            yield
+        finally:
+            self.syncing = True
+
+
+def test_ddp_averages_gradients_only_after_the_last_micro_batch(micro):
+    trainer = make_trainer(micro, "train.grad_accum=3")
+    trainer.dist = Distributed(rank=0, world_size=2)
+    trainer.train_model = ddp = FakeDDP(trainer.model)
+    trainer.compute_gradients()
+    assert ddp.forwards == ddp.backwards == [False, False, True]
+
+
+def test_grad_clip(micro):
+    free = make_trainer(micro, "train.grad_clip=0")  # 0: no clipping
+    free.compute_gradients()
+    before = gradients(free)
+    norm = free.clip_gradients()
+    assert norm == pytest.approx(torch.cat([g.flatten() for g in before.values()]).norm().item(), rel=1e-5)
+    assert all(torch.equal(before[name], grad) for name, grad in gradients(free).items())
+    clipped = make_trainer(micro, "train.grad_clip=0.01")
+    clipped.compute_gradients()
+    assert clipped.clip_gradients() == pytest.approx(norm, rel=1e-5)  # the norm before clipping
+    after = torch.cat([g.flatten() for g in gradients(clipped).values()]).norm().item()
+    assert after == pytest.approx(0.01, rel=1e-4)
+
+
+def test_bfloat16_autocast_on_cpu(micro):
+    assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    trainer = make_trainer(micro, dtype=torch.bfloat16)
+    outputs = []
+    trainer.model.lm_head.register_forward_hook(lambda module, args, out: outputs.append(out.dtype))
+    losses = [trainer.step()[0] for _ in range(20)]
+    assert set(outputs) == {torch.bfloat16}  # the matmuls ran in bf16 ...
+    assert trainer.model.lm_head.weight.dtype == torch.float32  # ... on float32 weights
+    assert losses[-1] < losses[0] - 0.5
+
+
+def test_the_step_uses_the_schedule(micro):
+    trainer = make_trainer(micro, "train.warmup_iters=5", "train.lr=0.01")
+    for it in range(3):
+        _, _, lr = trainer.step()
+        assert lr == learning_rate(it, trainer.tc) == pytest.approx(0.01 * (it + 1) / 6)
+        assert all(group["lr"] == lr for group in trainer.optimizer.param_groups)
+
+
+def test_learning_rate_schedule_exact_values():
+    cfg = TrainConfig(max_iters=100, lr=1.0, min_lr=0.1, warmup_iters=10)
+    assert [learning_rate(i, cfg) for i in (0, 9, 10)] == pytest.approx([1 / 11, 10 / 11, 1.0])
+    assert learning_rate(55, cfg) == pytest.approx(0.55)  # half way: cos(π/2) = 0
+    assert learning_rate(100, cfg) == learning_rate(150, cfg) == 0.1
+    early = TrainConfig(max_iters=100, lr=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=50)
+    assert learning_rate(30, early) == pytest.approx(0.55)
+    assert learning_rate(50, early) == learning_rate(80, early) == 0.1
+
+
+def run_weights(run_dir):
+    return load_file(str(run_dir / "model.safetensors"))
+
+
+def test_resume_after_a_stop_is_bit_identical(tmp_path, micro, monkeypatch):
+    """A run that dies right after its checkpoint of iteration 10, with dropout on, and
+    is run again ends with exactly the weights of a run never stopped: the batch
+    sampler and every RNG are restored."""
+    settings = ["train.max_iters=20", "train.checkpoint_interval=5", "train.eval_interval=10",
+                "model.dropout=0.1", "train.sample_tokens=0"]
+    assert train.main(["--config", TINY, *micro(*settings, out="straight")]) == 0
+    real_save = checkpoint.save_run
+
+    def save_then_die(out_dir, model, tokenizer, state):
+        real_save(out_dir, model, tokenizer, state)
+        if state["iter"] == 10:
+            raise KeyboardInterrupt  # as if killed right after writing it
+
+    monkeypatch.setattr(checkpoint, "save_run", save_then_die)
+    assert train.main(["--config", TINY, *micro(*settings, out="stopped")]) == 130
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "stopped" / "trainer_state.pt", weights_only=True)["iter"] == 10
+    assert train.main(["--config", TINY, *micro(*settings, out="stopped")]) == 0
+    straight, resumed = run_weights(tmp_path / "straight"), run_weights(tmp_path / "stopped")
+    assert all(torch.equal(straight[name], resumed[name]) for name in straight)
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager(micro):
+    eager = make_trainer(micro)
+    compiled = make_trainer(micro, "train.compile=true")
+    assert compiled.train_model is not compiled.model
+    for _ in range(3):
+        assert compiled.step()[0] == pytest.approx(eager.step()[0], abs=1e-4)

@@ -1,0 +1,311 @@
+"""The training loop. A Trainer sets a run up (data, model, optimizer, the resume point);
+fit() then repeats one optimizer step, logs it, and now and then evaluates and saves,
+until max_iters or a stop signal (Ctrl-C, SIGTERM)."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from common import checkpoint
+from common.attention_maps import attention_maps
+from common.cli import UserError
+from common.device import autocast, measure_peak_flops
+from data import BatchSampler, TokenData, fixed_batches, prepare
+from data.tokenizer import encode_or_start
+from model import GPT
+
+from .config import RunConfig
+from .distributed import Distributed
+from .logger import RunLogger
+from .optim import learning_rate, make_optimizer
+
+
+class TrainingError(Exception):
+    """The run cannot go on (the loss is no longer finite, the disk is full); exit code 1."""
+
+
+def load_data(cfg: RunConfig, dist: Distributed) -> TokenData:
+    """Rank 0 tokenizes (or finds the token files); the others then reuse them."""
+    data = prepare(cfg.data, progress=True) if dist.is_main else None
+    dist.barrier()
+    return data if data is not None else prepare(cfg.data, progress=False)
+
+
+def rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+             "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64))}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), None))
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), 624, 0, 0.0))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, device: torch.device, dtype: torch.dtype,
+                 dist: Distributed = Distributed(), fresh: bool = False):
+        self.started = time.perf_counter()  # the "done" line reports the wall time from here
+        self.cfg, self.tc, self.device, self.dtype, self.dist = cfg, cfg.train, device, dtype, dist
+        self.out_dir = Path(cfg.out_dir)
+        if self.tc.threads:
+            torch.set_num_threads(self.tc.threads)
+        state = None if fresh else checkpoint.load_state(self.out_dir)
+        self.data = load_data(cfg, dist)
+        self.model_config = cfg.model_config(self.data.vocab_size)
+        data_identity = {k: v for k, v in vars(cfg.data).items() if k != "cache_dir"}
+        self.identity = {"model": self.model_config.to_dict(), "data": data_identity}  # what a resume must match
+        if state is not None:
+            self.check_resumable(state)
+        T, B, seed = self.model_config.block_size, self.tc.batch_size, self.tc.seed
+        self.val_batches = fixed_batches(self.data.val, T, B, self.tc.eval_iters, seed, "val")
+        self.train_batches = fixed_batches(self.data.train, T, B, self.tc.eval_iters, seed, "train")
+        self.sampler = BatchSampler(self.data.train, T, B, seed, dist.rank, dist.world_size)
+        torch.manual_seed(seed + dist.rank)
+        random.seed(seed + dist.rank)
+        np.random.seed(seed + dist.rank)
+        self.model = GPT(self.model_config).to(device)
+        self.optimizer = make_optimizer(self.model, self.tc, device)
+        self.it, self.best_val, self.val_loss = 0, float("inf"), float("nan")
+        if state is not None:
+            self.restore(state)
+        if fresh and dist.is_main:
+            checkpoint.start_over(self.out_dir)
+        self.train_model = self.wrap(self.model)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+        self.stop_signal = 0  # the signal that asked the run to stop after this iteration
+
+    # ---- set-up --------------------------------------------------------------
+
+    def check_resumable(self, state: dict) -> None:
+        saved = state.get("identity", {})
+        diffs = [f"{section}.{key}: checkpoint {saved.get(section, {}).get(key)!r}, requested {value!r}"
+                 for section in ("model", "data") for key, value in self.identity[section].items()
+                 if saved.get(section, {}).get(key) != value]
+        if diffs:
+            raise UserError(f"{self.out_dir} holds a run with a different setup ({'; '.join(diffs[:3])}); "
+                            "add --fresh to start over there, or set out_dir=PATH for a new run")
+
+    def restore(self, state: dict) -> None:
+        """Continue exactly where the saved run stopped: weights, optimizer, iteration, and
+        each process's RNG and batch sampler (so the same batches and dropout masks follow)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.it, self.best_val = state["iter"], state["best_val_loss"]
+        ranks = state["ranks"]
+        if len(ranks) == self.dist.world_size:
+            self.sampler.load_state_dict(ranks[self.dist.rank]["sampler"])
+            set_rng_state(ranks[self.dist.rank]["rng"], self.device)
+        elif self.dist.is_main:
+            print(f"note: resuming {len(ranks)}-process state with {self.dist.world_size} processes; "
+                  "batches will differ from the original run", file=sys.stderr)
+
+    def wrap(self, model: GPT) -> torch.nn.Module:
+        """The module the training step calls: compiled and/or DistributedDataParallel."""
+        if self.tc.compile:
+            model = torch.compile(model)
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel
+
+            model = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        return model
+
+    def start(self) -> None:
+        """Write config.yaml, print the run's header, measure the peak FLOP/s (for MFU) and
+        pick the validation text whose attention maps are logged at each evaluation."""
+        c, data = self.model_config, self.data
+        self.peak_flops = measure_peak_flops(self.device, self.dtype) if self.dist.is_main else 1.0
+        self.attention_ids = torch.from_numpy(data.val[:min(c.block_size, 128)].astype(np.int64))[None].to(self.device)
+        if self.dist.is_main:
+            resolved = yaml.safe_dump(self.cfg.to_dict(), sort_keys=False, allow_unicode=True)
+            checkpoint.save_run_config(self.out_dir, resolved)
+            self.log.text("config", resolved, self.it)
+            self.log.text("attention/text", data.tokenizer.decode(self.attention_ids[0].tolist()), self.it)
+            self.log.message(f"model: {self.model.num_parameters():,} parameters, {c.n_layer} layers, "
+                             f"{c.pos_encoding} positions | data: {len(data.train):,} train / {len(data.val):,} "
+                             f"val tokens, vocab {data.vocab_size} | {self.device}, {str(self.dtype)[6:]}, "
+                             f"{torch.get_num_threads()} threads, {self.dist.world_size} process(es)"
+                             + (f" | resuming at iteration {self.it}" if self.it else ""))
+
+    # ---- the loop ------------------------------------------------------------
+
+    def fit(self) -> int:
+        """Train to max_iters (returns 0), or until a stop signal (saves, returns 128 + signal)."""
+        if self.it >= self.tc.max_iters:
+            if self.dist.is_main:
+                print(f"{self.out_dir} already holds a finished run of {self.it} iterations; "
+                      f"add --fresh to start over or raise train.max_iters to continue")
+            return 0
+        self.log = RunLogger(self.out_dir, self.dist.is_main, self.it, self.tc.max_iters, self.tc.log_interval)
+        signal.signal(signal.SIGINT, self.on_signal)
+        signal.signal(signal.SIGTERM, self.on_signal)
+        try:
+            self.start()
+            code = self.loop()
+        finally:
+            self.log.close()
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if code == 0 and self.dist.is_main:
+            wall = time.perf_counter() - self.started
+            print(f"done: {self.it} iterations in {wall / 60:.1f} min ({wall:.0f} s); val loss {self.val_loss:.4f} "
+                  f"(best {self.best_val:.4f}); model in {self.out_dir}")
+            print(f"try it: python generate.py --checkpoint {self.out_dir} --prompt \"ROMEO:\"")
+        return code
+
+    def loop(self) -> int:
+        """Step, report, and now and then evaluate and save, until the end or a signal."""
+        checkpoint_interval = self.tc.checkpoint_interval or self.tc.eval_interval
+        self.model.train()
+        self.tick = (time.perf_counter(), self.it)  # throughput is measured from here
+        while self.it < self.tc.max_iters:
+            loss, grad_norm, lr = self.step()
+            loss, stop_signal = self.sync_ranks(loss)
+            self.report(loss, grad_norm, lr)
+            last = self.it == self.tc.max_iters
+            if self.it % self.tc.eval_interval == 0 or last:
+                self.evaluate_and_log()
+            if self.it % checkpoint_interval == 0 or last or stop_signal:
+                self.save()
+            if stop_signal:
+                self.log.message(f"stopped at iteration {self.it}; checkpoint saved in {self.out_dir}. "
+                                 "Run the same command to continue.")
+                return 128 + stop_signal
+        self.log.hparams(self.cfg.to_dict(), {"val/loss": self.val_loss, "val/best_loss": self.best_val})
+        return 0
+
+    def on_signal(self, signum, frame) -> None:
+        if self.stop_signal:  # a second Ctrl-C: leave now; every file on disk is whole
+            os._exit(128 + signum)
+        self.stop_signal = signum
+        print(f"stopping after this iteration ({signal.Signals(signum).name}); saving a checkpoint", file=sys.stderr)
+
+    def step(self) -> tuple[float, float, float]:
+        """One optimizer step; returns (mean loss, gradient norm before clipping, learning rate)."""
+        lr = learning_rate(self.it, self.tc)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss = self.compute_gradients()
+        grad_norm = self.clip_gradients()
+        # with fp16 the scaler skips steps whose gradients overflowed; otherwise stop
+        if not math.isfinite(loss) or not (math.isfinite(grad_norm) or self.scaler.is_enabled()):
+            raise TrainingError(f"the loss became {loss} (gradient norm {grad_norm}) at iteration "
+                                f"{self.it + 1}; the last good checkpoint in {self.out_dir} is kept. "
+                                "Try a lower train.lr, train.grad_clip=1.0 or train.dtype=float32")
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.it += 1
+        return loss, grad_norm, lr
+
+    def compute_gradients(self) -> float:
+        """Forward and backward over grad_accum micro-batches; returns their mean loss.
+        Each loss is divided by grad_accum, so the summed gradients are those of the mean
+        over the whole batch. Under DDP the processes average their gradients once, in
+        the backward pass of the last micro-batch (no_sync for the ones before)."""
+        total = 0.0
+        for micro in range(self.tc.grad_accum):
+            x, y = self.sampler.next_batch()
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            last = micro == self.tc.grad_accum - 1
+            with nullcontext() if last or not self.dist.enabled else self.train_model.no_sync():
+                with autocast(self.device, self.dtype):
+                    _, loss = self.train_model(x, y)
+                self.scaler.scale(loss / self.tc.grad_accum).backward()
+            total += loss.item()
+        return total / self.tc.grad_accum
+
+    def clip_gradients(self) -> float:
+        """Clip the gradients' norm to grad_clip (0: no clipping); returns the norm before."""
+        self.scaler.unscale_(self.optimizer)  # (fp16) clip the true gradients
+        limit = self.tc.grad_clip or float("inf")
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit).item()
+
+    def sync_ranks(self, loss: float) -> tuple[float, int]:
+        """Under DDP, one collective: the loss averaged over the processes, and a stop
+        signal if any process received one (so that all stop at the same iteration)."""
+        if not self.dist.enabled:
+            return loss, self.stop_signal
+        total, signals = self.dist.sum([loss, self.stop_signal], self.device)
+        return total / self.dist.world_size, self.stop_signal or (signal.SIGTERM if signals else 0)
+
+    def report(self, loss: float, grad_norm: float, lr: float) -> None:
+        """The progress bar; every log_interval, the scalars with tokens/s and MFU."""
+        started, start_it = self.tick
+        now = time.perf_counter()
+        tokens = self.tc.batch_size * self.model_config.block_size * self.tc.grad_accum * self.dist.world_size
+        tokens_per_sec = tokens * (self.it - start_it) / max(now - started, 1e-9)
+        self.log.progress(self.it, loss, lr, tokens_per_sec)
+        if self.it % self.tc.log_interval == 0:
+            per_device = self.model.flops_per_token(self.model_config.block_size) * tokens_per_sec / self.dist.world_size
+            self.log.scalars(self.it, {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
+                                       "train/tokens_per_sec": tokens_per_sec, "train/mfu": per_device / self.peak_flops})
+            self.tick = (now, self.it)
+
+    # ---- evaluation and checkpoints -------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, batches: list) -> float:
+        """Mean loss over fixed batches, split across processes and averaged over all."""
+        was_training = self.model.training
+        self.model.eval()
+        total = count = 0.0
+        for x, y in batches[self.dist.rank::self.dist.world_size]:
+            with autocast(self.device, self.dtype):
+                _, loss = self.model(x.to(self.device), y.to(self.device))
+            total += loss.item()
+            count += 1
+        self.model.train(was_training)
+        total, count = self.dist.sum([total, count], self.device)
+        return total / count
+
+    def evaluate_and_log(self) -> None:
+        train_loss, self.val_loss = self.evaluate(self.train_batches), self.evaluate(self.val_batches)
+        self.best_val = min(self.best_val, self.val_loss)
+        metrics = {"val/loss": self.val_loss, "val/perplexity": math.exp(min(self.val_loss, 50)),
+                   "val/bits_per_char": self.data.bits_per_character(self.val_loss), "train/eval_loss": train_loss}
+        self.log.scalars(self.it, metrics)
+        self.log.message(f"iter {self.it}: train {train_loss:.4f}, val {self.val_loss:.4f} (perplexity "
+                         f"{metrics['val/perplexity']:.2f}, {metrics['val/bits_per_char']:.3f} bits/char)")
+        if self.dist.is_main:
+            self.log.attention(self.it, attention_maps(self.model, self.attention_ids))
+            if self.tc.sample_tokens:
+                self.log.text("samples", self.sample_text(), self.it)
+        self.tick = (time.perf_counter(), self.it)  # evaluation time is not training throughput
+
+    def sample_text(self) -> str:
+        tokenizer = self.data.tokenizer
+        idx = torch.tensor([encode_or_start(tokenizer, self.tc.sample_prompt)], device=self.device)
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        with autocast(self.device, self.dtype):
+            out = self.model.generate(idx, self.tc.sample_tokens, temperature=0.8, generator=generator)
+        return tokenizer.decode(out[0].tolist())
+
+    def save(self) -> None:
+        ranks = self.dist.gather({"sampler": self.sampler.state_dict(), "rng": rng_state(self.device)})
+        if not self.dist.is_main:
+            return
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "iter": self.it,
+                 "best_val_loss": self.best_val, "identity": self.identity, "ranks": ranks}
+        try:
+            checkpoint.save_run(self.out_dir, self.model, self.data.tokenizer, state)
+        except OSError as e:  # a full disk, a quota, a vanished folder
+            raise TrainingError(f"could not write the checkpoint of iteration {self.it} in {self.out_dir} "
+                                f"({e.strerror or e}); the previous checkpoint is kept. Free some space "
+                                "and run the same command to continue") from None
