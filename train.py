@@ -24,6 +24,7 @@ from common.device import resolve_device, resolve_dtype
 from data import DataError
 from training.config import load_config
 from training.distributed import setup
+from training.init_from import model_config, open_source
 from training.trainer import Trainer, TrainingError
 
 
@@ -43,10 +44,14 @@ def train(args) -> int:
     cfg = load_config(args.config, args.overrides)
     device = resolve_device(cfg.train.device)
     dtype = resolve_dtype(cfg.train.dtype, device)
+    source = None
+    if cfg.train.init_from:  # find it and check the model settings before anything is written
+        source = open_source(cfg.train.init_from)
+        model_config(source, cfg.model, cfg.model_keys)
     if args.explain:
         from training.explain import explain, language
 
-        print(explain(cfg, dtype, args.lang or language()))
+        print(explain(cfg, dtype, args.lang or language(), source))
         return 0
     dist = setup(device.type)
     if dist.enabled and device.type == "cuda":
@@ -59,7 +64,7 @@ def train(args) -> int:
             if not lock.acquire():
                 raise UserError(f"out_dir {out_dir} is in use by another training run (pid {lock.holder()}); "
                                 "wait for it to finish or set out_dir=PATH")
-        return Trainer(cfg, device, dtype, dist, fresh=args.fresh).fit()
+        return Trainer(cfg, device, dtype, dist, args.fresh, source).fit()
     finally:
         lock.release()
         dist.close()

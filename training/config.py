@@ -53,6 +53,7 @@ class TrainConfig:
     compile: bool = False
     threads: int = 0  # torch intra-op threads; 0 leaves torch's default
     seed: int = 1337
+    init_from: str | None = None  # start from these weights: a run directory or a GPT-2 family model
 
     def __post_init__(self) -> None:
         rules = [
@@ -98,8 +99,10 @@ class RunConfig:
     def model_config(self, vocab_size: int) -> GPTConfig:
         return dataclasses.replace(self.model, vocab_size=vocab_size)
 
-    def to_dict(self) -> dict[str, Any]:
-        model = {k: v for k, v in self.model.to_dict().items() if k not in MODEL_SET_BY_DATA}
+    def to_dict(self, model: GPTConfig | None = None) -> dict[str, Any]:
+        """The run config as YAML-ready sections, with the model actually built if given
+        (with train.init_from, the source's settings)."""
+        model = {k: v for k, v in (model or self.model).to_dict().items() if k not in MODEL_SET_BY_DATA}
         return {"out_dir": self.out_dir, "model": model,
                 "data": dataclasses.asdict(self.data), "train": dataclasses.asdict(self.train)}
 

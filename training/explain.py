@@ -288,16 +288,16 @@ def report(model: GPT, idx: torch.Tensor, targets: torch.Tensor, dtype: torch.dt
     return "\n".join(lines)
 
 
-def explain(cfg: RunConfig, dtype: torch.dtype, lang: str = "en") -> str:
-    """The report for a run config's model on one batch of its training data (no training)."""
+def explain(cfg: RunConfig, dtype: torch.dtype, lang: str = "en", source=None) -> str:
+    """The report for a run config's model (or train.init_from's: `source`) on one batch
+    of its training data. Nothing is trained."""
     from data import fixed_batches
 
     from .trainer import load_data
 
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    data = load_data(cfg, Distributed())
-    config = cfg.model_config(data.vocab_size)
+    data, config = load_data(cfg, Distributed(), source)
     torch.manual_seed(cfg.train.seed)
     model = GPT(config)
     x, y = fixed_batches(data.train, config.block_size, cfg.train.batch_size, 1, cfg.train.seed, "train")[0]

@@ -23,10 +23,11 @@ from common.cli import UserError
 from common.device import autocast, measure_peak_flops
 from data import BatchSampler, TokenData, fixed_batches, prepare
 from data.tokenizer import encode_or_start
-from model import GPT
+from model import GPT, GPTConfig
 
 from .config import RunConfig
 from .distributed import Distributed
+from .init_from import Source, model_config
 from .logger import RunLogger
 from .optim import learning_rate, make_optimizer
 
@@ -35,11 +36,21 @@ class TrainingError(Exception):
     """The run cannot go on (the loss is no longer finite, the disk is full); exit code 1."""
 
 
-def load_data(cfg: RunConfig, dist: Distributed) -> TokenData:
-    """Rank 0 tokenizes (or finds the token files); the others then reuse them."""
-    data = prepare(cfg.data, progress=True) if dist.is_main else None
+def load_data(cfg: RunConfig, dist: Distributed, source: Source | None) -> tuple[TokenData, GPTConfig]:
+    """The token files and the model's settings: from the run config, or with
+    train.init_from from the source model, whose tokenizer then encodes the data.
+    Rank 0 tokenizes (or finds the token files); the others then reuse them."""
+    tokenizer = source.tokenizer() if source else None
+    data = prepare(cfg.data, progress=True, tokenizer=tokenizer) if dist.is_main else None
     dist.barrier()
-    return data if data is not None else prepare(cfg.data, progress=False)
+    if data is None:
+        data = prepare(cfg.data, progress=False, tokenizer=tokenizer)
+    if source is None:
+        return data, cfg.model_config(data.vocab_size)
+    if data.vocab_size > source.config.vocab_size:
+        raise UserError(f"train.init_from={source.name}: its tokenizer has {data.vocab_size} tokens, more than "
+                        f"the model's {source.config.vocab_size}")
+    return data, model_config(source, cfg.model, cfg.model_keys)
 
 
 def rng_state(device: torch.device) -> dict:
@@ -60,16 +71,15 @@ def set_rng_state(state: dict, device: torch.device) -> None:
 
 class Trainer:
     def __init__(self, cfg: RunConfig, device: torch.device, dtype: torch.dtype,
-                 dist: Distributed = Distributed(), fresh: bool = False):
+                 dist: Distributed = Distributed(), fresh: bool = False, source: Source | None = None):
         self.started = time.perf_counter()  # the "done" line reports the wall time from here
         self.cfg, self.tc, self.device, self.dtype, self.dist = cfg, cfg.train, device, dtype, dist
         self.out_dir = Path(cfg.out_dir)
         if self.tc.threads:
             torch.set_num_threads(self.tc.threads)
         state = None if fresh else checkpoint.load_state(self.out_dir)
-        self.data = load_data(cfg, dist)
-        self.model_config = cfg.model_config(self.data.vocab_size)
-        data_identity = {k: v for k, v in vars(cfg.data).items() if k != "cache_dir"}
+        self.data, self.model_config = load_data(cfg, dist, source)
+        data_identity = {**{k: v for k, v in vars(cfg.data).items() if k != "cache_dir"}, "init_from": self.tc.init_from}
         self.identity = {"model": self.model_config.to_dict(), "data": data_identity}  # what a resume must match
         if state is not None:
             self.check_resumable(state)
@@ -81,6 +91,8 @@ class Trainer:
         random.seed(seed + dist.rank)
         np.random.seed(seed + dist.rank)
         self.model = GPT(self.model_config).to(device)
+        if source is not None and state is None:  # a fresh start from existing weights
+            self.model.load_state_dict(source.state_dict(self.model_config))
         self.optimizer = make_optimizer(self.model, self.tc, device)
         self.it, self.best_val, self.val_loss = 0, float("inf"), float("nan")
         if state is not None:
@@ -133,7 +145,7 @@ class Trainer:
         self.peak_flops = measure_peak_flops(self.device, self.dtype) if self.dist.is_main else 1.0
         self.attention_ids = torch.from_numpy(data.val[:min(c.block_size, 128)].astype(np.int64))[None].to(self.device)
         if self.dist.is_main:
-            resolved = yaml.safe_dump(self.cfg.to_dict(), sort_keys=False, allow_unicode=True)
+            resolved = yaml.safe_dump(self.cfg.to_dict(self.model_config), sort_keys=False, allow_unicode=True)
             checkpoint.save_run_config(self.out_dir, resolved)
             self.log.text("config", resolved, self.it)
             self.log.text("attention/text", data.tokenizer.decode(self.attention_ids[0].tolist()), self.it)
@@ -302,7 +314,10 @@ class Trainer:
         if not self.dist.is_main:
             return
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "iter": self.it,
-                 "best_val_loss": self.best_val, "identity": self.identity, "ranks": ranks}
+                 "best_val_loss": self.best_val, "identity": self.identity, "ranks": ranks,
+                 # for the model card of an export: what was measured, on which token files
+                 "val_loss": self.val_loss, "val_bits_per_char": self.data.bits_per_character(self.val_loss),
+                 "data_fingerprint": self.data.meta["fingerprint"]}
         try:
             checkpoint.save_run(self.out_dir, self.model, self.data.tokenizer, state)
         except OSError as e:  # a full disk, a quota, a vanished folder

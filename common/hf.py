@@ -1,0 +1,157 @@
+"""Hugging Face transformers' formats, both ways, without importing transformers.
+
+A GPT of this project is a GPT2LMHeadModel when its positions are learned, and a
+GPTNeoXForCausalLM when they are rotary: GPT-NeoX with sequential residuals
+(use_parallel_residual false), rotary on every dimension of each head (rotary_pct 1),
+the same base, tied embeddings, and rotate_half's pairing of dimension i with i + d/2,
+which is ours. Other configurations have no transformers class that computes exactly
+what they compute, and are refused. Only the config.json dictionary and the tensors are
+converted here; the files are written and read by the callers.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from model import GPTConfig
+
+ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # ours -> transformers' name
+ACTIVATIONS_IN = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}  # and back
+LINEARS_GPT2 = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # Conv1D in GPT-2: [in, out]
+NEOX_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.c_attn": "attention.query_key_value",
+              "attn.c_proj": "attention.dense", "mlp.c_fc": "mlp.dense_h_to_4h", "mlp.c_proj": "mlp.dense_4h_to_h"}
+
+
+class Unsupported(ValueError):
+    """This configuration or checkpoint has no exact counterpart; the message says what does."""
+
+
+def check_exportable(c: GPTConfig) -> None:
+    problems = [f"pos_encoding={c.pos_encoding}" if c.pos_encoding == "sinusoidal" else None,
+                f"norm_position={c.norm_position}" if c.norm_position != "pre" else None,
+                f"norm={c.norm}" if c.norm != "layernorm" else None]
+    problems = [p for p in problems if p]
+    if problems:
+        raise Unsupported(f"no transformers class computes a model with {', '.join(problems)}; models with "
+                          "learned (GPT-2) or rope (GPT-NeoX) positions, pre-LN and LayerNorm can be exported")
+
+
+def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int | None) -> tuple[dict, dict]:
+    """(config.json as a dict, tensors by transformers' names) for GPT2LMHeadModel or
+    GPTNeoXForCausalLM. A model without biases gets zero biases, which compute the same."""
+    check_exportable(config)
+    c = config
+    state = with_zero_biases(c, state)
+    common = {"vocab_size": c.vocab_size, "tie_word_embeddings": True, "bos_token_id": eot, "eos_token_id": eot,
+              "torch_dtype": "float32"}
+    if c.pos_encoding == "learned":
+        hf = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_positions": c.block_size,
+              "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": None,
+              "activation_function": ACTIVATIONS[c.activation], "layer_norm_epsilon": 1e-5,
+              "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout, **common}
+        tensors = {name: t.t() if name.endswith(tuple(f"{m}.weight" for m in LINEARS_GPT2)) else t
+                   for name, t in state.items() if name != "lm_head.weight"}
+        return hf, tensors
+    hf = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": c.n_embd,
+          "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head, "intermediate_size": 4 * c.n_embd,
+          "hidden_act": ACTIVATIONS[c.activation], "max_position_embeddings": c.block_size, "layer_norm_eps": 1e-5,
+          "use_parallel_residual": False, "rotary_pct": 1.0, "rotary_emb_base": c.rope_base, "attention_bias": True,
+          "attention_dropout": c.dropout, "hidden_dropout": c.dropout, **common}
+    tensors = {"gpt_neox.embed_in.weight": state["transformer.wte.weight"],
+               "gpt_neox.final_layer_norm.weight": state["transformer.ln_f.weight"],
+               "gpt_neox.final_layer_norm.bias": state["transformer.ln_f.bias"]}
+    for i in range(c.n_layer):
+        for ours, theirs in NEOX_NAMES.items():
+            for kind in ("weight", "bias"):
+                t = state[f"transformer.h.{i}.{ours}.{kind}"]
+                if ours == "attn.c_attn":
+                    t = qkv_layout(t, c.n_head, to_neox=True)
+                tensors[f"gpt_neox.layers.{i}.{theirs}.{kind}"] = t
+    return hf, tensors
+
+
+def qkv_layout(t: torch.Tensor, n_head: int, to_neox: bool) -> torch.Tensor:
+    """The fused W_Q, W_K, W_V rows: ours are [q of every head, k ..., v ...] = [3, H, d_k];
+    GPT-NeoX's are [head 0's q, k, v, head 1's ...] = [H, 3, d_k]."""
+    rest = t.shape[1:]
+    shape = (3, n_head, -1, *rest) if to_neox else (n_head, 3, -1, *rest)
+    return t.reshape(shape).transpose(0, 1).reshape(-1, *rest).contiguous()
+
+
+def with_zero_biases(c: GPTConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if c.bias:
+        return dict(state)
+    state = dict(state)
+    widths = {"ln_1": c.n_embd, "ln_2": c.n_embd, "attn.c_attn": 3 * c.n_embd, "attn.c_proj": c.n_embd,
+              "mlp.c_fc": 4 * c.n_embd, "mlp.c_proj": c.n_embd}
+    for i in range(c.n_layer):
+        for name, width in widths.items():
+            state[f"transformer.h.{i}.{name}.bias"] = torch.zeros(width)
+    state["transformer.ln_f.bias"] = torch.zeros(c.n_embd)
+    return state
+
+
+def config_from_transformers(hf: dict) -> GPTConfig:
+    """Our config for a GPT-2 family config.json, or a GPT-NeoX one of the shape
+    to_transformers writes; anything else raises Unsupported naming what differs."""
+    kind = hf.get("model_type")
+    if kind == "gpt2":
+        require(hf, {"layer_norm_epsilon": 1e-5, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                     "n_inner": None if hf.get("n_inner") is None else 4 * hf["n_embd"]})
+        return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
+                         n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=float(hf.get("resid_pdrop", 0.0)),
+                         bias=True, pos_encoding="learned", activation=activation_of(hf, "activation_function"))
+    if kind == "gpt_neox":
+        rope = hf.get("rope_parameters") or {}
+        require({**hf, "rotary_pct": rope.get("partial_rotary_factor", hf.get("rotary_pct", 0.25))},
+                {"use_parallel_residual": False, "rotary_pct": 1.0, "layer_norm_eps": 1e-5,
+                 "intermediate_size": 4 * hf["hidden_size"], "tie_word_embeddings": True})
+        return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"],
+                         n_layer=hf["num_hidden_layers"], n_head=hf["num_attention_heads"], n_embd=hf["hidden_size"],
+                         dropout=float(hf.get("hidden_dropout", 0.0)), bias=True, pos_encoding="rope",
+                         activation=activation_of(hf, "hidden_act"),
+                         rope_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))))
+    raise Unsupported(f"model_type {kind!r} is not supported; init_from takes a run directory of this project "
+                      "or a GPT-2 family model (gpt2, distilgpt2, ...)")
+
+
+def require(hf: dict, expected: dict) -> None:
+    for key, wanted in expected.items():
+        if hf.get(key, wanted) != wanted:
+            raise Unsupported(f"{hf.get('model_type')} with {key}={hf[key]!r} is not supported "
+                              f"(this model computes {key}={wanted!r})")
+
+
+def activation_of(hf: dict, key: str) -> str:
+    name = hf.get(key, "gelu_new")
+    if name not in ACTIVATIONS_IN:
+        raise Unsupported(f"activation {name!r} is not supported; {', '.join(ACTIVATIONS_IN)} are")
+    return ACTIVATIONS_IN[name]
+
+
+def state_from_transformers(config: GPTConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our state dict (the tied head included) from transformers' tensors, for the
+    config that config_from_transformers gave."""
+    state = {}
+    if config.pos_encoding == "learned":  # GPT-2, with or without the "transformer." prefix
+        for name, t in tensors.items():
+            name = name.removeprefix("transformer.")
+            if re.fullmatch(r"h\.\d+\.attn\.(masked_)?bias", name) or name == "lm_head.weight":
+                continue  # causal-mask buffers of old checkpoints; the head is the tied embedding
+            transpose = name.endswith(tuple(f"{m}.weight" for m in LINEARS_GPT2))
+            state[f"transformer.{name}"] = t.t().contiguous() if transpose else t
+    else:
+        state = {"transformer.wte.weight": tensors["gpt_neox.embed_in.weight"],
+                 "transformer.ln_f.weight": tensors["gpt_neox.final_layer_norm.weight"],
+                 "transformer.ln_f.bias": tensors["gpt_neox.final_layer_norm.bias"]}
+        for i in range(config.n_layer):
+            for ours, theirs in NEOX_NAMES.items():
+                for kind in ("weight", "bias"):
+                    t = tensors[f"gpt_neox.layers.{i}.{theirs}.{kind}"]
+                    if ours == "attn.c_attn":
+                        t = qkv_layout(t, config.n_head, to_neox=False)
+                    state[f"transformer.h.{i}.{ours}.{kind}"] = t
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    return state

@@ -1,0 +1,201 @@
+"""Score a text with a trained model: python evaluate.py --checkpoint out/tiny --text FILE (or --split val)
+
+Every token is scored once, not a sample of random batches: windows of block_size
+tokens move along the text by --stride (default block_size // 2), and each token is
+predicted from as much context as its window gives, the method of Hugging Face's
+perplexity guide. With --stride block_size the windows do not overlap and every token
+after the first is scored once. Prints the loss (nats per token), perplexity, bits per
+character and per UTF-8 byte (these two compare char and BPE models), and the counts;
+--json prints them as one JSON object. Memory stays bounded however long the text.
+Exit codes: 0 ok, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from common.checkpoint import RUN_CONFIG_FILE, load_run
+from common.cli import OneLineParser, UserError, run_main
+from common.device import resolve_device, resolve_dtype
+from data import DataConfig, DataError, prepare, unknown_characters
+from data.sources import END, check_readable, open_source
+from data.tokenizer import Encoder
+from training.config import ConfigError, load_config
+
+CHUNK = 1 << 20  # characters read (or tokens taken) at a time
+
+
+def text_chunks(path: Path, counts: dict) -> Iterator[str]:
+    """The file in pieces of about CHUNK characters, cut after a newline, counting the
+    characters and UTF-8 bytes as they go by."""
+    with open(path, encoding="utf-8", newline="") as f:
+        tail = ""
+        while block := f.read(CHUNK):
+            block = tail + block
+            cut = block.rfind("\n") + 1 or len(block)
+            tail, block = block[cut:], block[:cut]
+            counts["characters"] += len(block)
+            counts["bytes"] += len(block.encode("utf-8"))
+            yield block
+        if tail:
+            counts["characters"] += len(tail)
+            counts["bytes"] += len(tail.encode("utf-8"))
+            yield tail
+
+
+def check_text(path: Path, tokenizer) -> None:
+    """A readable, non-empty UTF-8 file whose characters the tokenizer knows."""
+    if not path.is_file():
+        raise UserError(f"--text {path} does not exist")
+    check_readable(path, "text")
+    unknown: dict[str, int] = {}
+    for chunk in text_chunks(path, {"characters": 0, "bytes": 0}):
+        for ch in unknown_characters(tokenizer, chunk):
+            unknown[ch] = unknown.get(ch, 0) + chunk.count(ch)
+    if unknown:
+        shown = " ".join(repr(ch) for ch in sorted(unknown, key=unknown.get, reverse=True)[:5])
+        raise UserError(f"{path} has {sum(unknown.values()):,} characters the model's tokenizer never saw "
+                        f"({len(unknown)} distinct, e.g. {shown}); a char model scores only text made of "
+                        "its training characters")
+
+
+def windows(chunks: Iterable[np.ndarray], block_size: int, stride: int) -> Iterator[tuple[np.ndarray, int]]:
+    """(tokens of one window, how many of its last targets to score), along a stream of
+    token arrays. Inputs are window[:-1], targets window[1:]; target j (the token after
+    j) is scored in the first window that ends past it, so each is scored exactly once."""
+    buffer, start = np.empty(0, dtype=np.int64), 0  # buffer[0] is token number `start`
+    begin = scored = 0  # this window's first input; targets before `scored` are done
+    for chunk in chunks:
+        buffer = np.concatenate([buffer, chunk])
+        while start + len(buffer) >= begin + block_size + 1:  # a full window is here
+            end = begin + block_size
+            yield buffer[begin - start:end + 1 - start], end - scored
+            scored, begin = end, begin + stride
+            buffer, start = buffer[begin - start:], begin
+    end = start + len(buffer) - 1  # the last target of the text
+    if end > scored:
+        yield buffer[max(0, begin - start):], end - scored
+
+
+@torch.no_grad()
+def score(model, windows: Iterable[tuple[np.ndarray, int]], batch_size: int, device) -> tuple[float, int]:
+    """(sum of the negative log-likelihoods, number of tokens scored), in batches of
+    windows of one length (only the last window of a text may be shorter)."""
+    total, count, batch = 0.0, 0, []
+
+    def run(batch) -> float:
+        tokens = torch.from_numpy(np.stack([w for w, _ in batch])).to(device)  # [B, L + 1]
+        targets = tokens[:, 1:].clone()
+        for row, (_, n) in enumerate(batch):
+            targets[row, :targets.size(1) - n] = -100  # context only, scored in an earlier window
+        logits, _ = model(tokens[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                               reduction="sum").item()
+
+    for window in windows:
+        if batch and (len(batch) == batch_size or len(window[0]) != len(batch[0][0])):
+            total += run(batch)
+            batch = []
+        batch.append(window)
+        count += window[1]
+    if batch:
+        total += run(batch)
+    return total, count
+
+
+def text_source(path: Path, tokenizer, counts: dict) -> Iterator[np.ndarray]:
+    check_text(path, tokenizer)
+    encode = Encoder(tokenizer)
+    bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc="scoring", file=sys.stderr,
+               disable=path.stat().st_size < 1 << 20)
+    for chunk in text_chunks(path, counts):
+        bar.update(len(chunk.encode("utf-8")))
+        yield encode(chunk)
+    bar.close()
+
+
+def val_source(checkpoint: Path, tokenizer, counts: dict) -> Iterator[np.ndarray]:
+    """The run's validation tokens, rebuilt from its config.yaml with its own tokenizer."""
+    try:
+        data_config: DataConfig = load_config(checkpoint / RUN_CONFIG_FILE).data
+    except ConfigError as e:
+        raise UserError(f"--split val needs the run's {RUN_CONFIG_FILE}: {e}") from None
+    data = prepare(data_config, progress=True, tokenizer=tokenizer)
+    src = open_source(data_config.source, data_config.text_field, data_config.val_fraction)
+    for piece in src.val():
+        if piece is not END:
+            counts["characters"] += len(piece)
+            counts["bytes"] += len(piece.encode("utf-8"))
+    for start in range(0, len(data.val), CHUNK):
+        yield np.asarray(data.val[start:start + CHUNK], dtype=np.int64)
+
+
+def evaluate(args) -> dict:
+    device = resolve_device(args.device)
+    model, tokenizer = load_run(args.checkpoint, device)
+    model = model.to(resolve_dtype("auto", device, training=False)).eval()
+    block = model.config.block_size
+    stride = max(1, block // 2) if args.stride is None else args.stride
+    if not 1 <= stride <= block:
+        raise UserError(f"--stride={stride}: must be between 1 and block_size={block}")
+    counts = {"characters": 0, "bytes": 0}
+    chunks = val_source(args.checkpoint, tokenizer, counts) if args.split else \
+        text_source(args.text, tokenizer, counts)
+    start = time.perf_counter()
+    nll, tokens = score(model, windows(chunks, block, stride), args.batch_size, device)
+    if tokens == 0:
+        raise UserError(f"{args.text or 'the validation split'} is too short to score: it needs at least 2 tokens")
+    loss = nll / tokens
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "bits_per_char": nll / math.log(2) / counts["characters"],
+            "bits_per_byte": nll / math.log(2) / counts["bytes"], "tokens": tokens, **counts,
+            "seconds": time.perf_counter() - start, "stride": stride, "block_size": block}
+
+
+def run(args) -> int:
+    r = evaluate(args)
+    if args.json:
+        print(json.dumps({k: r[k] for k in ("loss", "perplexity", "bits_per_char", "bits_per_byte", "tokens",
+                                            "characters", "bytes")}))
+        return 0
+    what = "the validation split" if args.split else str(args.text)
+    print(f"{what}: {r['tokens']:,} tokens scored ({r['characters']:,} characters, {r['bytes']:,} bytes) in "
+          f"{r['seconds']:.1f} s, {r['tokens'] / max(r['seconds'], 1e-9):,.0f} tokens/s; windows of "
+          f"{r['block_size']} tokens moved by {r['stride']}")
+    print(f"loss {r['loss']:.4f} nats/token | perplexity {r['perplexity']:.3f} | "
+          f"{r['bits_per_char']:.4f} bits/char | {r['bits_per_byte']:.4f} bits/byte")
+    return 0
+
+
+def parse_args(argv):
+    p = OneLineParser(prog="evaluate.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=Path, required=True, help="run directory, e.g. out/tiny")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--text", type=Path, help="a UTF-8 text file to score")
+    which.add_argument("--split", choices=["val"], help="the run's own validation split")
+    p.add_argument("--stride", type=int, help="how far each window moves (default block_size // 2)")
+    p.add_argument("--batch-size", type=int, default=16, help="windows per forward pass")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    args = p.parse_args(argv)
+    if args.batch_size < 1:
+        p.error(f"--batch-size={args.batch_size}: must be at least 1")
+    return args
+
+
+def main(argv=None) -> int:
+    return run_main(parse_args, run, argv, {UserError: 2, DataError: 2})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

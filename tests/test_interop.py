@@ -1,0 +1,305 @@
+"""Models in and out: export to transformers, init_from a run or a GPT-2 folder, evaluate.py."""
+
+import json
+import math
+import os
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+import evaluate
+import export
+import generate
+import train
+from common.checkpoint import load_run
+from conftest import ROOT
+from data.tokenizer import train_tokenizer
+from model import GPT
+
+transformers = pytest.importorskip("transformers")
+TINY = str(ROOT / "configs" / "tiny.yaml")
+FINETUNE = str(ROOT / "configs" / "finetune-gpt2.yaml")
+VARIANTS = {"learned-gelu": ["model.pos_encoding=learned", "model.activation=gelu"],
+            "learned-tanh": ["model.pos_encoding=learned", "model.activation=gelu_tanh", "model.bias=false"],
+            "rope": ["model.pos_encoding=rope"]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, corpus):
+    """Briefly trained micro runs: {variant: run directory}."""
+    tmp = tmp_path_factory.mktemp("runs")
+    base = [f"data.source={corpus}", f"data.cache_dir={tmp / 'cache'}", "model.n_layer=2", "model.n_head=2",
+            "model.n_embd=32", "model.block_size=48", "train.batch_size=8", "train.max_iters=150",
+            "train.eval_interval=150", "train.eval_iters=4", "train.sample_tokens=0", "train.dtype=float32",
+            "train.threads=1", "train.lr=0.01"]
+    for name, settings in VARIANTS.items():
+        assert train.main(["--config", TINY, *base, *settings, f"out_dir={tmp / name}"]) == 0
+    return {name: tmp / name for name in VARIANTS}
+
+
+@pytest.fixture(scope="module")
+def exported(runs, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("exported")
+    for name, run in runs.items():
+        assert export.main(["--checkpoint", str(run), "--out", str(tmp / name)]) == 0
+    return {name: tmp / name for name in runs}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_exported_model_computes_the_same_logits(runs, exported, name):
+    model, tokenizer = load_run(runs[name])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exported[name]).eval()
+    assert type(hf).__name__ == ("GPTNeoXForCausalLM" if name == "rope" else "GPT2LMHeadModel")
+    idx = torch.tensor([tokenizer.encode("ROMEO:\nWhat say you, my lord? Speak!\n").ids])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, model.eval()(idx)[0], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_transformers_greedy_generation_matches_generate_py(runs, exported, name, capsys):
+    prompt, n = "MACBETH:\n", 30  # 39 tokens in all: within block_size, where transformers can go
+    assert generate.main(["--checkpoint", str(runs[name]), "--prompt", prompt, "--temperature", "0",
+                          "--max-new-tokens", str(n)]) == 0
+    ours = capsys.readouterr().out[:-1]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported[name])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exported[name]).eval()
+    inputs = tokenizer(prompt, return_tensors="pt")  # with its attention_mask: '\n' is token 0
+    out = hf.generate(**inputs, max_new_tokens=n, do_sample=False)
+    assert tokenizer.decode(out[0]) == ours
+    pipe = transformers.pipeline("text-generation", model=str(exported[name]))
+    assert pipe(prompt, max_new_tokens=n, do_sample=False)[0]["generated_text"] == ours
+
+
+def test_exported_tokenizer_round_trips_the_validation_text(runs, exported, corpus):
+    from data import DataConfig, prepare
+
+    model, tokenizer = load_run(runs["rope"])
+    data = prepare(DataConfig(str(corpus), cache_dir=str(runs["rope"].parent / "cache")), progress=False,
+                   tokenizer=tokenizer)
+    text = tokenizer.decode(data.val.tolist())
+    hf = transformers.AutoTokenizer.from_pretrained(exported["rope"])
+    assert hf(text)["input_ids"] == tokenizer.encode(text).ids == data.val.tolist()
+    assert hf.decode(hf(text)["input_ids"]) == text and hf.unk_token == "<unk>"
+
+
+def test_model_card(runs, exported):
+    card = (exported["rope"] / "README.md").read_text()
+    state = torch.load(runs["rope"] / "trainer_state.pt", weights_only=True)
+    assert "GPTNeoXForCausalLM" in card and f"{state['val_loss']:.4f} nats per token" in card
+    assert state["data_fingerprint"] in card and f"python train.py --config {runs['rope']}/config.yaml" in card
+    assert "2 layers, 2 heads, 32 dimensions" in card
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("model.pos_encoding=sinusoidal", "pos_encoding=sinusoidal"),
+    ("model.norm_position=post", "norm_position=post"),
+    ("model.norm=rmsnorm", "norm=rmsnorm"),
+])
+def test_export_refuses_what_no_transformers_class_computes(tmp_path, setting, message, capsys):
+    from data.tokenizer import train_tokenizer as make
+    from model import GPTConfig
+
+    key, value = setting.removeprefix("model.").split("=")
+    GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=8, **{key: value})).save_pretrained(tmp_path)
+    make("char", ["abcdefghijklmnopqrs"], 0).save(str(tmp_path / "tokenizer.json"))
+    assert export.main(["--checkpoint", str(tmp_path), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "learned (GPT-2) or rope (GPT-NeoX)" in err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_export_never_writes_into_an_existing_folder(runs, tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("mine")
+    assert export.main(["--checkpoint", str(runs["rope"]), "--out", str(tmp_path)]) == 2
+    assert "already exists" in capsys.readouterr().err and os.listdir(tmp_path) == ["keep.txt"]
+
+
+# ---- init_from ---------------------------------------------------------------------
+
+
+def micro_finetune(corpus, tmp, source, *extra):
+    return ["--config", FINETUNE, f"train.init_from={source}", f"data.source={corpus}",
+            f"data.cache_dir={tmp / 'cache'}", f"out_dir={tmp / 'ft'}", "train.max_iters=4", "train.grad_accum=1",
+            "train.batch_size=4", "train.eval_interval=2", "train.eval_iters=2", "train.sample_tokens=10",
+            "train.dtype=float32", "train.threads=1", *extra]
+
+
+def initial_weights(run_dir):
+    """The weights a run with run_dir's config.yaml starts from (in a new out_dir)."""
+    import dataclasses
+
+    from training.config import load_config
+    from training.init_from import open_source
+    from training.trainer import Trainer
+
+    cfg = dataclasses.replace(load_config(run_dir / "config.yaml"), out_dir=str(run_dir.parent / "again"))
+    return Trainer(cfg, torch.device("cpu"), torch.float32, source=open_source(cfg.train.init_from)).model
+
+
+def test_init_from_a_run_directory(runs, tmp_path, corpus):
+    source, _ = load_run(runs["learned-gelu"])
+    args = micro_finetune(corpus, tmp_path, runs["learned-gelu"], "model.dropout=0.2", "model.block_size=40")
+    assert train.main(args) == 0
+    first = initial_weights(tmp_path / "ft")
+    assert first.config.dropout == 0.2 and first.config.block_size == 40 and first.config.n_embd == 32
+    for name, tensor in first.state_dict().items():
+        expected = source.state_dict()[name]
+        torch.testing.assert_close(tensor, expected[:40] if name.endswith("wpe.weight") else expected)
+    state = torch.load(tmp_path / "ft" / "trainer_state.pt", weights_only=True)
+    assert state["iter"] == 4  # a new run: iteration 0 to 4, its own optimizer
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory, corpus):
+    """A GPT-2 model as transformers saves one (random weights), with a BPE tokenizer.json."""
+    folder = tmp_path_factory.mktemp("gpt2")
+    tokenizer = train_tokenizer("bpe", [corpus.read_text()], 400)
+    eot = tokenizer.token_to_id("<|endoftext|>")
+    config = transformers.GPT2Config(vocab_size=tokenizer.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2,
+                                     n_head=2, activation_function="gelu_new", bos_token_id=eot, eos_token_id=eot)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_init_from_a_gpt2_folder_gives_its_logits(gpt2_folder):
+    from training.init_from import open_source
+
+    source = open_source(str(gpt2_folder))
+    model = GPT(source.config)
+    model.load_state_dict(source.state_dict(source.config))
+    hf = transformers.GPT2LMHeadModel.from_pretrained(gpt2_folder).eval()
+    idx = torch.randint(0, source.config.vocab_size, (2, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
+
+
+def test_finetune_config_resumes_and_fresh_starts_over(gpt2_folder, tmp_path, corpus, capsys):
+    args = micro_finetune(corpus, tmp_path, gpt2_folder, "model.block_size=32")
+    assert train.main(args) == 0
+    assert "given tokenizer" in capsys.readouterr().err  # the data is encoded with GPT-2's tokenizer
+    first = load_file(tmp_path / "ft" / "model.safetensors")
+    assert train.main([*args, "train.max_iters=6"]) == 0  # resumes at 4, init_from is not read again
+    assert "resuming at iteration 4" in capsys.readouterr().out
+    assert train.main([*args, "--fresh"]) == 0  # starts over from init_from: the same 4 iterations again
+    again = load_file(tmp_path / "ft" / "model.safetensors")
+    assert all(torch.equal(again[name], first[name]) for name in first)
+
+
+def test_init_from_bad_input(gpt2_folder, tmp_path, corpus, monkeypatch, capsys):
+    from data import sources
+
+    def fails(*argv):
+        before = sorted(p.name for p in tmp_path.iterdir())
+        assert train.main(micro_finetune(corpus, tmp_path, *argv)) == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        return err
+
+    (tmp_path / "empty").mkdir()
+    assert "is neither a run directory" in fails(tmp_path / "empty")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((gpt2_folder / "config.json").read_text())
+    (pickled / "pytorch_model.bin").write_bytes(b"\x80\x04not loaded")
+    err = fails(pickled)
+    assert "pytorch_model.bin, a pickle" in err and "save_pretrained" in err
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    for name in ("model.safetensors", "tokenizer.json"):
+        (llama / name).write_bytes((gpt2_folder / name).read_bytes())
+    (llama / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert "model_type 'llama' is not supported" in fails(llama)
+    assert "model.n_layer=4 differs from train.init_from" in fails(gpt2_folder, "model.n_layer=4")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: False)
+    err = fails("someone/some-model")
+    assert "cannot be reached" in err and "train.init_from=path/to/folder" in err
+
+
+# ---- evaluate.py -------------------------------------------------------------------
+
+
+def scored_by_hand(model, ids, block, stride):
+    """Each target's negative log-likelihood, taken from the first window that ends past it."""
+    x, y = ids[:-1], ids[1:]
+    nll, begin = {}, 0
+    while True:
+        end = min(begin + block, len(x))
+        with torch.no_grad():
+            logits, _ = model(torch.tensor([x[begin:end]]))
+        losses = F.cross_entropy(logits[0], torch.tensor(y[begin:end]), reduction="none")
+        for j in range(begin, end):
+            nll.setdefault(j, losses[j - begin].item())
+        if end == len(x):
+            return sum(nll.values()) / len(nll), len(nll)
+        begin += stride
+
+
+@pytest.mark.parametrize("length, stride", [(30, None), (400, 48), (400, 20)])
+def test_evaluate_scores_every_token_once(runs, tmp_path, capsys, corpus, length, stride):
+    model, tokenizer = load_run(runs["rope"])
+    text = corpus.read_text()[:length]  # the start of the training text: every character is known
+    path = tmp_path / "t.txt"
+    path.write_text(text)
+    argv = ["--checkpoint", str(runs["rope"]), "--text", str(path), "--json", "--batch-size", "3"]
+    assert evaluate.main(argv + (["--stride", str(stride)] if stride else [])) == 0
+    result = json.loads(capsys.readouterr().out)
+    expected, count = scored_by_hand(model.eval(), tokenizer.encode(text).ids, 48, stride or 24)
+    assert result["tokens"] == count == length - 1 and result["characters"] == result["bytes"] == length
+    assert result["loss"] == pytest.approx(expected, abs=1e-5)
+    assert result["bits_per_char"] == pytest.approx(expected * count / length / math.log(2), abs=1e-5)
+    assert result["perplexity"] == pytest.approx(math.exp(expected), rel=1e-5)
+
+
+def test_evaluate_split_val_agrees_with_training(runs, capsys):
+    assert evaluate.main(["--checkpoint", str(runs["rope"]), "--split", "val"]) == 0
+    out = capsys.readouterr().out
+    loss = float(re.search(r"loss ([\d.]+) nats/token", out).group(1))
+    logged = torch.load(runs["rope"] / "trainer_state.pt", weights_only=True)["val_loss"]
+    assert loss == pytest.approx(logged, rel=0.05)  # training's estimate uses 4 random batches
+    assert "tokens/s" in out and "bits/byte" in out
+
+
+def test_evaluate_bad_input(runs, tmp_path, capsys):
+    run = str(runs["rope"])
+    cases = [(["--text", str(tmp_path / "missing.txt")], "does not exist"),
+             (["--text", str(tmp_path / "empty.txt")], "is empty"),
+             (["--text", str(tmp_path / "latin1.txt")], "not UTF-8"),
+             (["--text", str(tmp_path / "unknown.txt")], "has 4 characters the model's tokenizer never saw (3 distinct"),
+             (["--text", str(tmp_path / "short.txt")], "too short to score"),
+             (["--text", str(tmp_path / "short.txt"), "--stride", "0"], "--stride=0"),
+             (["--text", str(tmp_path / "short.txt"), "--checkpoint", str(tmp_path)], "is missing")]
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    (tmp_path / "unknown.txt").write_text("MACBETH: 你好你\u20ac\n")
+    (tmp_path / "short.txt").write_text("M")
+    for argv, message in cases:
+        assert evaluate.main(["--checkpoint", run, *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (argv, err)
+
+
+def test_evaluate_counts_characters_and_bytes_apart(tmp_path, capsys):
+    """Bits per character and per byte divide the same total by different counts."""
+    from model import GPTConfig
+
+    tokenizer = train_tokenizer("bpe", ["Ça va? Très bien, merci. 你好，世界。" * 30], 300)
+    torch.manual_seed(0)
+    GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=1, n_head=2, n_embd=16)) \
+        .save_pretrained(tmp_path / "run")
+    tokenizer.save(str(tmp_path / "run" / "tokenizer.json"))
+    text = "Très bien. 你好，世界。\n" * 5
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--text", str(tmp_path / "t.txt"), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["characters"], r["bytes"]) == (len(text), len(text.encode("utf-8")))
+    nll = r["loss"] * r["tokens"]
+    assert r["bits_per_char"] == pytest.approx(nll / math.log(2) / len(text))
+    assert r["bits_per_byte"] == pytest.approx(nll / math.log(2) / len(text.encode("utf-8")))
+    assert r["tokens"] == len(tokenizer.encode(text).ids) - 1

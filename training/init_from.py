@@ -1,0 +1,124 @@
+"""train.init_from: begin a new run with existing weights, from a run directory of this
+project or from a Hugging Face GPT-2 family model (a local folder, or a hub id such as
+gpt2 or distilgpt2, downloaded once with huggingface_hub: config, safetensors weights and
+tokenizer only). The model's settings and tokenizer come from the source; the run may
+change only model.dropout, model.attn_impl (the same computation) and a smaller
+model.block_size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from common.checkpoint import TOKENIZER_FILE
+from common.cli import UserError
+from common.hf import Unsupported, config_from_transformers, state_from_transformers
+from data import load_tokenizer
+from model import GPTConfig
+from model.gpt import CONFIG_FILE, WEIGHTS_FILE
+
+OVERRIDABLE = ("dropout", "attn_impl")  # and block_size, downwards
+DOWNLOAD = [CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE]
+
+
+@dataclass
+class Source:
+    """A model to start from: its settings, its tokenizer, and a way to read its weights."""
+
+    name: str
+    folder: Path
+    config: GPTConfig
+
+    def tokenizer(self) -> Tokenizer:
+        try:
+            return load_tokenizer(self.folder / TOKENIZER_FILE)
+        except (ValueError, FileNotFoundError) as e:
+            raise UserError(f"train.init_from={self.name}: {e}") from None
+
+    def state_dict(self, config: GPTConfig) -> dict[str, torch.Tensor]:
+        """The weights in our names, cut to config.block_size (learned positions)."""
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(self.folder / WEIGHTS_FILE))
+        if "model_type" in read_json(self.folder / CONFIG_FILE):
+            tensors = state_from_transformers(self.config, tensors)
+        tensors["transformer.wte.weight"] = tensors["lm_head.weight"]  # one tensor, stored once (tied)
+        if "transformer.wpe.weight" in tensors:
+            tensors["transformer.wpe.weight"] = tensors["transformer.wpe.weight"][:config.block_size]
+        return tensors
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is not a readable JSON file ({e})") from None
+
+
+def open_source(init_from: str) -> Source:
+    """Find the source (a folder, else a hub id) and read its settings."""
+    folder = Path(init_from).expanduser()
+    if not folder.is_dir():
+        folder = download(init_from)
+    files = {p.name for p in folder.iterdir()}
+    if WEIGHTS_FILE not in files:
+        if {"pytorch_model.bin", "model.bin"} & files:
+            raise UserError(f"train.init_from={init_from} holds only pytorch_model.bin, a pickle, which this project "
+                            "never loads (it can run code); convert it once to safetensors, e.g. "
+                            f"python -c \"from transformers import AutoModelForCausalLM as M; "
+                            f"M.from_pretrained('{folder}').save_pretrained('{folder}-safetensors')\"")
+        raise UserError(f"train.init_from={init_from} is neither a run directory ({CONFIG_FILE}, {WEIGHTS_FILE}, "
+                        f"{TOKENIZER_FILE}) nor a Hugging Face model folder with {WEIGHTS_FILE}")
+    for name in (CONFIG_FILE, TOKENIZER_FILE):
+        if name not in files:
+            raise UserError(f"train.init_from={init_from} has no {name}")
+    settings = read_json(folder / CONFIG_FILE)
+    try:
+        if "model_type" in settings:  # a transformers model
+            config = config_from_transformers(settings)
+        else:
+            config = GPTConfig.from_dict(settings)
+    except (Unsupported, ValueError, KeyError) as e:
+        raise UserError(f"train.init_from={init_from}: {e}") from None
+    return Source(init_from, folder, config)
+
+
+def download(repo_id: str) -> Path:
+    """A hub model's config, weights and tokenizer, through huggingface_hub's cache."""
+    from huggingface_hub import snapshot_download
+
+    from data.sources import hub_reachable
+
+    offline = bool(os.environ.get("HF_HUB_OFFLINE"))
+    if not offline and not hub_reachable():
+        raise UserError(f"train.init_from={repo_id} is not a folder here, and the Hugging Face hub cannot be "
+                        "reached to download it; download it elsewhere and give its folder "
+                        "(config.json, model.safetensors, tokenizer.json): train.init_from=path/to/folder")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=DOWNLOAD, local_files_only=offline))
+    except Exception as e:  # huggingface_hub raises many kinds: not found, gated, offline, ...
+        raise UserError(f"train.init_from={repo_id}: could not download it ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}); give a local folder instead") from None
+
+
+def model_config(source: Source, wanted: GPTConfig, keys: tuple[str, ...]) -> GPTConfig:
+    """The source's settings with the run's allowed changes; a one-line error for any other."""
+    changes = {}
+    for key in keys:
+        ours, theirs = getattr(wanted, key), getattr(source.config, key)
+        if ours == theirs:
+            continue
+        if key in OVERRIDABLE or (key == "block_size" and ours < theirs):
+            changes[key] = ours
+            continue
+        allowed = "only model.dropout, model.attn_impl and a smaller model.block_size may differ"
+        raise UserError(f"model.{key}={ours!r} differs from train.init_from={source.name}, which has "
+                        f"{key}={theirs!r}; remove it from the config ({allowed})")
+    return dataclasses.replace(source.config, **changes)
