@@ -59,17 +59,22 @@ def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int 
           "hidden_act": ACTIVATIONS[c.activation], "max_position_embeddings": c.block_size, "layer_norm_eps": 1e-5,
           "use_parallel_residual": False, "rotary_pct": 1.0, "rotary_emb_base": c.rope_base, "attention_bias": True,
           "attention_dropout": c.dropout, "hidden_dropout": c.dropout, **common}
-    tensors = {"gpt_neox.embed_in.weight": state["transformer.wte.weight"],
-               "gpt_neox.final_layer_norm.weight": state["transformer.ln_f.weight"],
-               "gpt_neox.final_layer_norm.bias": state["transformer.ln_f.bias"]}
-    for i in range(c.n_layer):
-        for ours, theirs in NEOX_NAMES.items():
-            for kind in ("weight", "bias"):
-                t = state[f"transformer.h.{i}.{ours}.{kind}"]
-                if ours == "attn.c_attn":
-                    t = qkv_layout(t, c.n_head, to_neox=True)
-                tensors[f"gpt_neox.layers.{i}.{theirs}.{kind}"] = t
-    return hf, tensors
+    return hf, rename_neox(state, c, to_neox=True)
+
+
+def rename_neox(tensors: dict[str, torch.Tensor], c: GPTConfig, to_neox: bool) -> dict[str, torch.Tensor]:
+    """Our names to GPT-NeoX's (to_neox) or back, reordering the fused QKV rows."""
+    pairs = [("transformer.wte.weight", "gpt_neox.embed_in.weight"),
+             ("transformer.ln_f.weight", "gpt_neox.final_layer_norm.weight"),
+             ("transformer.ln_f.bias", "gpt_neox.final_layer_norm.bias")]
+    pairs += [(f"transformer.h.{i}.{ours}.{kind}", f"gpt_neox.layers.{i}.{theirs}.{kind}")
+              for i in range(c.n_layer) for ours, theirs in NEOX_NAMES.items() for kind in ("weight", "bias")]
+    renamed = {}
+    for ours, theirs in pairs:
+        source, target = (ours, theirs) if to_neox else (theirs, ours)
+        t = tensors[source]
+        renamed[target] = qkv_layout(t, c.n_head, to_neox) if ".attn.c_attn." in ours else t
+    return renamed
 
 
 def qkv_layout(t: torch.Tensor, n_head: int, to_neox: bool) -> torch.Tensor:
@@ -143,15 +148,6 @@ def state_from_transformers(config: GPTConfig, tensors: dict[str, torch.Tensor])
             transpose = name.endswith(tuple(f"{m}.weight" for m in LINEARS_GPT2))
             state[f"transformer.{name}"] = t.t().contiguous() if transpose else t
     else:
-        state = {"transformer.wte.weight": tensors["gpt_neox.embed_in.weight"],
-                 "transformer.ln_f.weight": tensors["gpt_neox.final_layer_norm.weight"],
-                 "transformer.ln_f.bias": tensors["gpt_neox.final_layer_norm.bias"]}
-        for i in range(config.n_layer):
-            for ours, theirs in NEOX_NAMES.items():
-                for kind in ("weight", "bias"):
-                    t = tensors[f"gpt_neox.layers.{i}.{theirs}.{kind}"]
-                    if ours == "attn.c_attn":
-                        t = qkv_layout(t, config.n_head, to_neox=False)
-                    state[f"transformer.h.{i}.{ours}.{kind}"] = t
+        state = rename_neox(tensors, config, to_neox=False)
     state["lm_head.weight"] = state["transformer.wte.weight"]
     return state

@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace as dataclass_replace
 import os
 import re
 
@@ -150,6 +151,20 @@ def test_init_from_a_run_directory(runs, tmp_path, corpus):
         torch.testing.assert_close(tensor, expected[:40] if name.endswith("wpe.weight") else expected)
     state = torch.load(tmp_path / "ft" / "trainer_state.pt", weights_only=True)
     assert state["iter"] == 4  # a new run: iteration 0 to 4, its own optimizer
+
+
+@pytest.mark.parametrize("name", ["rope", "learned-tanh"])
+def test_an_exported_model_comes_back_unchanged(runs, exported, name):
+    from training.init_from import open_source
+
+    ours, _ = load_run(runs[name])
+    source = open_source(str(exported[name]))
+    back = GPT(source.config)
+    back.load_state_dict(source.state_dict(source.config))
+    assert source.config == dataclass_replace(ours.config, bias=True, attn_impl="sdpa")  # zero biases were written
+    idx = torch.randint(0, ours.config.vocab_size, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(idx)[0], ours.eval()(idx)[0], atol=1e-5, rtol=0)
 
 
 @pytest.fixture(scope="module")
