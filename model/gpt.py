@@ -272,7 +272,8 @@ class GPT(nn.Module):
             load_model(model, str(weights_path), strict=True, device=str(device))
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{weights_path} is not a valid safetensors file ({e})") from e
-        except RuntimeError as e:
-            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"{weights_path} does not match {config_path}: {first_line}") from e
+        except RuntimeError as e:  # "Error(s) in loading state_dict for GPT:" then one line per problem
+            lines = [line.strip() for line in str(e).strip().splitlines()]
+            problems = "; ".join(lines[1:] or lines)
+            raise ValueError(f"{weights_path} does not match {config_path}: {problems[:300]}") from e
         return model.to(device)

@@ -89,12 +89,31 @@ def test_scaling_keeps_scores_unit_variance():
 
 def test_dropout_on_weights_only_when_asked():
     q, k, v = qkv(1, 1, 6, 4)
-    out_a, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
+    out_a, kept = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
     out_b, _ = scaled_dot_product_attention(q, k, v, dropout_p=0.0)
     assert torch.equal(out_a, out_b)
+    q, k, v = qkv(1, 8, 64, 4)  # 32,768 weights: the dropped share is close to p
+    _, kept = scaled_dot_product_attention(q, k, v)
     torch.manual_seed(0)
-    _, dropped = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
-    assert (dropped == 0).any()
+    _, dropped = scaled_dot_product_attention(q, k, v, dropout_p=0.2)
+    assert (dropped == 0).float().mean().item() == pytest.approx(0.2, abs=0.01)
+    survivors = dropped != 0  # the rest are scaled by 1 / (1 - p)
+    torch.testing.assert_close(dropped[survivors], kept[survivors] / 0.8)
+
+
+@pytest.mark.parametrize("impl, calls", [("explicit", 2), ("sdpa", 0)])
+def test_attn_impl_chooses_the_five_steps_or_the_fused_kernel(monkeypatch, impl, calls):
+    import model.attention
+    from model import GPT
+
+    seen = []
+    real = model.attention.scaled_dot_product_attention
+    monkeypatch.setattr(model.attention, "scaled_dot_product_attention", lambda *a, **k: seen.append(1) or real(*a, **k))
+    gpt = GPT(GPTConfig(vocab_size=10, block_size=16, n_layer=2, n_head=2, n_embd=16, attn_impl=impl))
+    gpt(torch.randint(0, 10, (1, 5)))
+    assert len(seen) == calls  # one call per layer, or none
+    gpt(torch.randint(0, 10, (1, 5)), return_attention=True)
+    assert len(seen) == calls + 2  # attention weights always come from the five steps
 
 
 def make_attention(impl, seed=0):

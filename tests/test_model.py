@@ -67,8 +67,15 @@ def test_forward_shapes_and_ignored_targets():
 
 
 def test_too_long_input_is_an_error():
-    with pytest.raises(ValueError, match="block_size=16"):
+    with pytest.raises(ValueError, match="sequence of 17 tokens is longer than block_size=16"):
         tiny()(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \(2, 5\), got \(2, 4\)"):
+        tiny()(torch.zeros(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 4))
+    from model.attention import KVCache
+
+    model = tiny()
+    with pytest.raises(ValueError, match="KV cache holds 4 tokens; cannot store 5"):
+        model(torch.zeros(1, 5, dtype=torch.long), kv_cache=KVCache(model.config, 1, 4, "cpu", torch.float32))
 
 
 @pytest.mark.parametrize("pos", ENCODINGS)
@@ -96,7 +103,7 @@ def left_pad(prompts, pad=0):
 
 @pytest.mark.parametrize("pos", ENCODINGS)
 @pytest.mark.parametrize("impl", ["explicit", "sdpa"])
-def test_left_padded_batch_matches_each_prompt_alone(pos, impl, trained):
+def test_left_padded_batch_matches_each_prompt_alone(pos, impl, trained, monkeypatch):
     model = tiny(pos_encoding=pos, attn_impl=impl)
     model.load_state_dict(trained[pos].state_dict())
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
@@ -107,13 +114,15 @@ def test_left_padded_batch_matches_each_prompt_alone(pos, impl, trained):
         alone, _ = model(torch.tensor([p]))
         torch.testing.assert_close(logits[row, -len(p):], alone[0], atol=1e-5, rtol=0)
     # generation past block_size too: windows slide over the padding
-    batched = model.generate(idx, 30, temperature=0, attention_mask=mask)
+    batched, batched_logits = generate_recording_logits(model, idx, 30, monkeypatch, temperature=0,
+                                                        attention_mask=mask)
     for row, p in enumerate(prompts):
-        alone = model.generate(torch.tensor([p]), 30, temperature=0)
+        alone, alone_logits = generate_recording_logits(model, torch.tensor([p]), 30, monkeypatch, temperature=0)
+        torch.testing.assert_close(batched_logits[:, row], alone_logits[:, 0], atol=1e-5, rtol=0)
         assert batched[row, -30:].tolist() == alone[0, -30:].tolist()
 
 
-def generate_recording_logits(model, idx, n, monkeypatch, **kwargs):
+def generate_recording_logits(model, idx, n, monkeypatch, temperature=1.0, **kwargs):
     """model.generate, also returning the logits each step sampled from [n, B, V]."""
     seen = []
 
@@ -122,7 +131,8 @@ def generate_recording_logits(model, idx, n, monkeypatch, **kwargs):
         return sample_next(logits, sampling, generator)
 
     monkeypatch.setattr(model_gpt, "sample_next", recording)
-    out = model.generate(idx, n, temperature=1.0, generator=torch.Generator().manual_seed(0), **kwargs)
+    out = model.generate(idx, n, temperature=temperature, generator=torch.Generator().manual_seed(0), **kwargs)
+    monkeypatch.undo()
     return out, torch.stack(seen)
 
 
@@ -147,12 +157,37 @@ def test_cached_logits_match_uncached(pos):
     full, _ = model(idx)
     cache = KVCache(model.config, 2, model.config.block_size, "cpu", torch.float32)
     prefill, _ = model(idx[:, :4], kv_cache=cache)
-    steps = [prefill]
-    for t in range(4, 12):
+    steps = [prefill, model(idx[:, 4:7], kv_cache=cache)[0]]  # a chunk of 3 after the prefill
+    for t in range(7, 12):
         step, _ = model(idx[:, t:t + 1], kv_cache=cache)
         steps.append(step)
     assert cache.length == 12
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_generation_with_the_cache_runs_one_token_per_step(monkeypatch):
+    model = tiny()
+    lengths = []
+    real = GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, idx, *a, **k: lengths.append(idx.size(1)) or real(self, idx, *a, **k))
+    model.generate(torch.randint(0, 50, (2, 5)), 20)  # the cache is on by default
+    # the prompt once, then one token per step until the window is full (16); from then on
+    # the window slides by one each step and is run afresh (see GPT.generate_tokens)
+    assert lengths == [5] + [1] * 11 + [16] * 8
+
+
+@pytest.mark.parametrize("pos", ENCODINGS)
+def test_bfloat16_generation_with_the_cache(pos, trained, monkeypatch):
+    model = tiny(pos_encoding=pos)
+    model.load_state_dict(trained[pos].state_dict())
+    model = model.to(torch.bfloat16)
+    idx = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(3))
+    cached, cached_logits = generate_recording_logits(model, idx, 40, monkeypatch, temperature=0)
+    uncached, uncached_logits = generate_recording_logits(model, idx, 40, monkeypatch, temperature=0,
+                                                          use_cache=False)
+    assert cached_logits.dtype == torch.bfloat16
+    torch.testing.assert_close(cached_logits.float(), uncached_logits.float(), atol=0.1, rtol=0.02)
+    assert (cached == uncached).float().mean() > 0.9  # bf16 rounding may flip a rare near-tie
 
 
 def test_cache_writes_in_place():
@@ -209,6 +244,15 @@ def test_top_p_keeps_the_smallest_set_that_reaches_p(top_p, kept):
     expected = torch.tensor([0.5, 0.3, 0.15, 0.05])[:kept]
     torch.testing.assert_close(probs[:kept], expected / expected.sum())
     assert (probs[kept:] == 0).all()
+
+
+def test_top_p_boundary_and_greedy_per_row():
+    # exactly representable: [0.5, 0.25, 0.25]; 0.5 + 0.25 reaches top_p = 0.75 exactly
+    probs = next_token_probabilities(torch.tensor([[2.0, 1.0, 1.0]]).log(), Sampling(1.0, top_p=0.75))[0]
+    torch.testing.assert_close(probs, torch.tensor([2 / 3, 1 / 3, 0.0]))
+    logits = torch.tensor([[0.1, 0.3, 0.2], [0.9, 0.0, 0.5]])
+    assert next_token_probabilities(logits, Sampling(0.0)).tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
+    assert sample_next(logits, Sampling(0.0)).tolist() == [1, 0]
 
 
 def test_top_k_then_top_p_on_what_is_left():
@@ -277,11 +321,27 @@ def test_overfits_one_batch():
 def test_initialisation_and_tying():
     model = tiny(n_layer=4)
     assert model.lm_head.weight is model.transformer.wte.weight
-    std = model.transformer.h[0].attn.c_proj.weight.std().item()
-    assert abs(std - 0.02 / (2 * 4) ** 0.5) < 0.002
+    projections = torch.cat([p.flatten() for n, p in model.named_parameters() if n.endswith("c_proj.weight")])
+    assert projections.std().item() == pytest.approx(0.02 / (2 * 4) ** 0.5, rel=0.03)  # 20,480 values
     assert abs(model.transformer.h[0].attn.c_attn.weight.std().item() - 0.02) < 0.002
     n = model.num_parameters()
     assert n == sum(p.numel() for p in set(model.parameters()))
+
+
+@pytest.mark.parametrize("settings, count", [
+    # C=32, 2 layers, V=50, T=16. Per layer: W_Q,W_K,W_V 32·96 + 96, W_O 32·32 + 32, W_1 32·128 + 128,
+    # W_2 128·32 + 32, two LayerNorms 2·(32 + 32): 12,288 + 288 + 128; the tied embedding 50·32; ln_f 64
+    (dict(pos_encoding="rope"), 2 * 12_704 + 1_600 + 64),
+    (dict(pos_encoding="learned"), 2 * 12_704 + 1_600 + 64 + 16 * 32),  # and 16 positions
+    (dict(pos_encoding="rope", norm_position="post"), 2 * 12_704 + 1_600),  # no final norm after post-LN
+    (dict(pos_encoding="rope", bias=False), 2 * (12_288 + 64) + 1_600 + 32),  # no biases, norms without β
+    (dict(pos_encoding="rope", norm="rmsnorm", bias=False), 2 * (12_288 + 64) + 1_600 + 32),
+])
+def test_parameter_count_equals_a_hand_count(settings, count):
+    model = tiny(**settings)
+    assert model.num_parameters() == count
+    if not model.config.bias:
+        assert not [name for name, _ in model.named_parameters() if name.endswith("bias")]
 
 
 def test_flops_per_token_equals_a_hand_count():
@@ -314,6 +374,14 @@ def test_load_errors_are_clear(tmp_path):
         GPT.from_pretrained(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"\x80\x04not safetensors at all")
     with pytest.raises(ValueError, match="not a valid safetensors"):
+        GPT.from_pretrained(tmp_path)
+    from safetensors.torch import load_file, save_file
+
+    (tmp_path / "model.safetensors").write_bytes(weights)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["transformer.ln_f.bias"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match='does not match .*Missing key.*"transformer.ln_f.bias"'):
         GPT.from_pretrained(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(weights)
     config = json.loads((tmp_path / "config.json").read_text())

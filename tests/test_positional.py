@@ -20,6 +20,18 @@ def test_sinusoidal_equals_the_papers_closed_form(d):
             assert pe[row, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=2e-4)
 
 
+def test_sinusoidal_model_adds_the_encoding_to_the_embeddings():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, block_size=16, n_layer=1, n_head=2, n_embd=8, pos_encoding="sinusoidal"))
+    seen = []
+    model.transformer.drop.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    idx = torch.tensor([[3, 1, 4, 1, 5]])
+    model(idx)
+    angles = [[pos / 10000 ** (2 * i / 8) for i in range(4)] for pos in range(5)]
+    pe = torch.tensor([[f(a) for a in row for f in (math.sin, math.cos)] for row in angles])  # [T, C]
+    torch.testing.assert_close(seen[0][0], model.transformer.wte.weight[idx[0]] + pe, atol=1e-5, rtol=0)
+
+
 def rotate_by_formula(x: torch.Tensor, pos: int, base: float = 10000.0) -> torch.Tensor:
     """RoPE written from its formula (docs/attention.md), one pair at a time: dimension i
     pairs with i + d/2 and the pair turns by the angle pos · θ_i, θ_i = base^(-2i/d)."""
@@ -87,7 +99,7 @@ def test_rope_model_attends_with_rotated_queries_and_keys():
     computed here from its own projections and the formula."""
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=20, block_size=16, n_layer=1, n_head=2, n_embd=8, pos_encoding="rope",
-                       attn_impl="sdpa")
+                       attn_impl="sdpa", rope_base=500.0)
     model = GPT(config).eval()
     with torch.no_grad():
         for p in model.parameters():  # larger weights than at init, so the rotation matters
@@ -100,7 +112,7 @@ def test_rope_model_attends_with_rotated_queries_and_keys():
         q, k, _ = model.transformer.h[0].attn.c_attn(x).split(config.n_embd, dim=-1)
     q = q.view(1, T, 2, d).transpose(1, 2)  # [1, H, T, d_k]
     k = k.view(1, T, 2, d).transpose(1, 2)
-    q = torch.stack([rotate_by_formula(q[:, :, t], t) for t in range(T)], dim=2)
-    k = torch.stack([rotate_by_formula(k[:, :, t], t) for t in range(T)], dim=2)
+    q = torch.stack([rotate_by_formula(q[:, :, t], t, base=500.0) for t in range(T)], dim=2)
+    k = torch.stack([rotate_by_formula(k[:, :, t], t, base=500.0) for t in range(T)], dim=2)
     logits = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~torch.ones(T, T).tril().bool(), float("-inf"))
     torch.testing.assert_close(weights[0], torch.softmax(logits, dim=-1), atol=1e-5, rtol=0)
