@@ -16,7 +16,7 @@ import train
 from conftest import ROOT, run_cli
 from model import GPT
 from training.config import ConfigError, TrainConfig, load_config
-from training.optim import learning_rate, make_optimizer
+from training.optim import learning_rate, make_optimizers
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 
@@ -140,7 +140,7 @@ def test_weight_decay_skips_norms_biases_embeddings():
     from model import GPTConfig
 
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
-    opt = make_optimizer(model, TrainConfig(), torch.device("cpu"))
+    opt = make_optimizers(model, TrainConfig(), torch.device("cpu"))[-1]  # AdamW alone
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     names = {n for n, p in model.named_parameters() if id(p) in decayed}
     assert names == {"transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.weight",
@@ -219,8 +219,10 @@ def test_lock_is_released_when_its_holder_is_killed(tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_matches_one_process_global_batch(tmp_path, micro):
-    common = ["train.max_iters=3", "train.log_interval=1", "train.eval_interval=3", "train.sample_tokens=0"]
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_ddp_two_processes_matches_one_process_global_batch(tmp_path, micro, optimizer):
+    common = ["train.max_iters=3", "train.log_interval=1", "train.eval_interval=3", "train.sample_tokens=0",
+              f"train.optimizer={optimizer}"]
     single = run_cli("train.py", "--config", TINY, *micro(*common, "train.batch_size=8", out="single"))
     assert single.returncode == 0, single.stderr
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -233,7 +235,10 @@ def test_ddp_two_processes_matches_one_process_global_batch(tmp_path, micro):
     assert a[1] == pytest.approx(b[1], abs=1e-5)
     assert a[3] == pytest.approx(b[3], abs=1e-4)
     wa, wb = weights(tmp_path / "single"), weights(tmp_path / "ddp")
-    assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
+    # Muon orthogonalizes in bfloat16 (torch's Newton-Schulz), whose rounding turns the
+    # last-bit differences of the two ways of averaging gradients into about 1e-4
+    tolerance = 1e-5 if optimizer == "adamw" else 5e-4
+    assert all(torch.allclose(wa[k], wb[k], atol=tolerance) for k in wa)
 
 
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, micro, monkeypatch, capsys):

@@ -13,7 +13,7 @@ from common.device import resolve_dtype
 from conftest import ROOT
 from training.config import TrainConfig, load_config
 from training.distributed import Distributed
-from training.optim import learning_rate
+from training.optim import learning_rate, lr_factor
 from training.trainer import Trainer
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -97,7 +97,7 @@ def test_the_step_uses_the_schedule(micro):
     for it in range(3):
         _, _, lr = trainer.step()
         assert lr == learning_rate(it, trainer.tc) == pytest.approx(0.01 * (it + 1) / 6)
-        assert all(group["lr"] == lr for group in trainer.optimizer.param_groups)
+        assert all(group["lr"] == lr for group in trainer.optimizers[0].param_groups)
 
 
 def test_learning_rate_schedule_exact_values():
@@ -114,12 +114,13 @@ def run_weights(run_dir):
     return load_file(str(run_dir / "model.safetensors"))
 
 
-def test_resume_after_a_stop_is_bit_identical(tmp_path, micro, monkeypatch):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_after_a_stop_is_bit_identical(tmp_path, micro, monkeypatch, optimizer):
     """A run that dies right after its checkpoint of iteration 10, with dropout on, and
     is run again ends with exactly the weights of a run never stopped: the batch
-    sampler and every RNG are restored."""
+    sampler, every RNG and the optimizers' states are restored."""
     settings = ["train.max_iters=20", "train.checkpoint_interval=5", "train.eval_interval=10",
-                "model.dropout=0.1", "train.sample_tokens=0"]
+                "model.dropout=0.1", "train.sample_tokens=0", f"train.optimizer={optimizer}"]
     assert train.main(["--config", TINY, *micro(*settings, out="straight")]) == 0
     real_save = checkpoint.save_run
 
@@ -135,6 +136,21 @@ def test_resume_after_a_stop_is_bit_identical(tmp_path, micro, monkeypatch):
     assert train.main(["--config", TINY, *micro(*settings, out="stopped")]) == 0
     straight, resumed = run_weights(tmp_path / "straight"), run_weights(tmp_path / "stopped")
     assert all(torch.equal(straight[name], resumed[name]) for name in straight)
+
+
+def test_muon_trains_the_block_matrices_and_adamw_the_rest(micro):
+    trainer = make_trainer(micro, "train.optimizer=muon", "train.muon_lr=0.05", "train.weight_decay=0")
+    muon, adamw = trainer.optimizers
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert in_muon == {n for n, p in trainer.model.named_parameters() if p.dim() == 2 and ".h." in n}
+    assert in_muon | in_adamw == set(names.values()) and not in_muon & in_adamw
+    assert "transformer.wte.weight" in in_adamw  # the embedding, and through tying the LM head
+    losses = [trainer.step()[0] for _ in range(15)]
+    assert losses[-1] < losses[0] - 0.5
+    assert muon.param_groups[0]["lr"] == pytest.approx(0.05 * lr_factor(14, trainer.tc))  # the same schedule
 
 
 @pytest.mark.slow

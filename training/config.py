@@ -34,7 +34,10 @@ class TrainConfig:
     max_iters: int = 2000
     batch_size: int = 32  # sequences per micro-batch, per process
     grad_accum: int = 1  # micro-batches per optimizer step
-    lr: float = 1e-3  # peak learning rate, reached after warmup
+    optimizer: str = "adamw"  # adamw, or muon: Muon for the blocks' matrices, AdamW for the rest
+    lr: float = 1e-3  # AdamW's peak learning rate, reached after warmup
+    muon_lr: float = 0.02  # Muon's peak learning rate (optimizer: muon), scaled like AdamW's updates
+    muon_momentum: float = 0.95
     min_lr: float = 1e-4  # end of the cosine decay
     warmup_iters: int = 100
     lr_decay_iters: int | None = None  # default: max_iters
@@ -60,7 +63,10 @@ class TrainConfig:
             ("max_iters", self.max_iters >= 1, "must be at least 1"),
             ("batch_size", self.batch_size >= 1, "must be at least 1"),
             ("grad_accum", self.grad_accum >= 1, "must be at least 1"),
+            ("optimizer", self.optimizer in ("adamw", "muon"), "must be one of adamw, muon"),
             ("lr", self.lr > 0, "must be positive, e.g. 1e-3"),
+            ("muon_lr", self.muon_lr > 0, "must be positive, e.g. 0.02"),
+            ("muon_momentum", 0 <= self.muon_momentum < 1, "must be in [0, 1)"),
             ("min_lr", 0 <= self.min_lr <= self.lr, "must be between 0 and train.lr"),
             ("warmup_iters", self.warmup_iters >= 0, "must be 0 or more"),
             ("lr_decay_iters", self.lr_decay_iters is None or self.lr_decay_iters >= 1,

@@ -29,7 +29,7 @@ from .config import RunConfig
 from .distributed import Distributed
 from .init_from import Source, model_config
 from .logger import RunLogger
-from .optim import learning_rate, make_optimizer
+from .optim import lr_factor, make_optimizers
 
 
 class TrainingError(Exception):
@@ -93,7 +93,7 @@ class Trainer:
         self.model = GPT(self.model_config).to(device)
         if source is not None and state is None:  # a fresh start from existing weights
             self.model.load_state_dict(source.state_dict(self.model_config))
-        self.optimizer = make_optimizer(self.model, self.tc, device)
+        self.optimizers = make_optimizers(self.model, self.tc, device)
         self.it, self.best_val, self.val_loss = 0, float("inf"), float("nan")
         if state is not None:
             self.restore(state)
@@ -118,7 +118,12 @@ class Trainer:
         """Continue exactly where the saved run stopped: weights, optimizer, iteration, and
         each process's RNG and batch sampler (so the same batches and dropout masks follow)."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        saved = state["optimizer"] if isinstance(state["optimizer"], list) else [state["optimizer"]]
+        if len(saved) != len(self.optimizers):
+            raise UserError(f"{self.out_dir} was trained with another train.optimizer; add --fresh to start over "
+                            "there, or set out_dir=PATH for a new run")
+        for optimizer, optimizer_state in zip(self.optimizers, saved):
+            optimizer.load_state_dict(optimizer_state)
         self.it, self.best_val = state["iter"], state["best_val_loss"]
         ranks = state["ranks"]
         if len(ranks) == self.dist.world_size:
@@ -210,9 +215,10 @@ class Trainer:
 
     def step(self) -> tuple[float, float, float]:
         """One optimizer step; returns (mean loss, gradient norm before clipping, learning rate)."""
-        lr = learning_rate(self.it, self.tc)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        factor = lr_factor(self.it, self.tc)
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * factor
         loss = self.compute_gradients()
         grad_norm = self.clip_gradients()
         # with fp16 the scaler skips steps whose gradients overflowed; otherwise stop
@@ -220,11 +226,12 @@ class Trainer:
             raise TrainingError(f"the loss became {loss} (gradient norm {grad_norm}) at iteration "
                                 f"{self.it + 1}; the last good checkpoint in {self.out_dir} is kept. "
                                 "Try a lower train.lr, train.grad_clip=1.0 or train.dtype=float32")
-        self.scaler.step(self.optimizer)
+        for optimizer in self.optimizers:
+            self.scaler.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
         self.it += 1
-        return loss, grad_norm, lr
+        return loss, grad_norm, self.tc.lr * factor
 
     def compute_gradients(self) -> float:
         """Forward and backward over grad_accum micro-batches; returns their mean loss.
@@ -245,7 +252,8 @@ class Trainer:
 
     def clip_gradients(self) -> float:
         """Clip the gradients' norm to grad_clip (0: no clipping); returns the norm before."""
-        self.scaler.unscale_(self.optimizer)  # (fp16) clip the true gradients
+        for optimizer in self.optimizers:
+            self.scaler.unscale_(optimizer)  # (fp16) clip the true gradients
         limit = self.tc.grad_clip or float("inf")
         return torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit).item()
 
@@ -313,7 +321,7 @@ class Trainer:
         ranks = self.dist.gather({"sampler": self.sampler.state_dict(), "rng": rng_state(self.device)})
         if not self.dist.is_main:
             return
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "iter": self.it,
+        state = {"model": self.model.state_dict(), "optimizer": [o.state_dict() for o in self.optimizers], "iter": self.it,
                  "best_val_loss": self.best_val, "identity": self.identity, "ranks": ranks,
                  # for the model card of an export: what was measured, on which token files
                  "val_loss": self.val_loss, "val_bits_per_char": self.data.bits_per_character(self.val_loss),
