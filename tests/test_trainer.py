@@ -160,3 +160,14 @@ def test_compiled_training_matches_eager(micro):
     assert compiled.train_model is not compiled.model
     for _ in range(3):
         assert compiled.step()[0] == pytest.approx(eager.step()[0], abs=1e-4)
+
+
+def test_time_budget_sets_max_iters_once(tmp_path, micro, capsys):
+    settings = ["train.max_minutes=0.05", "train.max_iters=1000000", "train.sample_tokens=0"]
+    assert train.main(["--config", TINY, *micro(*settings)]) == 0
+    out = capsys.readouterr().out
+    state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)
+    assert 12 < state["max_iters"] == state["iter"] < 1000000
+    assert f"training to iteration {state['max_iters']}" in out and f"done: {state['iter']} iterations" in out
+    assert train.main(["--config", TINY, *micro(*settings)]) == 0  # the measured max_iters is kept
+    assert f"already holds a finished run of {state['iter']} iterations" in capsys.readouterr().out

@@ -32,6 +32,7 @@ class ConfigError(UserError):
 @dataclass
 class TrainConfig:
     max_iters: int = 2000
+    max_minutes: float | None = None  # a time budget: max_iters is then set from the speed measured early on
     batch_size: int = 32  # sequences per micro-batch, per process
     grad_accum: int = 1  # micro-batches per optimizer step
     optimizer: str = "adamw"  # adamw, or muon: Muon for the blocks' matrices, AdamW for the rest
@@ -61,6 +62,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         rules = [
             ("max_iters", self.max_iters >= 1, "must be at least 1"),
+            ("max_minutes", self.max_minutes is None or self.max_minutes > 0, "must be positive (or unset)"),
             ("batch_size", self.batch_size >= 1, "must be at least 1"),
             ("grad_accum", self.grad_accum >= 1, "must be at least 1"),
             ("optimizer", self.optimizer in ("adamw", "muon"), "must be one of adamw, muon"),

@@ -75,6 +75,11 @@ class RunLogger:
         elif it % self.log_interval == 0:
             print(f"iter {it} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_sec:,.0f} tok/s", flush=True)
 
+    def retarget(self, max_iters: int) -> None:
+        if self.bar is not None:
+            self.bar.total = max_iters
+            self.bar.refresh()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

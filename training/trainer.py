@@ -4,6 +4,7 @@ until max_iters or a stop signal (Ctrl-C, SIGTERM)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -97,6 +98,10 @@ class Trainer:
         self.it, self.best_val, self.val_loss = 0, float("inf"), float("nan")
         if state is not None:
             self.restore(state)
+        # train.max_minutes: max_iters is measured once (see fit_to_budget), then kept
+        self.budget_pending = self.tc.max_minutes is not None and (state is None or "max_iters" not in state)
+        if self.tc.max_minutes is not None and not self.budget_pending:
+            self.tc = dataclasses.replace(self.tc, max_iters=state["max_iters"])
         if fresh and dist.is_main:
             checkpoint.start_over(self.out_dir)
         self.train_model = self.wrap(self.model)
@@ -191,10 +196,13 @@ class Trainer:
         checkpoint_interval = self.tc.checkpoint_interval or self.tc.eval_interval
         self.model.train()
         self.tick = (time.perf_counter(), self.it)  # throughput is measured from here
+        self.budget_start = self.it + 2  # (train.max_minutes) the first iterations are slower
         while self.it < self.tc.max_iters:
             loss, grad_norm, lr = self.step()
             loss, stop_signal = self.sync_ranks(loss)
             self.report(loss, grad_norm, lr)
+            if self.budget_pending:
+                self.fit_to_budget()
             last = self.it == self.tc.max_iters
             if self.it % self.tc.eval_interval == 0 or last:
                 self.evaluate_and_log()
@@ -206,6 +214,29 @@ class Trainer:
                 return 128 + stop_signal
         self.log.hparams(self.cfg.to_dict(), {"val/loss": self.val_loss, "val/best_loss": self.best_val})
         return 0
+
+    def fit_to_budget(self, measure: int = 10) -> None:
+        """train.max_minutes: time `measure` iterations (from budget_start on, after the
+        slower first ones), then one evaluation and checkpoint, and set max_iters so that
+        the whole run, data preparation and an evaluation every eval_interval included,
+        ends within the budget."""
+        if self.it == self.budget_start:
+            self.budget_clock = time.perf_counter()
+        if self.it < self.budget_start + measure:
+            return
+        step_seconds = (time.perf_counter() - self.budget_clock) / measure
+        started = time.perf_counter()
+        self.evaluate_and_log()
+        self.save()
+        overhead = time.perf_counter() - started  # what each evaluation and checkpoint costs
+        remaining = self.tc.max_minutes * 60 - (time.perf_counter() - self.started) - overhead
+        more = int(max(0.0, remaining) / (step_seconds + overhead / self.tc.eval_interval))
+        target = self.dist.sum([self.it + max(1, more) if self.dist.is_main else 0], self.device)[0]
+        self.tc = dataclasses.replace(self.tc, max_iters=int(target))  # rank 0's measurement, everywhere
+        self.budget_pending = False
+        self.log.retarget(self.tc.max_iters)
+        self.log.message(f"time budget {self.tc.max_minutes:g} min: {1000 * step_seconds:.0f} ms per iteration, "
+                         f"{overhead:.1f} s per evaluation and checkpoint; training to iteration {self.tc.max_iters}")
 
     def on_signal(self, signum, frame) -> None:
         if self.stop_signal:  # a second Ctrl-C: leave now; every file on disk is whole
@@ -323,6 +354,7 @@ class Trainer:
             return
         state = {"model": self.model.state_dict(), "optimizer": [o.state_dict() for o in self.optimizers], "iter": self.it,
                  "best_val_loss": self.best_val, "identity": self.identity, "ranks": ranks,
+                 "max_iters": self.tc.max_iters,
                  # for the model card of an export: what was measured, on which token files
                  "val_loss": self.val_loss, "val_bits_per_char": self.data.bits_per_character(self.val_loss),
                  "data_fingerprint": self.data.meta["fingerprint"]}
