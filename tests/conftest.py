@@ -32,7 +32,7 @@ def micro(tmp_path, corpus):
             "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
             "train.batch_size=8", "train.max_iters=30", "train.eval_interval=10", "train.eval_iters=2",
             "train.warmup_iters=5", "train.log_interval=5", "train.sample_tokens=20",
-            "train.dtype=float32", "train.threads=1", *extra,
+            "train.dtype=float32", "train.threads=1", "train.max_minutes=null", *extra,
         ]
 
     return overrides

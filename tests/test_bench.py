@@ -10,16 +10,17 @@ import pytest
 
 from conftest import ROOT
 
-SCRIPTS = ["train_throughput", "decode", "learning", "memory"]
+SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_benchmark_quick_mode(tmp_path, name):
+def test_benchmark_quick_mode(tmp_path, name, corpus):
     pytest.importorskip("transformers")
     out = tmp_path / f"{name}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # as if run from the repository root
-    result = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out)],
+    data = ["--data", str(corpus)] if name == "gpu" else []  # (on a CPU here: its --quick runs anywhere)
+    result = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out), *data],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "|---" in result.stdout  # a markdown table

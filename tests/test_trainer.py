@@ -13,7 +13,7 @@ from common.device import resolve_dtype
 from conftest import ROOT
 from training.config import TrainConfig, load_config
 from training.distributed import Distributed
-from training.optim import learning_rate, lr_factor
+from training.optim import Muon, learning_rate, lr_factor, orthogonalize
 from training.trainer import Trainer
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -97,7 +97,8 @@ def test_the_step_uses_the_schedule(micro):
     for it in range(3):
         _, _, lr = trainer.step()
         assert lr == learning_rate(it, trainer.tc) == pytest.approx(0.01 * (it + 1) / 6)
-        assert all(group["lr"] == lr for group in trainer.optimizers[0].param_groups)
+        groups = [group for optimizer in trainer.optimizers for group in optimizer.param_groups]
+        assert [group["lr"] for group in groups] == pytest.approx([group["initial_lr"] * lr / 0.01 for group in groups])
 
 
 def test_learning_rate_schedule_exact_values():
@@ -138,10 +139,40 @@ def test_resume_after_a_stop_is_bit_identical(tmp_path, micro, monkeypatch, opti
     assert all(torch.equal(straight[name], resumed[name]) for name in straight)
 
 
+def test_muon_matches_torch_muon():
+    """Our Muon is torch's (match_rms_adamw) with the Newton-Schulz iterations in float32:
+    the same update up to torch's bfloat16 rounding."""
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(96, 32, generator=g), torch.randn(32, 128, generator=g)]
+    ours = [w.clone().requires_grad_() for w in weights]
+    theirs = [w.clone().requires_grad_() for w in weights]
+    ours_opt = Muon(ours, lr=0.02, momentum=0.9, weight_decay=0.1)
+    theirs_opt = torch.optim.Muon(theirs, lr=0.02, momentum=0.9, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    for _ in range(3):
+        grads = [torch.randn(w.shape, generator=g) for w in weights]
+        for params, opt in ((ours, ours_opt), (theirs, theirs_opt)):
+            for p, grad in zip(params, grads):
+                p.grad = grad.clone()
+            opt.step()
+    for w, a, b in zip(weights, ours, theirs):
+        ours_step, theirs_step = (a - w).detach(), (b - w).detach()
+        assert (ours_step - theirs_step).norm() < 0.02 * theirs_step.norm()
+
+
+def test_orthogonalize_flattens_the_singular_values():
+    g = torch.randn(64, 16, generator=torch.Generator().manual_seed(0)) @ torch.diag(torch.logspace(-1, 1, 16))
+    assert torch.linalg.svdvals(g).max() / torch.linalg.svdvals(g).min() > 50  # spread over 2 decades
+    s = torch.linalg.svdvals(orthogonalize(g))
+    assert s.min() > 0.6 and s.max() < 1.25  # all of them brought near 1 (the quintic's band)
+    u, _, vt = torch.linalg.svd(g, full_matrices=False)
+    cosine = (orthogonalize(g) * (u @ vt)).sum() / (orthogonalize(g).norm() * (u @ vt).norm())
+    assert cosine > 0.95  # and close to U Vᵀ
+
+
 def test_muon_trains_the_block_matrices_and_adamw_the_rest(micro):
     trainer = make_trainer(micro, "train.optimizer=muon", "train.muon_lr=0.05", "train.weight_decay=0")
     muon, adamw = trainer.optimizers
-    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
     names = {id(p): n for n, p in trainer.model.named_parameters()}
     in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
     in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}

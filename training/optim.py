@@ -36,6 +36,47 @@ def learning_rate(it: int, cfg: TrainConfig) -> float:
     return cfg.lr * lr_factor(it, cfg)
 
 
+class Muon(torch.optim.Optimizer):
+    """Muon (Keller Jordan, 2024) for 2-D weight matrices: SGD with Nesterov momentum,
+    whose update is replaced by the nearest semi-orthogonal matrix before it is applied.
+
+    The same algorithm and defaults as torch.optim.Muon with adjust_lr_fn="match_rms_adamw",
+    but the Newton-Schulz iterations run in the matrix's own dtype. torch's always run in
+    bfloat16, which CPUs without bfloat16 units (AMX or AVX512-BF16) compute many times
+    more slowly than float32: on a 2-core AMD EPYC without them, a step of tiny.yaml's model
+    took 1,366 ms with torch's Muon, 495 ms with this one and 421 ms with AdamW alone.
+    """
+
+    def __init__(self, params, lr: float = 0.02, momentum: float = 0.95, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buffer = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                buffer.lerp_(p.grad, 1 - momentum)
+                update = orthogonalize(p.grad.lerp(buffer, momentum))  # Nesterov momentum
+                p.mul_(1 - lr * group["weight_decay"])
+                # scaled so that the update's RMS matches AdamW's (Moonshot's rule, as in torch)
+                p.add_(update, alpha=-lr * 0.2 * math.sqrt(max(p.shape)))
+
+
+def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """U Vᵀ of g = U S Vᵀ, approximately: a quintic Newton-Schulz iteration tuned to push
+    every singular value towards 1 fast (torch.optim.Muon's coefficients)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.T if g.size(0) > g.size(1) else g  # the smaller Gram matrix
+    x = x / x.norm().clamp(min=1e-7)  # singular values at most 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if g.size(0) > g.size(1) else x
+
+
 def make_optimizers(model: GPT, cfg: TrainConfig, device: torch.device) -> list[torch.optim.Optimizer]:
     """AdamW (weight decay only on the matrices of Linear layers, never on norms, biases
     or embeddings, the tied embedding/LM head included), and with optimizer=muon, Muon
@@ -45,8 +86,7 @@ def make_optimizers(model: GPT, cfg: TrainConfig, device: torch.device) -> list[
     rest = [p for p in model.parameters() if p.dim() < 2 or id(p) in embeddings]
     optimizers = []
     if cfg.optimizer == "muon":
-        optimizers.append(torch.optim.Muon(matrices, lr=cfg.muon_lr, momentum=cfg.muon_momentum,
-                                           weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw"))
+        optimizers.append(Muon(matrices, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay))
         matrices = []
     groups = [{"params": matrices, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     optimizers.append(torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),

@@ -217,7 +217,7 @@ class Trainer:
 
     def fit_to_budget(self, measure: int = 10) -> None:
         """train.max_minutes: time `measure` iterations (from budget_start on, after the
-        slower first ones), then one evaluation and checkpoint, and set max_iters so that
+        slower first ones), then one evaluation and checkpoint, and lower max_iters so that
         the whole run, data preparation and an evaluation every eval_interval included,
         ends within the budget."""
         if self.it == self.budget_start:
@@ -231,8 +231,9 @@ class Trainer:
         overhead = time.perf_counter() - started  # what each evaluation and checkpoint costs
         remaining = self.tc.max_minutes * 60 - (time.perf_counter() - self.started) - overhead
         more = int(max(0.0, remaining) / (step_seconds + overhead / self.tc.eval_interval))
-        target = self.dist.sum([self.it + max(1, more) if self.dist.is_main else 0], self.device)[0]
-        self.tc = dataclasses.replace(self.tc, max_iters=int(target))  # rank 0's measurement, everywhere
+        target = min(self.it + max(1, more), self.tc.max_iters)  # max_iters stays an upper bound
+        target = self.dist.sum([target if self.dist.is_main else 0], self.device)[0]  # rank 0's, everywhere
+        self.tc = dataclasses.replace(self.tc, max_iters=int(target))
         self.budget_pending = False
         self.log.retarget(self.tc.max_iters)
         self.log.message(f"time budget {self.tc.max_minutes:g} min: {1000 * step_seconds:.0f} ms per iteration, "

@@ -1,0 +1,120 @@
+"""Every CUDA path, on one GPU (skipped without one): bf16 and fp16 training (the gradient
+scaler skipping an overflow), explicit = sdpa with causal and padding masks, cached =
+uncached generation in bf16 and float32, a bit-identical resume with the CUDA RNG, both
+programs end to end, and DDP over NCCL when there are two GPUs."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train
+from common import checkpoint
+from conftest import ROOT, run_cli
+from model import GPT, GPTConfig
+from training.config import load_config
+from training.trainer import Trainer
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+TINY = str(ROOT / "configs" / "tiny.yaml")
+CUDA = torch.device("cuda")
+
+
+def cuda_trainer(micro, dtype, *extra) -> Trainer:
+    return Trainer(load_config(TINY, micro("train.device=cuda", *extra)), CUDA, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_training_in_half_precision(micro, dtype):
+    trainer = cuda_trainer(micro, dtype)
+    losses = [trainer.step()[0] for _ in range(25)]
+    assert losses[-1] < losses[0] - 0.5
+    assert trainer.scaler.is_enabled() == (dtype == torch.float16)
+
+
+def test_fp16_overflow_is_skipped_by_the_scaler_not_a_nan_stop(micro):
+    trainer = cuda_trainer(micro, torch.float16)
+    trainer.scaler = torch.amp.GradScaler("cuda", init_scale=2.0**40)  # the first steps overflow
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.step()  # no TrainingError: an overflow is the scaler's to handle
+    assert trainer.scaler.get_scale() < 2.0**40
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())  # the step was skipped
+    losses = [trainer.step()[0] for _ in range(40)]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("padded", [False, True])
+def test_explicit_and_sdpa_agree(dtype, tolerance, padded):
+    torch.manual_seed(0)
+    models = [GPT(GPTConfig(vocab_size=50, block_size=64, n_layer=2, n_head=4, n_embd=64, attn_impl=impl,
+                            pos_encoding="rope")).to(CUDA, dtype).eval() for impl in ("explicit", "sdpa")]
+    models[1].load_state_dict(models[0].state_dict())
+    idx = torch.randint(0, 50, (3, 40), device=CUDA)
+    mask = None
+    if padded:
+        mask = torch.ones(3, 40, dtype=torch.long, device=CUDA)
+        mask[1, :13] = 0
+    with torch.no_grad():
+        a, b = (m(idx, attention_mask=mask)[0].float() for m in models)
+    torch.testing.assert_close(a, b, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_cached_and_uncached_generation_agree(dtype, pos):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=64, pos_encoding=pos))
+    model = model.to(CUDA, dtype).eval()
+    idx = torch.randint(0, 50, (2, 5), device=CUDA)
+    cached = model.generate(idx, 80, temperature=0, use_cache=True)
+    uncached = model.generate(idx, 80, temperature=0, use_cache=False)
+    agreement = (cached == uncached).float().mean().item()
+    assert agreement == 1.0 if dtype == torch.float32 else agreement > 0.9  # bf16 may flip a near-tie
+
+
+def test_resume_on_cuda_is_bit_identical(tmp_path, micro, monkeypatch):
+    settings = ["train.device=cuda", "train.max_iters=20", "train.checkpoint_interval=5", "train.eval_interval=10",
+                "model.dropout=0.1", "model.attn_impl=explicit", "train.sample_tokens=0"]
+    assert train.main(["--config", TINY, *micro(*settings, out="straight")]) == 0
+    real_save = checkpoint.save_run
+
+    def save_then_die(out_dir, model, tokenizer, state):
+        real_save(out_dir, model, tokenizer, state)
+        if state["iter"] == 10:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "save_run", save_then_die)
+    assert train.main(["--config", TINY, *micro(*settings, out="stopped")]) == 130
+    monkeypatch.undo()
+    state = torch.load(tmp_path / "stopped" / "trainer_state.pt", weights_only=True)
+    assert "cuda" in state["ranks"][0]["rng"]
+    assert train.main(["--config", TINY, *micro(*settings, out="stopped")]) == 0
+    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "stopped" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_both_programs_on_cuda(tmp_path, micro):
+    result = run_cli("train.py", "--config", TINY, *micro("train.device=cuda", "train.dtype=auto"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "cuda" in result.stdout and "bfloat16" in result.stdout
+    result = run_cli("generate.py", "--checkpoint", str(tmp_path / "run"), "--device", "cuda", "--prompt", "ROMEO:",
+                     "--max-new-tokens", "50", "--stats", "--seed", "0")
+    assert result.returncode == 0 and result.stdout.startswith("ROMEO:") and "cuda" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_ddp_over_nccl(tmp_path, micro):
+    common = ["train.device=cuda", "train.max_iters=3", "train.log_interval=1", "train.eval_interval=3",
+              "train.sample_tokens=0", "train.dtype=float32"]
+    single = run_cli("train.py", "--config", TINY, *micro(*common, "train.batch_size=8", out="single"))
+    assert single.returncode == 0, single.stderr[-2000:]
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "train.py", "--config", TINY, *micro(*common, "train.batch_size=4", out="ddp")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    a, b = load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "ddp" / "model.safetensors")
+    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
