@@ -30,7 +30,7 @@ def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
         _, _, weights = model(idx, return_attention=True)  # [n_layer, 1, H, T, T]
     finally:
         model.train(was_training)
-    return weights[:, 0].float()
+    return weights[:, 0].float().cpu()  # images are drawn on the CPU
 
 
 def heatmap_grid(maps: torch.Tensor, gap: int = 2) -> torch.Tensor:

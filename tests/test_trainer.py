@@ -1,7 +1,9 @@
 """The Trainer's pieces: gradient accumulation (and DDP's no_sync), clipping, bf16
 autocast, compile, the learning-rate schedule, and a fast bit-identical resume."""
 
+import time
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -193,12 +195,29 @@ def test_compiled_training_matches_eager(micro):
         assert compiled.step()[0] == pytest.approx(eager.step()[0], abs=1e-4)
 
 
-def test_time_budget_sets_max_iters_once(tmp_path, micro, capsys):
-    settings = ["train.max_minutes=0.05", "train.max_iters=1000000", "train.sample_tokens=0"]
+def test_time_budget_is_refit_from_the_measured_pace(micro, monkeypatch):
+    trainer = make_trainer(micro, "train.max_minutes=1", "train.max_iters=100000")
+    trainer.log = SimpleNamespace(retarget=lambda max_iters: None)
+    trainer.started, trainer.iteration_cap, trainer.eval_seconds = 0.0, 100000, 2.0
+    trainer.budget_mark, trainer.it = (10.0, 12), 112  # 100 iterations in the 10 s since the first estimate
+    monkeypatch.setattr(time, "perf_counter", lambda: 20.0)
+    trainer.refit_budget()
+    assert trainer.tc.max_iters == 112 + (60 - 20 - 2) / 0.1  # 38 s left at 0.1 s per iteration
+    trainer.iteration_cap = 300
+    trainer.refit_budget()
+    assert trainer.tc.max_iters == 300  # the configured max_iters stays an upper bound
+
+
+def test_time_budget_sets_max_iters_once(tmp_path, micro, capsys, monkeypatch):
+    settings = ["train.max_minutes=0.15", "train.max_iters=1000000", "train.sample_tokens=0"]
+    refits, refit = [], Trainer.refit_budget
+    monkeypatch.setattr(Trainer, "refit_budget", lambda self: (refits.append(self.it), refit(self)))
     assert train.main(["--config", TINY, *micro(*settings)]) == 0
+    assert refits and all(it % 10 == 0 for it in refits)  # at each evaluation (eval_interval=10)
+    monkeypatch.undo()
     out = capsys.readouterr().out
     state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)
     assert 12 < state["max_iters"] == state["iter"] < 1000000
-    assert f"training to iteration {state['max_iters']}" in out and f"done: {state['iter']} iterations" in out
+    assert "training to iteration" in out and f"done: {state['iter']} iterations" in out
     assert train.main(["--config", TINY, *micro(*settings)]) == 0  # the measured max_iters is kept
     assert f"already holds a finished run of {state['iter']} iterations" in capsys.readouterr().out

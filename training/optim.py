@@ -43,7 +43,7 @@ class Muon(torch.optim.Optimizer):
     The same algorithm and defaults as torch.optim.Muon with adjust_lr_fn="match_rms_adamw",
     but the Newton-Schulz iterations run in the matrix's own dtype. torch's always run in
     bfloat16, which CPUs without bfloat16 units (AMX or AVX512-BF16) compute many times
-    more slowly than float32: on a 2-core AMD EPYC without them, a step of tiny.yaml's model
+    more slowly than float32: on a 2-core AMD EPYC without them, a step of tiny.yaml's model at batch 32
     took 1,366 ms with torch's Muon, 495 ms with this one and 421 ms with AdamW alone.
     """
 

@@ -100,6 +100,7 @@ class Trainer:
             self.restore(state)
         # train.max_minutes: max_iters is measured once (see fit_to_budget), then kept
         self.budget_pending = self.tc.max_minutes is not None and (state is None or "max_iters" not in state)
+        self.budget_mark = None  # (time, iteration) of the first estimate, in the run that made it
         if self.tc.max_minutes is not None and not self.budget_pending:
             self.tc = dataclasses.replace(self.tc, max_iters=state["max_iters"])
         if fresh and dist.is_main:
@@ -206,6 +207,8 @@ class Trainer:
             last = self.it == self.tc.max_iters
             if self.it % self.tc.eval_interval == 0 or last:
                 self.evaluate_and_log()
+                if self.budget_mark and self.it > self.budget_mark[1] and not last:
+                    self.refit_budget()
             if self.it % checkpoint_interval == 0 or last or stop_signal:
                 self.save()
             if stop_signal:
@@ -216,10 +219,10 @@ class Trainer:
         return 0
 
     def fit_to_budget(self, measure: int = 10) -> None:
-        """train.max_minutes: time `measure` iterations (from budget_start on, after the
-        slower first ones), then one evaluation and checkpoint, and lower max_iters so that
-        the whole run, data preparation and an evaluation every eval_interval included,
-        ends within the budget."""
+        """train.max_minutes: set max_iters so that the whole run, data preparation and an
+        evaluation every eval_interval included, ends within the budget. A first estimate
+        from `measure` timed iterations (from budget_start on, after the slower first ones)
+        and one evaluation and checkpoint; refit_budget corrects it at each evaluation."""
         if self.it == self.budget_start:
             self.budget_clock = time.perf_counter()
         if self.it < self.budget_start + measure:
@@ -229,15 +232,28 @@ class Trainer:
         self.evaluate_and_log()
         self.save()
         overhead = time.perf_counter() - started  # what each evaluation and checkpoint costs
-        remaining = self.tc.max_minutes * 60 - (time.perf_counter() - self.started) - overhead
-        more = int(max(0.0, remaining) / (step_seconds + overhead / self.tc.eval_interval))
-        target = min(self.it + max(1, more), self.tc.max_iters)  # max_iters stays an upper bound
-        target = self.dist.sum([target if self.dist.is_main else 0], self.device)[0]  # rank 0's, everywhere
-        self.tc = dataclasses.replace(self.tc, max_iters=int(target))
-        self.budget_pending = False
-        self.log.retarget(self.tc.max_iters)
+        self.budget_pending, self.iteration_cap = False, self.tc.max_iters  # max_iters stays an upper bound
+        self.budget_mark = (time.perf_counter(), self.it)
+        self.retarget(step_seconds + overhead / self.tc.eval_interval, overhead)
         self.log.message(f"time budget {self.tc.max_minutes:g} min: {1000 * step_seconds:.0f} ms per iteration, "
                          f"{overhead:.1f} s per evaluation and checkpoint; training to iteration {self.tc.max_iters}")
+
+    def refit_budget(self) -> None:
+        """The wall time per iteration measured since the first estimate, evaluations and
+        checkpoints included, sets max_iters again: the first evaluation on a cold GPU can
+        take several times as long as the later ones, and the machine's speed may change."""
+        clock, it = self.budget_mark
+        self.retarget((time.perf_counter() - clock) / (self.it - it), self.eval_seconds)
+
+    def retarget(self, seconds_per_iteration: float, reserve: float) -> None:
+        """max_iters = the iterations that fit in what is left of the budget, less `reserve`
+        seconds for the final evaluation; the same on every rank (rank 0's)."""
+        remaining = self.tc.max_minutes * 60 - (time.perf_counter() - self.started) - reserve
+        more = int(max(0.0, remaining) / seconds_per_iteration)
+        target = min(self.it + max(1, more), self.iteration_cap)
+        target = self.dist.sum([target if self.dist.is_main else 0], self.device)[0]
+        self.tc = dataclasses.replace(self.tc, max_iters=int(target))
+        self.log.retarget(self.tc.max_iters)
 
     def on_signal(self, signum, frame) -> None:
         if self.stop_signal:  # a second Ctrl-C: leave now; every file on disk is whole
@@ -328,6 +344,7 @@ class Trainer:
         return total / count
 
     def evaluate_and_log(self) -> None:
+        started = time.perf_counter()
         train_loss, self.val_loss = self.evaluate(self.train_batches), self.evaluate(self.val_batches)
         self.best_val = min(self.best_val, self.val_loss)
         metrics = {"val/loss": self.val_loss, "val/perplexity": math.exp(min(self.val_loss, 50)),
@@ -340,6 +357,7 @@ class Trainer:
             if self.tc.sample_tokens:
                 self.log.text("samples", self.sample_text(), self.it)
         self.tick = (time.perf_counter(), self.it)  # evaluation time is not training throughput
+        self.eval_seconds = self.tick[0] - started
 
     def sample_text(self) -> str:
         tokenizer = self.data.tokenizer
