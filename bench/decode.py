@@ -34,18 +34,9 @@ def build(n_layer, n_head, n_embd, block_size):
     return ours, hf
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small and short, seconds (exercised by a test)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", help="JSON path (default bench/results/decode.json)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    block_size, new_tokens, rounds = (128, 16, 1) if args.quick else (1024, 512, args.rounds)
-    ours, hf = build(4, 4, 128, block_size)
+def throughput(ours, hf, new_tokens: int, rounds: int) -> tuple[list, list]:
+    """Greedy tokens/s at batch 1 and 16: ours with and without the cache, HF generate."""
     prompt = torch.randint(0, VOCAB, (16, 8), generator=torch.Generator().manual_seed(0))
-
     rows, results = [], []
     for batch in (1, 16):
         idx = prompt[:batch]
@@ -68,12 +59,11 @@ def main() -> None:
         ratio = medians["ours, KV cache"] / medians["HF GPT2 generate, cache"]
         rows.append([batch, "**ours cached / HF cached**", f"**{ratio:.2f}×**"])
         results.append({"batch": batch, "speedup_vs_hf": ratio})
-    print(f"threads {args.threads}, fp32, greedy, {new_tokens} new tokens from an 8-token prompt, "
-          f"medians of {rounds} alternating rounds\n")
-    print(table(["batch", "variant", "tokens/s"], rows))
+    return rows, results
 
-    # one new token at growing context lengths, batch 1
-    steps = 4 if args.quick else 32
+
+def cost_per_token(ours, block_size: int, steps: int, rounds: int) -> list[dict]:
+    """Milliseconds for one new token at batch 1, cached and uncached, as the context grows."""
     lengths = [L for L in (64, 128, 256, 512) if L + steps < block_size] + [block_size - steps]
     per_token = []
     with torch.inference_mode():
@@ -91,6 +81,24 @@ def main() -> None:
             m = alternate({"cached": cached, "uncached": uncached}, rounds)
             per_token.append({"context": L, "cached_ms": 1e3 * m["cached"], "uncached_ms": 1e3 * m["uncached"],
                               "speedup": m["uncached"] / m["cached"]})
+    return per_token
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small and short, seconds (exercised by a test)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", help="JSON path (default bench/results/decode.json)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    block_size, new_tokens, rounds = (128, 16, 1) if args.quick else (1024, 512, args.rounds)
+    ours, hf = build(4, 4, 128, block_size)
+    rows, results = throughput(ours, hf, new_tokens, rounds)
+    print(f"threads {args.threads}, fp32, greedy, {new_tokens} new tokens from an 8-token prompt, "
+          f"medians of {rounds} alternating rounds\n")
+    print(table(["batch", "variant", "tokens/s"], rows))
+    per_token = cost_per_token(ours, block_size, 4 if args.quick else 32, rounds)
     print("\ntime for one new token (batch 1) against the context length\n")
     print(table(["context", "cached ms/token", "uncached ms/token", "cache speedup"],
                 [[p["context"], p["cached_ms"], p["uncached_ms"], f"{p['speedup']:.1f}×"] for p in per_token]))
