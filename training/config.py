@@ -32,7 +32,7 @@ class ConfigError(UserError):
 @dataclass
 class TrainConfig:
     max_iters: int = 2000
-    max_minutes: float | None = None  # a time budget: max_iters is lowered to fit, from the speed measured early on
+    max_minutes: float | None = None  # a time budget: max_iters is set to fit, from the measured speed
     batch_size: int = 32  # sequences per micro-batch, per process
     grad_accum: int = 1  # micro-batches per optimizer step
     optimizer: str = "adamw"  # adamw, or muon: Muon for the blocks' matrices, AdamW for the rest

@@ -98,7 +98,7 @@ class Trainer:
         self.it, self.best_val, self.val_loss = 0, float("inf"), float("nan")
         if state is not None:
             self.restore(state)
-        # train.max_minutes: max_iters is measured once (see fit_to_budget), then kept
+        # train.max_minutes: max_iters is fitted by the run that starts (fit_to_budget), then kept for resumes
         self.budget_pending = self.tc.max_minutes is not None and (state is None or "max_iters" not in state)
         self.budget_mark = None  # (time, iteration) of the first estimate, in the run that made it
         if self.tc.max_minutes is not None and not self.budget_pending:
