@@ -1,7 +1,7 @@
 """The Trainer's pieces: gradient accumulation (and DDP's no_sync), clipping, bf16
 autocast, compile, the learning-rate schedule, and a fast bit-identical resume."""
 
-import time
+import signal
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -200,7 +200,7 @@ def test_time_budget_is_refit_from_the_measured_pace(micro, monkeypatch):
     trainer.log = SimpleNamespace(retarget=lambda max_iters: None)
     trainer.started, trainer.iteration_cap, trainer.eval_seconds = 0.0, 100000, 2.0
     trainer.budget_mark, trainer.it = (10.0, 12), 112  # 100 iterations in the 10 s since the first estimate
-    monkeypatch.setattr(time, "perf_counter", lambda: 20.0)
+    monkeypatch.setattr(Trainer, "clock", lambda self: 20.0)
     trainer.refit_budget()
     assert trainer.tc.max_iters == 112 + (60 - 20 - 2) / 0.1  # 38 s left at 0.1 s per iteration
     trainer.iteration_cap = 300
@@ -221,3 +221,56 @@ def test_time_budget_sets_max_iters_once(tmp_path, micro, capsys, monkeypatch):
     assert "training to iteration" in out and f"done: {state['iter']} iterations" in out
     assert train.main(["--config", TINY, *micro(*settings)]) == 0  # the measured max_iters is kept
     assert f"already holds a finished run of {state['iter']} iterations" in capsys.readouterr().out
+
+
+class FakeClock:
+    """The trainer's clock, advanced by the work done instead of by wall time: each
+    optimizer step takes 1 s and each evaluation 5 s, on any machine."""
+
+    def __init__(self, monkeypatch, stop_at: int | None = None):
+        self.now = 0.0
+        step, evaluate = Trainer.step, Trainer.evaluate_and_log
+
+        def timed_step(trainer):
+            result = step(trainer)
+            self.now += 1.0
+            if trainer.it == stop_at:
+                trainer.stop_signal = signal.SIGINT  # as a Ctrl-C after this iteration
+            return result
+
+        def timed_evaluation(trainer):
+            evaluate(trainer)
+            self.now += 5.0
+
+        monkeypatch.setattr(Trainer, "clock", lambda trainer: self.now)
+        monkeypatch.setattr(Trainer, "step", timed_step)
+        monkeypatch.setattr(Trainer, "evaluate_and_log", timed_evaluation)
+
+
+
+BUDGET = ["train.max_minutes=2", "train.max_iters=400", "train.eval_interval=20", "train.sample_tokens=0"]
+
+
+@pytest.mark.parametrize("stop_at", [5, 15, 30], ids=["before-the-estimate", "before-its-checkpoint", "after-it"])
+def test_a_time_budget_covers_the_whole_run_across_a_resume(tmp_path, micro, monkeypatch, stop_at):
+    """The first estimate comes at iteration 12 (and saves), the next checkpoint at 20. A run
+    stopped anywhere and resumed ends within the same 2 minutes as a run never stopped,
+    after about as many iterations; the checkpoint carries the seconds used."""
+    FakeClock(monkeypatch)
+    assert make_trainer(micro, *BUDGET).fit() == 0
+    whole = checkpoint.load_state(tmp_path / "run")
+    assert 60 < whole["iter"] < 120 and 110 <= whole["seconds"] <= 125
+
+    stopped = [*BUDGET, f"out_dir={tmp_path / 'stopped'}"]
+    clock = FakeClock(monkeypatch, stop_at=stop_at)
+    assert make_trainer(micro, *stopped).fit() == 128 + signal.SIGINT
+    state = checkpoint.load_state(tmp_path / "stopped")
+    assert state["iter"] == stop_at and state["seconds"] == clock.now
+    resumed_clock = FakeClock(monkeypatch)
+    resumed_clock.now = clock.now  # the resumed process: the clock goes on
+    assert make_trainer(micro, *stopped).fit() == 0
+    resumed = checkpoint.load_state(tmp_path / "stopped")
+    assert 110 <= resumed["seconds"] == resumed_clock.now <= 125  # both processes' seconds, within the budget
+    assert abs(resumed["iter"] - whole["iter"]) <= 12
+    assert make_trainer(micro, *stopped).fit() == 0  # finished: nothing more to train
+    assert checkpoint.load_state(tmp_path / "stopped")["iter"] == resumed["iter"]

@@ -71,9 +71,11 @@ def set_rng_state(state: dict, device: torch.device) -> None:
 
 
 class Trainer:
+    clock = staticmethod(time.perf_counter)  # the wall clock of time budgets and throughput (tests fake it)
+
     def __init__(self, cfg: RunConfig, device: torch.device, dtype: torch.dtype,
                  dist: Distributed = Distributed(), fresh: bool = False, source: Source | None = None):
-        self.started = time.perf_counter()  # the "done" line reports the wall time from here
+        self.started = self.clock()  # the "done" line reports the wall time from here
         self.cfg, self.tc, self.device, self.dtype, self.dist = cfg, cfg.train, device, dtype, dist
         self.out_dir = Path(cfg.out_dir)
         if self.tc.threads:
@@ -98,11 +100,14 @@ class Trainer:
         self.it, self.best_val, self.val_loss = 0, float("inf"), float("nan")
         if state is not None:
             self.restore(state)
-        # train.max_minutes: max_iters is fitted by the run that starts (fit_to_budget), then kept for resumes
-        self.budget_pending = self.tc.max_minutes is not None and (state is None or "max_iters" not in state)
-        self.budget_mark = None  # (time, iteration) of the first estimate, in the run that made it
-        if self.tc.max_minutes is not None and not self.budget_pending:
-            self.tc = dataclasses.replace(self.tc, max_iters=state["max_iters"])
+        # train.max_minutes covers the whole run: the seconds the checkpoint's run had used
+        # count against it, and every run that starts (a resume too) fits max_iters to what is left
+        self.seconds_before = state.get("seconds", 0.0) if state is not None else 0.0
+        self.budget_pending = self.tc.max_minutes is not None
+        self.budget_mark = None  # (time, iteration) of the first estimate, in this process
+        self.iteration_cap = self.tc.max_iters  # the configured max_iters stays an upper bound
+        if self.budget_pending and state is not None and state["iter"] >= state.get("max_iters", self.iteration_cap):
+            self.tc = dataclasses.replace(self.tc, max_iters=state["iter"])  # that run had finished
         if fresh and dist.is_main:
             checkpoint.start_over(self.out_dir)
         self.train_model = self.wrap(self.model)
@@ -186,7 +191,7 @@ class Trainer:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if code == 0 and self.dist.is_main:
-            wall = time.perf_counter() - self.started
+            wall = self.clock() - self.started
             print(f"done: {self.it} iterations in {wall / 60:.1f} min ({wall:.0f} s); val loss {self.val_loss:.4f} "
                   f"(best {self.best_val:.4f}); model in {self.out_dir}")
             print(f"try it: python generate.py --checkpoint {self.out_dir} --prompt \"ROMEO:\"")
@@ -196,7 +201,7 @@ class Trainer:
         """Step, report, and now and then evaluate and save, until the end or a signal."""
         checkpoint_interval = self.tc.checkpoint_interval or self.tc.eval_interval
         self.model.train()
-        self.tick = (time.perf_counter(), self.it)  # throughput is measured from here
+        self.tick = (self.clock(), self.it)  # throughput is measured from here
         self.budget_start = self.it + 2  # (train.max_minutes) the first iterations are slower
         while self.it < self.tc.max_iters:
             loss, grad_norm, lr = self.step()
@@ -220,20 +225,21 @@ class Trainer:
 
     def fit_to_budget(self, measure: int = 10) -> None:
         """train.max_minutes: set max_iters so that the whole run, data preparation and an
-        evaluation every eval_interval included, ends within the budget. A first estimate
+        evaluation every eval_interval included, ends within the budget (a resumed run:
+        within what its checkpoint left of it). A first estimate
         from `measure` timed iterations (from budget_start on, after the slower first ones)
         and one evaluation and checkpoint; refit_budget corrects it at each evaluation."""
         if self.it == self.budget_start:
-            self.budget_clock = time.perf_counter()
+            self.budget_clock = self.clock()
         if self.it < self.budget_start + measure:
             return
-        step_seconds = (time.perf_counter() - self.budget_clock) / measure
-        started = time.perf_counter()
+        step_seconds = (self.clock() - self.budget_clock) / measure
+        started = self.clock()
         self.evaluate_and_log()
         self.save()
-        overhead = time.perf_counter() - started  # what each evaluation and checkpoint costs
-        self.budget_pending, self.iteration_cap = False, self.tc.max_iters  # max_iters stays an upper bound
-        self.budget_mark = (time.perf_counter(), self.it)
+        overhead = self.clock() - started  # what each evaluation and checkpoint costs
+        self.budget_pending = False
+        self.budget_mark = (self.clock(), self.it)
         self.retarget(step_seconds + overhead / self.tc.eval_interval, overhead)
         self.log.message(f"time budget {self.tc.max_minutes:g} min: {1000 * step_seconds:.0f} ms per iteration, "
                          f"{overhead:.1f} s per evaluation and checkpoint; training to iteration {self.tc.max_iters}")
@@ -243,17 +249,22 @@ class Trainer:
         checkpoints included, sets max_iters again: the first evaluation on a cold GPU can
         take several times as long as the later ones, and the machine's speed may change."""
         clock, it = self.budget_mark
-        self.retarget((time.perf_counter() - clock) / (self.it - it), self.eval_seconds)
+        self.retarget((self.clock() - clock) / (self.it - it), self.eval_seconds)
 
     def retarget(self, seconds_per_iteration: float, reserve: float) -> None:
         """max_iters = the iterations that fit in what is left of the budget, less `reserve`
         seconds for the final evaluation; the same on every rank (rank 0's)."""
-        remaining = self.tc.max_minutes * 60 - (time.perf_counter() - self.started) - reserve
+        remaining = self.tc.max_minutes * 60 - self.seconds_used() - reserve
         more = int(max(0.0, remaining) / seconds_per_iteration)
         target = min(self.it + max(1, more), self.iteration_cap)
         target = self.dist.sum([target if self.dist.is_main else 0], self.device)[0]
         self.tc = dataclasses.replace(self.tc, max_iters=int(target))
         self.log.retarget(self.tc.max_iters)
+
+    def seconds_used(self) -> float:
+        """Wall time of the whole run so far: this process's, from its start (data
+        preparation included), plus what the runs before it had used up to their checkpoint."""
+        return self.seconds_before + self.clock() - self.started
 
     def on_signal(self, signum, frame) -> None:
         if self.stop_signal:  # a second Ctrl-C: leave now; every file on disk is whole
@@ -316,7 +327,7 @@ class Trainer:
     def report(self, loss: float, grad_norm: float, lr: float) -> None:
         """The progress bar; every log_interval, the scalars with tokens/s and MFU."""
         started, start_it = self.tick
-        now = time.perf_counter()
+        now = self.clock()
         tokens = self.tc.batch_size * self.model_config.block_size * self.tc.grad_accum * self.dist.world_size
         tokens_per_sec = tokens * (self.it - start_it) / max(now - started, 1e-9)
         self.log.progress(self.it, loss, lr, tokens_per_sec)
@@ -344,7 +355,7 @@ class Trainer:
         return total / count
 
     def evaluate_and_log(self) -> None:
-        started = time.perf_counter()
+        started = self.clock()
         train_loss, self.val_loss = self.evaluate(self.train_batches), self.evaluate(self.val_batches)
         self.best_val = min(self.best_val, self.val_loss)
         metrics = {"val/loss": self.val_loss, "val/perplexity": math.exp(min(self.val_loss, 50)),
@@ -356,7 +367,7 @@ class Trainer:
             self.log.attention(self.it, attention_maps(self.model, self.attention_ids))
             if self.tc.sample_tokens:
                 self.log.text("samples", self.sample_text(), self.it)
-        self.tick = (time.perf_counter(), self.it)  # evaluation time is not training throughput
+        self.tick = (self.clock(), self.it)  # evaluation time is not training throughput
         self.eval_seconds = self.tick[0] - started
 
     def sample_text(self) -> str:
@@ -373,7 +384,7 @@ class Trainer:
             return
         state = {"model": self.model.state_dict(), "optimizer": [o.state_dict() for o in self.optimizers], "iter": self.it,
                  "best_val_loss": self.best_val, "identity": self.identity, "ranks": ranks,
-                 "max_iters": self.tc.max_iters,
+                 "max_iters": self.tc.max_iters, "seconds": self.seconds_used(),
                  # for the model card of an export: what was measured, on which token files
                  "val_loss": self.val_loss, "val_bits_per_char": self.data.bits_per_character(self.val_loss),
                  "data_fingerprint": self.data.meta["fingerprint"]}
