@@ -36,21 +36,13 @@ CHUNK = 1 << 20  # characters read (or tokens taken) at a time
 
 
 def text_chunks(path: Path, counts: dict) -> Iterator[str]:
-    """The file in pieces of about CHUNK characters, cut after a newline, counting the
-    characters and UTF-8 bytes as they go by."""
+    """The file in pieces of CHUNK characters, counting the characters and UTF-8 bytes
+    as they go by. (Encoder.feed puts the cuts where they cannot change the tokens.)"""
     with open(path, encoding="utf-8", newline="") as f:
-        tail = ""
         while block := f.read(CHUNK):
-            block = tail + block
-            cut = block.rfind("\n") + 1 or len(block)
-            tail, block = block[cut:], block[:cut]
             counts["characters"] += len(block)
             counts["bytes"] += len(block.encode("utf-8"))
             yield block
-        if tail:
-            counts["characters"] += len(tail)
-            counts["bytes"] += len(tail.encode("utf-8"))
-            yield tail
 
 
 def check_text(path: Path, tokenizer) -> None:
@@ -120,7 +112,8 @@ def text_source(path: Path, tokenizer, counts: dict) -> Iterator[np.ndarray]:
                disable=path.stat().st_size < 1 << 20)
     for chunk in text_chunks(path, counts):
         bar.update(len(chunk.encode("utf-8")))
-        yield encode(chunk)
+        yield encode.feed(chunk)
+    yield encode.flush()
     bar.close()
 
 

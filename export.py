@@ -3,8 +3,8 @@
 The folder loads with AutoModelForCausalLM.from_pretrained(folder) and
 AutoTokenizer.from_pretrained(folder), with no custom code: learned positions become a
 GPT2LMHeadModel, rotary ones a GPTNeoXForCausalLM (see common/hf.py). It holds
-config.json, model.safetensors, tokenizer.json, tokenizer_config.json and a model card,
-README.md. transformers is not needed to export, only to load.
+config.json, generation_config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json and a model card, README.md. transformers is not needed to export, only to load.
 Exit codes: 0 ok, 2 bad input.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from common.checkpoint import RUN_CONFIG_FILE, load_run, load_state
 from common.cli import OneLineParser, UserError, run_main
 from common.hf import Unsupported, to_transformers
-from data.tokenizer import EOT, UNK, end_of_text_id
+from data.tokenizer import EOT, UNK, end_of_text_id, suppressed_ids
 from training.config import ConfigError, load_config
 
 
@@ -30,6 +30,14 @@ def tokenizer_config(tokenizer, block_size: int) -> dict:
         else {"unk_token": UNK} if tokenizer.token_to_id(UNK) is not None else {}
     return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
             "clean_up_tokenization_spaces": False, **special}
+
+
+def generation_config(tokenizer) -> dict:
+    """generation_config.json: transformers' generate follows the sampling rule of
+    generate.py: the end-of-text token, and the tokens it never picks (a char model's <unk>)."""
+    eot = end_of_text_id(tokenizer)
+    suppressed = list(suppressed_ids(tokenizer))
+    return {"bos_token_id": eot, "eos_token_id": eot, **({"suppress_tokens": suppressed} if suppressed else {})}
 
 
 def model_card(checkpoint: Path, out: Path, model, hf_config: dict) -> str:
@@ -87,6 +95,7 @@ def export(checkpoint: Path, out: Path) -> None:
              "model.safetensors": save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt"}),
              "tokenizer.json": tokenizer.to_str(),
              "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size), indent=2),
+             "generation_config.json": json.dumps(generation_config(tokenizer), indent=2),
              "README.md": model_card(checkpoint, out, model, hf_config)}
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     try:

@@ -20,7 +20,7 @@ from common.checkpoint import DEFAULT_RUN, load_run
 from common.cli import OneLineParser, UserError, run_main
 from common.device import DTYPES, resolve_device, resolve_dtype
 from data import unknown_characters
-from data.tokenizer import encode_or_start
+from data.tokenizer import encode_or_start, suppressed_ids
 from model import Sampling
 
 
@@ -234,6 +234,7 @@ def run(args) -> int:
     if args.show_attention is not None:
         check_png_path(args.show_attention, interactive_mode)
     model, tokenizer = load(args.checkpoint, device, dtype)
+    settings.sampling = dataclasses.replace(settings.sampling, suppress_tokens=suppressed_ids(tokenizer))
     if interactive_mode:
         interactive(model, tokenizer, dataclasses.replace(settings, interactive=True), device)
     else:

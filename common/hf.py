@@ -104,7 +104,7 @@ def config_from_transformers(hf: dict) -> GPTConfig:
     kind = hf.get("model_type")
     if kind == "gpt2":
         require(hf, {"layer_norm_epsilon": 1e-5, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-                     "n_inner": None if hf.get("n_inner") is None else 4 * hf["n_embd"]})
+                     "n_inner": None if hf.get("n_inner") is None else 4 * hf["n_embd"], "tie_word_embeddings": True})
         return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layer=hf["n_layer"],
                          n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=float(hf.get("resid_pdrop", 0.0)),
                          bias=True, pos_encoding="learned", activation=activation_of(hf, "activation_function"))

@@ -34,7 +34,7 @@ from .config import DataConfig
 from .sources import END, DataError, Piece, open_source
 from .tokenizer import Encoder, end_of_text_id, load_tokenizer, train_tokenizer
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: BPE text cut only where the tokens cannot change; char vocabularies hold "\n"
 CHUNK_CHARS = 1 << 20  # text is tokenized in chunks of about 1M characters
 DEFAULT_CACHE = Path(__file__).resolve().parent / "cache"
 
@@ -121,13 +121,13 @@ def build(src, settings: dict, fingerprint: str, directory: Path, progress: bool
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def chunked(pieces: Iterable[Piece], size: int = CHUNK_CHARS) -> Iterator[Piece]:
-    """Join consecutive pieces of one document into chunks of about `size` characters,
-    keeping END markers, so tokenization rarely cuts text at an arbitrary place."""
+def chunked(pieces: Iterable[Piece]) -> Iterator[Piece]:
+    """Join consecutive pieces of one document (lines of a .txt file) into chunks of about
+    CHUNK_CHARS characters, keeping END markers: the encoder works best on large chunks."""
     buffer: list[str] = []
     length = 0
     for piece in pieces:
-        if piece is END or length >= size:
+        if piece is END or length >= CHUNK_CHARS:
             if buffer:
                 yield "".join(buffer)
             buffer, length = [], 0
@@ -142,8 +142,10 @@ def chunked(pieces: Iterable[Piece], size: int = CHUNK_CHARS) -> Iterator[Piece]
 
 def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtype,
                  desc: str, progress: bool) -> dict:
-    """Encode chunks and append their ids to `path`; documents are separated by
-    <|endoftext|> where the tokenizer has it, else by a blank line."""
+    """Encode chunks and append their ids to `path`; each document is encoded as one text
+    (the Encoder's feed and flush), and documents are separated by <|endoftext|> where the
+    tokenizer has it, else by a blank line. Unknown characters, in the separator too, are
+    counted."""
     eot = end_of_text_id(tokenizer)
     encode = Encoder(tokenizer)
     tokens = characters = unknown = 0
@@ -151,26 +153,26 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
     with open(path, "wb") as f, tqdm(desc=desc, unit="char", unit_scale=True, disable=not progress,
                                      file=sys.stderr, mininterval=1.0) as bar:
         def write(ids) -> None:
-            nonlocal tokens
-            np.asarray(ids, dtype=dtype).tofile(f)
+            nonlocal tokens, unknown
+            ids = np.asarray(ids, dtype=np.int64)
+            if encode.unk is not None:
+                unknown += int((ids == encode.unk).sum())
+            ids.astype(dtype).tofile(f)
             tokens += len(ids)
 
         between_documents = False
         for chunk in chunks:
             if chunk is END:
+                write(encode.flush())
                 between_documents = tokens > 0
                 continue
             if between_documents:  # a separator only between documents, none at the end
-                if eot is not None:
-                    write([eot])
-                elif not tail.endswith("\n\n"):
-                    write(encode("\n" if tail.endswith("\n") else "\n\n"))
+                write([eot] if eot is not None else encode("" if tail.endswith("\n\n") else
+                                                          "\n" if tail.endswith("\n") else "\n\n"))
                 between_documents = False
-            ids = encode(chunk)
-            if encode.unk is not None:
-                unknown += int((ids == encode.unk).sum())
-            write(ids)
+            write(encode.feed(chunk))
             characters += len(chunk)
             tail = (tail + chunk)[-2:]
             bar.update(len(chunk))
+        write(encode.flush())
     return {"tokens": tokens, "characters": characters, "unknown": unknown}

@@ -12,6 +12,7 @@ bpe:  byte-level BPE (GPT-2's scheme) trained on the training text: any Unicode
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ def train_tokenizer(kind: str, pieces: Iterable[Piece], vocab_size: int) -> Toke
 
 
 def train_char(pieces: Iterable[Piece]) -> Tokenizer:
-    chars: set[str] = set()
+    chars = {"\n"}  # documents are separated by blank lines (data/prepare.py), whatever their text
     for piece in pieces:
         if piece is not END:
             chars.update(piece)
@@ -76,6 +77,14 @@ def end_of_text_id(tokenizer: Tokenizer) -> int | None:
     return tokenizer.token_to_id(EOT)
 
 
+def suppressed_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
+    """Ids a model should never generate: a char tokenizer's <unk> stands for a character
+    the model never saw, so no text continues with it. (Byte-level BPE has none: every
+    token, <|endoftext|> included, can be a right next token.)"""
+    unk = tokenizer.token_to_id(UNK)
+    return (unk,) if unk is not None and end_of_text_id(tokenizer) is None else ()
+
+
 def encode_or_start(tokenizer: Tokenizer, text: str) -> list[int]:
     """Token ids of text; for empty text, the token a document starts after:
     <|endoftext|> (bpe) or a newline (char)."""
@@ -94,13 +103,40 @@ def unknown_characters(tokenizer: Tokenizer, text: str) -> list[str]:
     return sorted({ch for ch in set(text) if tokenizer.token_to_id(ch) is None})
 
 
+# Unicode's White_Space characters: what \s matches in the regex of byte-level BPE
+WHITE_SPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000"
+                        + "".join(chr(c) for c in range(0x2000, 0x200B)))
+
+
+def char_class(ch: str) -> str:
+    """S (white space), L (letter), N (number) or P (anything else), as the GPT-2 regex sees it."""
+    if ch in WHITE_SPACE:
+        return "S"
+    kind = unicodedata.category(ch)[0]
+    return kind if kind in "LN" else "P"
+
+
+def can_cut(text: str, i: int) -> bool:
+    r"""True if text[:i] and text[i:] tokenize, each alone, into the tokens of the whole
+    text. Byte-level BPE merges only inside the pieces its regex splits the text into
+    (GPT-2's: 's|'t|…| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+), so a cut is
+    safe where a piece always ends and nothing looks across: after a non-space character
+    and before a space; or between a letter or number and something of another class; or
+    between punctuation and a number (not before a letter: 's and 't start with ')."""
+    before, after = char_class(text[i - 1]), char_class(text[i])
+    return before != "S" and (after == "S" or (before in "LN" and after != before) or (before, after) == ("P", "N"))
+
+
 class Encoder:
-    """Text -> token ids as a numpy array, for tokenizing large corpora in bounded memory.
+    """Text -> token ids as a numpy array, for tokenizing large corpora in bounded memory,
+    with exactly the ids `tokenizer.encode` gives for the whole text.
 
     A char tokenizer maps each code point through a lookup table (the same ids as
-    tokenizer.encode, without building a Python object per character). Other
-    tokenizers encode in pieces of about 64k characters, cut after a newline that is
-    followed by text, so tokens never straddle a cut, spread over the CPU's cores."""
+    tokenizer.encode, without building a Python object per character). Other tokenizers
+    (byte-level BPE) encode in pieces of about PIECE characters, spread over the CPU's
+    cores, cut only where `can_cut` says the tokens cannot differ. Text that arrives in
+    chunks cut anywhere goes through `feed` and `flush`, which hold back the end of each
+    chunk up to its last safe cut."""
 
     PIECE = 1 << 16
 
@@ -113,8 +149,10 @@ class Encoder:
         if self.unk is not None and all(len(ch) == 1 for ch in chars):
             points = np.array(sorted(ord(ch) for ch in chars), dtype=np.uint32)
             self.table = (points, np.array([chars[chr(p)] for p in points], dtype=np.int64))
+        self.held = ""  # the end of the text fed so far, not yet encoded
 
     def __call__(self, text: str) -> np.ndarray:
+        """The ids of text, a whole text (or one whole document)."""
         if self.table is not None:
             points, ids = self.table
             codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
@@ -122,13 +160,35 @@ class Encoder:
             return np.where(points[where] == codes, ids[where], self.unk)
         pieces, start = [], 0
         while start < len(text):
-            end = start + self.PIECE
-            if end < len(text):  # cut after a newline that is followed by text
-                cut = text.rfind("\n", start, end)
-                while cut > start and text[cut + 1:cut + 2].isspace():
-                    cut = text.rfind("\n", start, cut)
-                end = cut + 1 if cut > start else end
+            end = len(text)
+            if start + self.PIECE < len(text):
+                end = self.last_cut(text, start + self.PIECE, start)
+                if end == start:  # no safe cut in this piece: it grows to the next one
+                    end = self.next_cut(text, start + self.PIECE)
             pieces.append(text[start:end])
             start = end
         encodings = self.tokenizer.encode_batch(pieces, add_special_tokens=False)
         return np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64)
+
+    def feed(self, chunk: str) -> np.ndarray:
+        """The ids of the text fed so far up to its last safe cut; the rest waits for
+        the next chunk (or `flush`)."""
+        text = self.held + chunk
+        cut = len(text) if self.table is not None else self.last_cut(text, len(text) - 1, 0)
+        self.held = text[cut:]
+        return self(text[:cut])
+
+    def flush(self) -> np.ndarray:
+        """The ids of what `feed` held back: call it at the end of a text or document."""
+        text, self.held = self.held, ""
+        return self(text)
+
+    @staticmethod
+    def last_cut(text: str, end: int, start: int) -> int:
+        """The last safe cut in (start, end], or start if there is none."""
+        return next((i for i in range(end, start, -1) if can_cut(text, i)), start)
+
+    @staticmethod
+    def next_cut(text: str, start: int) -> int:
+        """The first safe cut after `start`, or the end of the text."""
+        return next((i for i in range(start + 1, len(text)) if can_cut(text, i)), len(text))

@@ -164,10 +164,10 @@ class GPT(nn.Module):
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
                  attention_mask: torch.Tensor | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None, suppress_tokens: tuple[int, ...] = ()) -> torch.Tensor:
         """Append max_new_tokens sampled tokens to idx [B, T]; returns [B, T + max_new_tokens].
-        temperature 0 is greedy; see `Sampling` for top_k, top_p and `generate_tokens`."""
-        sampling = Sampling(temperature, top_k, top_p)
+        temperature 0 is greedy; see `Sampling` for top_k, top_p, suppress_tokens and `generate_tokens`."""
+        sampling = Sampling(temperature, top_k, top_p, tuple(suppress_tokens))
         new = list(self.generate_tokens(idx, max_new_tokens, sampling, use_cache, attention_mask, generator))
         # built outside inference mode, so the result is an ordinary tensor
         return torch.cat([idx, torch.stack(new, dim=1)], dim=1) if new else idx.clone()

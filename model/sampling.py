@@ -16,11 +16,15 @@ class Sampling:
     top_k:       keep only the k likeliest tokens (None: all)
     top_p:       then keep the smallest set of likeliest tokens whose probability
                  reaches top_p, "nucleus sampling" (None or 1: all)
+    suppress_tokens: ids that are never picked, whatever their score (greedy too), e.g.
+                 a char tokenizer's <unk>, which stands for no character at all; the
+                 tokenizer's owner knows them (data.tokenizer.suppressed_ids)
     """
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    suppress_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -35,13 +39,23 @@ class Sampling:
         return self.temperature == 0
 
 
+def allowed_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """logits [B, V] as float32, with the suppressed tokens at -inf (probability 0)."""
+    logits = logits.float()
+    if sampling.suppress_tokens:
+        logits = logits.index_fill(-1, torch.tensor(sampling.suppress_tokens, device=logits.device), float("-inf"))
+    return logits
+
+
 def next_token_probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """The distribution [B, V] the next token is drawn from, for logits [B, V]:
-    softmax(logits / temperature), cut to the top_k tokens, then to the top_p nucleus of
-    what is left, and renormalised. Greedy puts all the mass on the likeliest token."""
+    softmax(logits / temperature) over the tokens not suppressed, cut to the top_k tokens,
+    then to the top_p nucleus of what is left, and renormalised. Greedy puts all the mass
+    on the likeliest token."""
+    logits = allowed_logits(logits, sampling)
     if sampling.greedy:
-        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    logits = logits.float() / sampling.temperature
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < logits.size(-1):
         kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]  # [B, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -58,6 +72,6 @@ def next_token_probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.
 def sample_next(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None = None) -> torch.Tensor:
     """Pick one token per row of logits [B, V]; returns [B]."""
     if sampling.greedy:
-        return logits.argmax(dim=-1)
+        return allowed_logits(logits, sampling).argmax(dim=-1)
     probs = next_token_probabilities(logits, sampling)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

@@ -41,3 +41,15 @@ def micro(tmp_path, corpus):
 def run_cli(script: str, *args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=kwargs.pop("cwd", ROOT), **kwargs)
+
+
+def favour_token(model, token: int) -> None:
+    """Make `token` every position's likeliest next token, by far: the final norm then
+    outputs its bias b whatever the input, and the tied head scores token i as b · wte[i]."""
+    import torch
+
+    with torch.no_grad():
+        ln_f, wte = model.transformer.ln_f, model.transformer.wte.weight
+        ln_f.weight.zero_()
+        ln_f.bias.copy_(torch.linspace(-1, 1, ln_f.bias.numel()))
+        wte[token] = 10 * ln_f.bias

@@ -251,3 +251,66 @@ def test_unknown_validation_characters_are_counted_and_reported(tmp_path, capsys
     assert "warning: 5 val characters are not in the tokenizer's vocabulary" in err
     unk = data.tokenizer.token_to_id("<unk>")
     assert (np.asarray(data.val) == unk).sum() == 5
+
+
+# Text where a careless cut changes byte-level BPE tokens: blank lines, spaces before a
+# newline, runs of spaces, contractions, numbers after punctuation, Chinese without spaces
+NASTY = "ab'sd't l 1.2\n\n  \t.,!你好，。世界١²Ⅷ\u3000\xa0 x  \ny don't 3,000 "
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet=NASTY, max_size=60), st.lists(st.integers(0, 60), max_size=6))
+def test_encoder_cuts_never_change_the_tokens(bpe, text, cuts):
+    """Whole, in pieces of 4 characters, or fed in chunks cut anywhere: the ids of
+    tokenizer.encode(text)."""
+    from data.tokenizer import Encoder
+
+    expected = bpe.encode(text).ids
+    encoder = Encoder(bpe)
+    encoder.PIECE = 4
+    assert encoder(text).tolist() == expected
+    bounds = [0, *sorted(min(c, len(text)) for c in cuts), len(text)]
+    fed = [encoder.feed(text[a:b]) for a, b in zip(bounds, bounds[1:])] + [encoder.flush()]
+    assert np.concatenate(fed).tolist() == expected
+
+
+def long_text() -> str:
+    """About 12k characters, with a 4,000-character line with no newline."""
+    paragraph = ("First Citizen:\nBefore we proceed any further, hear me speak.  \n\nAll:\nSpeak, speak.\n\n"
+                 "你好，世界。天气很好\n  indented 1,000 don't\n")
+    return paragraph * 40 + "a long line " * 333 + "\n" + paragraph * 40
+
+
+def test_bpe_token_files_and_evaluate_equal_encoding_the_whole_text(tmp_path, monkeypatch):
+    """Data preparation and evaluate.py read text in chunks; with chunks of 700 and 300
+    characters and encoder pieces of 500 (many cuts, several inside the long line) their
+    tokens are the tokenizer's tokens of the whole text."""
+    import importlib
+
+    import evaluate
+    from data.tokenizer import Encoder
+
+    text = long_text()
+    path = write(tmp_path / "t.txt", text)
+    tokenizer = train_tokenizer("bpe", [text], 400)
+    monkeypatch.setattr(Encoder, "PIECE", 500)
+    monkeypatch.setattr(importlib.import_module("data.prepare"), "CHUNK_CHARS", 700)
+    monkeypatch.setattr(evaluate, "CHUNK", 300)
+    prepared = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=False, tokenizer=tokenizer)
+    cut = int(len(text) * 0.9)
+    assert np.asarray(prepared.train).tolist() == tokenizer.encode(text[:cut]).ids
+    assert np.asarray(prepared.val).tolist() == tokenizer.encode(text[cut:]).ids
+    counts = {"characters": 0, "bytes": 0}
+    ids = np.concatenate(list(evaluate.text_source(path, tokenizer, counts)))
+    assert ids.tolist() == tokenizer.encode(text).ids and counts["characters"] == len(text)
+
+
+def test_char_documents_are_separated_by_known_newlines(tmp_path):
+    """Single-line .jsonl rows hold no newline, yet the blank line between documents is
+    real text: the char tokenizer has the newline, and no <unk> is written."""
+    rows = [{"text": f"row {i} says hello"} for i in range(200)]
+    path = write(tmp_path / "rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    data = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=False)
+    unk = data.tokenizer.token_to_id("<unk>")
+    assert data.meta["train_unknown"] == 0 and unk not in np.asarray(data.train)
+    assert data.tokenizer.decode(np.asarray(data.train[:40]).tolist()).startswith("row 0 says hello\n\nrow 1 says")

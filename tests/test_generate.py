@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import generate
-from conftest import run_cli
-from data.tokenizer import train_tokenizer
+from conftest import favour_token, run_cli
+from data.tokenizer import UNK, load_tokenizer, train_tokenizer
 from model import GPT, GPTConfig, Sampling
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nAy me.\n"
@@ -193,4 +193,22 @@ def test_sampling_options_reach_the_sampler(checkpoint, capsys, monkeypatch):
     monkeypatch.setattr(model.gpt, "sample_next", recording)
     code, _, _ = run(checkpoint, capsys, "--prompt", "R", "--max-new-tokens", "3",
                      "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9")
-    assert code == 0 and seen == {Sampling(0.7, 5, 0.9)}
+    unk = load_tokenizer(checkpoint / "tokenizer.json").token_to_id(UNK)
+    assert code == 0 and seen == {Sampling(0.7, 5, 0.9, suppress_tokens=(unk,))}
+
+
+def test_unk_is_never_generated(checkpoint, tmp_path, capsys):
+    """<unk> stands for no character: even when the model scores it highest, generate.py
+    neither picks it greedily nor samples it."""
+    tokenizer = load_tokenizer(checkpoint / "tokenizer.json")
+    unk = tokenizer.token_to_id(UNK)
+    model = GPT.from_pretrained(checkpoint)
+    favour_token(model, unk)
+    model.save_pretrained(tmp_path)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    prompt = torch.tensor([tokenizer.encode("ROMEO:").ids])
+    assert model.generate(prompt, 1, temperature=0)[0, -1] == unk  # what an unguarded sampler picks
+    for args in (["--temperature", "0"], ["--temperature", "1.5", "--seed", "3"], ["--top-k", "2", "--seed", "3"]):
+        code, out, err = run(tmp_path, capsys, "--prompt", "ROMEO:", "--max-new-tokens", "40", *args)
+        assert code == 0, err
+        assert UNK not in out and len(out) == len("ROMEO:") + 40 + 1

@@ -16,8 +16,8 @@ import export
 import generate
 import train
 from common.checkpoint import load_run
-from conftest import ROOT
-from data.tokenizer import train_tokenizer
+from conftest import ROOT, favour_token
+from data.tokenizer import UNK, train_tokenizer
 from model import GPT
 
 transformers = pytest.importorskip("transformers")
@@ -74,6 +74,24 @@ def test_transformers_greedy_generation_matches_generate_py(runs, exported, name
     assert pipe(prompt, max_new_tokens=n, do_sample=False)[0]["generated_text"] == ours
 
 
+def test_transformers_never_generates_unk_either(runs, tmp_path):
+    """generation_config.json carries generate.py's rule: a char model's <unk> is suppressed."""
+    model, tokenizer = load_run(runs["learned-gelu"])
+    unk = tokenizer.token_to_id(UNK)
+    favour_token(model, unk)
+    model.save_pretrained(tmp_path / "run")
+    tokenizer.save(str(tmp_path / "run" / "tokenizer.json"))
+    assert export.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text())["suppress_tokens"] == [unk]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.tensor([tokenizer.encode("ROMEO:").ids])
+    with torch.no_grad():
+        assert (hf(idx).logits.argmax(-1) == unk).all()  # the model itself prefers <unk> everywhere
+        for options in (dict(do_sample=False), dict(do_sample=True, temperature=2.0)):
+            out = hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=30, **options)
+            assert out.shape[1] == idx.shape[1] + 30 and unk not in out[0].tolist()
+
+
 def test_exported_tokenizer_round_trips_the_validation_text(runs, exported, corpus):
     from data import DataConfig, prepare
 
@@ -104,8 +122,10 @@ def test_export_refuses_what_no_transformers_class_computes(tmp_path, setting, m
     from model import GPTConfig
 
     key, value = setting.removeprefix("model.").split("=")
-    GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=8, **{key: value})).save_pretrained(tmp_path)
-    make("char", ["abcdefghijklmnopqrs"], 0).save(str(tmp_path / "tokenizer.json"))
+    tokenizer = make("char", ["abcdefghijklmnopqrs"], 0)
+    GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=8, n_layer=1, n_head=2, n_embd=8,
+                  **{key: value})).save_pretrained(tmp_path)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
     assert export.main(["--checkpoint", str(tmp_path), "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "learned (GPT-2) or rope (GPT-NeoX)" in err
@@ -231,6 +251,12 @@ def test_init_from_bad_input(gpt2_folder, tmp_path, corpus, monkeypatch, capsys)
     (llama / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert "model_type 'llama' is not supported" in fails(llama)
     assert "model.n_layer=4 differs from train.init_from" in fails(gpt2_folder, "model.n_layer=4")
+    untied = tmp_path / "untied"  # its own lm_head.weight: our model ties the head to the embedding
+    config = transformers.GPT2Config.from_pretrained(gpt2_folder, tie_word_embeddings=False)
+    transformers.GPT2LMHeadModel(config).save_pretrained(untied)
+    (untied / "tokenizer.json").write_bytes((gpt2_folder / "tokenizer.json").read_bytes())
+    capsys.readouterr()  # transformers' progress bar
+    assert "gpt2 with tie_word_embeddings=False is not supported" in fails(untied)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: False)
     err = fails("someone/some-model")

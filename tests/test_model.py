@@ -265,6 +265,22 @@ def test_top_k_then_top_p_on_what_is_left():
     assert greedy.tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
+def test_suppressed_tokens_get_probability_zero():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.5], [4.0, 0.0, 1.0, 3.9]])
+    for sampling in (Sampling(0.0, suppress_tokens=(1, 0)), Sampling(1.0, suppress_tokens=(1, 0)),
+                     Sampling(2.0, top_k=1, suppress_tokens=(1, 0)), Sampling(1.0, top_p=0.3, suppress_tokens=(1, 0))):
+        probs = next_token_probabilities(logits, sampling)
+        assert (probs[:, :2] == 0).all() and torch.allclose(probs.sum(-1), torch.ones(2))
+        assert sample_next(logits, sampling, torch.Generator().manual_seed(0)).tolist() in ([2, 3], [3, 2], [2, 2], [3, 3])
+    assert sample_next(logits, Sampling(0.0, suppress_tokens=(1, 0))).tolist() == [2, 3]  # greedy: the best allowed
+    probs = next_token_probabilities(logits, Sampling(1.0, suppress_tokens=(1,)))
+    torch.testing.assert_close(probs[:, [0, 2, 3]], torch.softmax(logits[:, [0, 2, 3]], dim=-1))
+    model = tiny()
+    idx = torch.randint(0, 50, (2, 3))
+    out = model.generate(idx, 30, temperature=5.0, suppress_tokens=range(1, 50), generator=torch.Generator().manual_seed(0))
+    assert (out[:, 3:] == 0).all()  # of 50 tokens, only id 0 is allowed
+
+
 def test_samples_follow_the_sampling_distribution():
     logits = torch.tensor([[1.0, 3.0, 2.0, 0.5]]).expand(20000, 4)
     sampling = Sampling(temperature=1.5, top_k=3)

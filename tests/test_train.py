@@ -236,10 +236,9 @@ def test_ddp_two_processes_matches_one_process_global_batch(tmp_path, micro, opt
     assert a[1] == pytest.approx(b[1], abs=1e-5)
     assert a[3] == pytest.approx(b[3], abs=1e-4)
     wa, wb = weights(tmp_path / "single"), weights(tmp_path / "ddp")
-    # Muon orthogonalizes in bfloat16 (torch's Newton-Schulz), whose rounding turns the
-    # last-bit differences of the two ways of averaging gradients into about 1e-4
-    tolerance = 1e-5 if optimizer == "adamw" else 5e-4
-    assert all(torch.allclose(wa[k], wb[k], atol=tolerance) for k in wa)
+    # the two ways of averaging gradients differ in the last bits: 1.2e-7 at most after 3
+    # steps, with AdamW and with Muon (whose Newton-Schulz runs in the weights' float32)
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, micro, monkeypatch, capsys):

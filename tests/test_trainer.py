@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 import train
 from common import checkpoint
 from common.device import resolve_dtype
-from conftest import ROOT
+from data.tokenizer import UNK
+from conftest import ROOT, favour_token
 from training.config import TrainConfig, load_config
 from training.distributed import Distributed
 from training.optim import Muon, learning_rate, lr_factor, orthogonalize
@@ -274,3 +275,13 @@ def test_a_time_budget_covers_the_whole_run_across_a_resume(tmp_path, micro, mon
     assert abs(resumed["iter"] - whole["iter"]) <= 12
     assert make_trainer(micro, *stopped).fit() == 0  # finished: nothing more to train
     assert checkpoint.load_state(tmp_path / "stopped")["iter"] == resumed["iter"]
+
+
+def test_training_samples_never_show_unk(micro):
+    trainer = make_trainer(micro)
+    unk = trainer.data.tokenizer.token_to_id(UNK)
+    favour_token(trainer.model, unk)
+    prompt = torch.tensor([[0]])
+    assert trainer.model.generate(prompt, 1, temperature=0.8)[0, -1] == unk  # what an unguarded sampler picks
+    text = trainer.sample_text()
+    assert UNK not in text and len(text) == len(trainer.tc.sample_prompt) + trainer.tc.sample_tokens

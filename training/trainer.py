@@ -23,7 +23,7 @@ from common.attention_maps import attention_maps
 from common.cli import UserError
 from common.device import autocast, measure_peak_flops
 from data import BatchSampler, TokenData, fixed_batches, prepare
-from data.tokenizer import encode_or_start
+from data.tokenizer import encode_or_start, suppressed_ids
 from model import GPT, GPTConfig
 
 from .config import RunConfig
@@ -375,7 +375,8 @@ class Trainer:
         idx = torch.tensor([encode_or_start(tokenizer, self.tc.sample_prompt)], device=self.device)
         generator = torch.Generator(device=self.device).manual_seed(0)
         with autocast(self.device, self.dtype):
-            out = self.model.generate(idx, self.tc.sample_tokens, temperature=0.8, generator=generator)
+            out = self.model.generate(idx, self.tc.sample_tokens, temperature=0.8, generator=generator,
+                                      suppress_tokens=suppressed_ids(tokenizer))
         return tokenizer.decode(out[0].tolist())
 
     def save(self) -> None:
