@@ -27,10 +27,10 @@ def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     was_training = model.training
     model.eval()
     try:
-        _, _, weights = model(idx, return_attention=True)  # [n_layer, 1, H, T, T]
+        _, _, trace = model(idx, return_attention=True)
     finally:
         model.train(was_training)
-    return weights[:, 0].float().cpu()  # images are drawn on the CPU
+    return trace.weights[:, 0].float().cpu()  # [n_layer, H, T, T]; images are drawn on the CPU
 
 
 def heatmap_grid(maps: torch.Tensor, gap: int = 2) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .attention import KVCache, MultiHeadAttention
+from .attention import AttentionTrace, KVCache, MultiHeadAttention
 from .config import GPTConfig
 
 
@@ -53,14 +53,14 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
-                return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [B, T, C] -> (x [B, T, C], the attention weights [B, H, T, S] if asked)."""
+                return_attention: bool = False) -> tuple[torch.Tensor, AttentionTrace | None]:
+        """x [B, T, C] -> (x [B, T, C], the attention's AttentionTrace if asked)."""
         if self.pre_norm:
-            attended, weights = self.attn(self.ln_1(x), mask, rope, cache, return_attention)
+            attended, trace = self.attn(self.ln_1(x), mask, rope, cache, return_attention)
             x = x + attended
             x = x + self.mlp(self.ln_2(x))
         else:
-            attended, weights = self.attn(x, mask, rope, cache, return_attention)
+            attended, trace = self.attn(x, mask, rope, cache, return_attention)
             x = self.ln_1(x + attended)
             x = self.ln_2(x + self.mlp(x))
-        return x, weights
+        return x, trace

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import KVCache
+from .attention import AttentionTrace, KVCache
 from .block import Block, make_norm
 from .config import GPTConfig
 from .files import write_atomic
@@ -96,8 +96,9 @@ class GPT(nn.Module):
         """idx [B, T] token ids. targets [B, T] (-100 = ignore) gives a mean cross-entropy loss.
         attention_mask [B, S] (1 = real token, 0 = padding) covers the cached tokens and
         idx, S = past + T. Returns (logits [B, T, vocab_size], loss or None), and with
-        return_attention=True also every layer's attention weights [n_layer, B, H, T, S],
-        computed by the explicit five steps whatever attn_impl is."""
+        return_attention=True a third value: every layer's AttentionTrace stacked (q, k, v,
+        weights [n_layer, B, H, T, S] and each head's output), computed by the explicit
+        five steps whatever attn_impl is."""
         B, T = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
         if past + T > self.config.block_size:
@@ -114,10 +115,10 @@ class GPT(nn.Module):
         else:
             rope = self.rotary(positions)  # (cos, sin) [B or 1, 1, T, d_k]
         x = self.transformer.drop(x)
-        weights = []
+        traces = []
         for block in self.transformer.h:
-            x, w = block(x, mask, rope, kv_cache, return_attention)  # [B, T, C]
-            weights.append(w)
+            x, trace = block(x, mask, rope, kv_cache, return_attention)  # [B, T, C]
+            traces.append(trace)
         if kv_cache is not None:
             kv_cache.length += T
         logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, vocab_size]
@@ -126,7 +127,7 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         if return_attention:
-            return logits, loss, torch.stack(weights)  # [n_layer, B, H, T, S]
+            return logits, loss, AttentionTrace.stack(traces)  # tensors [n_layer, B, H, ...]
         return logits, loss
 
     @staticmethod

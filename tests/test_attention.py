@@ -1,5 +1,7 @@
 """The five-step attention function and multi-head attention, checked against torch."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -146,7 +148,8 @@ def test_multihead_explicit_and_sdpa_agree(padded):
 def test_attention_weights_on_request(impl):
     attn = make_attention(impl)
     x = torch.randn(2, 5, 32)
-    out, weights = attn(x, return_attention=True)
+    out, trace = attn(x, return_attention=True)
+    weights = trace.weights
     assert weights.shape == (2, 4, 5, 5)  # [B, H, T, T]
     assert (weights.triu(diagonal=1) == 0).all()  # the causal triangle
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))
@@ -170,3 +173,34 @@ def test_dropout_is_off_in_eval_mode(impl):
     attn.train()
     with torch.no_grad():
         assert not torch.allclose(attn(x)[0], attn(x)[0])  # and on while training
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "learned"])
+def test_attention_trace_hands_back_each_heads_real_numbers(pos_encoding):
+    """The trace from return_attention=True explains what a plain sdpa forward computed:
+    softmax(q kᵀ/√d_k) with the causal mask gives the weights, weights @ v each head's
+    output, and the heads concatenated through W_O give the layer's attention output."""
+    from model import GPT
+
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=10, block_size=16, n_layer=2, n_head=2, n_embd=16, attn_impl="sdpa",
+                        pos_encoding=pos_encoding)).eval()
+    for p in gpt.parameters():  # larger than at init, so that every step matters
+        p.data.normal_(0, 0.5)
+    idx = torch.randint(0, 10, (2, 7))
+    outputs = []
+    hooks = [block.attn.register_forward_hook(lambda m, args, out: outputs.append(out[0])) for block in gpt.transformer.h]
+    with torch.no_grad():
+        logits, _ = gpt(idx)
+        for h in hooks:
+            h.remove()
+        traced_logits, _, trace = gpt(idx, return_attention=True)
+    torch.testing.assert_close(traced_logits, logits, atol=1e-5, rtol=0)
+    assert trace.q.shape == trace.k.shape == trace.v.shape == trace.heads.shape == (2, 2, 2, 7, 8)  # [L, B, H, T, d_k]
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    scores = (trace.q @ trace.k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~causal, float("-inf"))
+    torch.testing.assert_close(trace.weights, torch.softmax(scores, dim=-1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(trace.heads, trace.weights @ trace.v, atol=1e-6, rtol=0)
+    for layer, block in enumerate(gpt.transformer.h):
+        merged = trace.heads[layer].transpose(1, 2).reshape(2, 7, 16)  # [B, T, H·d_k]
+        torch.testing.assert_close(block.attn.c_proj(merged), outputs[layer], atol=1e-5, rtol=0)

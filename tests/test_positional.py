@@ -77,8 +77,8 @@ def test_rope_score_depends_on_the_signed_offset_only():
 def attention_weights(attn: MultiHeadAttention, x: torch.Tensor, positions: torch.Tensor | None):
     rope = None if positions is None else RotaryEmbedding(attn.c_attn.in_features // attn.n_head)(positions)
     with torch.no_grad():
-        _, weights = attn(x, rope=rope, return_attention=True)
-    return weights
+        _, trace = attn(x, rope=rope, return_attention=True)
+    return trace.weights
 
 
 def test_multihead_attention_rotates_queries_and_keys():
@@ -107,7 +107,7 @@ def test_rope_model_attends_with_rotated_queries_and_keys():
     idx = torch.tensor([[3, 1, 4, 1, 5, 9, 2]])
     T, d = idx.size(1), config.head_size
     with torch.no_grad():
-        _, _, weights = model(idx, return_attention=True)
+        weights = model(idx, return_attention=True)[2].weights
         x = model.transformer.h[0].ln_1(model.transformer.wte(idx))  # [1, T, C]
         q, k, _ = model.transformer.h[0].attn.c_attn(x).split(config.n_embd, dim=-1)
     q = q.view(1, T, 2, d).transpose(1, 2)  # [1, H, T, d_k]
