@@ -18,8 +18,8 @@ import torch
 from common.attention_maps import attention_maps, heatmap_grid, png_bytes
 from common.checkpoint import DEFAULT_RUN, load_run
 from common.cli import OneLineParser, UserError, run_main
+from common.prompt import encode_prompt
 from common.device import DTYPES, resolve_device, resolve_dtype
-from data import unknown_characters
 from data.tokenizer import encode_or_start, suppressed_ids
 from model import Sampling
 
@@ -43,20 +43,6 @@ def load(checkpoint: Path, device: torch.device, dtype: torch.dtype):
     """The run's model, in eval mode and in dtype, and its tokenizer."""
     model, tokenizer = load_run(checkpoint, device)
     return model.to(dtype).eval(), tokenizer
-
-
-def encode_prompt(tokenizer, prompt: str, block_size: int) -> list[int]:
-    unknown = unknown_characters(tokenizer, prompt)
-    if unknown:
-        shown = " ".join(repr(c) for c in unknown[:10])
-        raise UserError(f"the prompt has characters this model never saw in training: {shown}; "
-                        "remove or replace them")
-    ids = encode_or_start(tokenizer, prompt)  # an empty prompt starts after <|endoftext|> or a newline
-    if len(ids) > block_size:
-        print(f"note: the prompt has {len(ids)} tokens; keeping the last {block_size} (block_size)",
-              file=sys.stderr)
-        ids = ids[-block_size:]
-    return ids
 
 
 def batch(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from common.checkpoint import RunLock
-from common.cli import OneLineParser, UserError, run_main
+from common.cli import OneLineParser, UserError, locale_language, run_main
 from common.device import resolve_device, resolve_dtype
 from data import DataError
 from training.config import load_config
@@ -49,9 +49,9 @@ def train(args) -> int:
         source = open_source(cfg.train.init_from)
         model_config(source, cfg.model, cfg.model_keys)
     if args.explain:
-        from training.explain import explain, language
+        from training.explain import explain
 
-        print(explain(cfg, dtype, args.lang or language(), source))
+        print(explain(cfg, dtype, args.lang or locale_language(), source))
         return 0
     dist = setup(device.type)
     if dist.enabled and device.type == "cuda":

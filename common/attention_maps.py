@@ -16,8 +16,9 @@ import torch
 
 from model import GPT
 
-# a few stops of the viridis colour map (dark blue → green → yellow), linearly blended
-_STOPS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
+# a few stops of the viridis colour map (dark purple → blue → green → yellow), linearly blended;
+# the attention explorer page draws with the same stops
+VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
                       dtype=torch.float32) / 255
 
 
@@ -42,10 +43,10 @@ def heatmap_grid(maps: torch.Tensor, gap: int = 2) -> torch.Tensor:
     scale = max(1, math.ceil(96 / T))
     cell = T * scale
     values = maps.clamp(0, 1).sqrt().repeat_interleave(scale, -2).repeat_interleave(scale, -1)  # [R, C, cell, cell]
-    position = values * (len(_STOPS) - 1)
-    low = position.floor().long().clamp(max=len(_STOPS) - 2)
+    position = values * (len(VIRIDIS) - 1)
+    low = position.floor().long().clamp(max=len(VIRIDIS) - 2)
     frac = (position - low)[..., None]
-    colours = _STOPS[low] * (1 - frac) + _STOPS[low + 1] * frac  # [R, C, cell, cell, 3]
+    colours = VIRIDIS[low] * (1 - frac) + VIRIDIS[low + 1] * frac  # [R, C, cell, cell, 3]
     image = torch.ones(rows * (cell + gap) + gap, cols * (cell + gap) + gap, 3)
     for r in range(rows):
         for c in range(cols):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, Callable
 
@@ -39,3 +40,12 @@ def run_main(parse: Callable[[Any], Any], body: Callable[[Any], int], argv,
         return 130
     except BrokenPipeError:  # output piped into a program that stopped reading, e.g. head
         return 0
+
+
+def locale_language() -> str:
+    """'zh' when the locale asks for Chinese (LC_ALL, LC_MESSAGES or LANG), else 'en':
+    the default of --lang in train.py --explain and explore.py."""
+    for name in ("LC_ALL", "LC_MESSAGES", "LANG"):
+        if os.environ.get(name):
+            return "zh" if os.environ[name].lower().startswith("zh") else "en"
+    return "en"

@@ -14,7 +14,6 @@ position. The words are in English or Chinese (`--lang`), from one table.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -84,14 +83,6 @@ WORDS = {
         "sdpa": "本配置使用 attn_impl=sdpa：第 1–5 步由一个融合算子完成；追踪走的是显式路径，两者计算结果相同。",
     },
 }
-
-
-def language() -> str:
-    """'zh' when the locale asks for Chinese (LC_ALL, LC_MESSAGES or LANG), else 'en'."""
-    for name in ("LC_ALL", "LC_MESSAGES", "LANG"):
-        if os.environ.get(name):
-            return "zh" if os.environ[name].lower().startswith("zh") else "en"
-    return "en"
 
 
 @dataclass

@@ -1,0 +1,94 @@
+"""See the five steps of attention with your model's numbers: python explore.py --prompt "ROMEO:"
+
+Writes one self-contained HTML page (default explorer.html) for a checkpoint and a
+prompt: every layer's and head's attention, the five steps of the picked head with the
+real q, k and v, and the next-token distribution. It opens from file:// with no network.
+With --serve, the same page is served on 127.0.0.1 for prompts typed in the browser,
+which the model can continue token by token.
+Exit codes: 0 ok, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from common.checkpoint import DEFAULT_RUN, load_run
+from common.cli import OneLineParser, UserError, locale_language, run_main
+from common.prompt import encode_prompt
+from explorer.data import page_data
+from explorer.page import render
+from model.files import write_atomic
+
+DEFAULT_OUT = Path("explorer.html")
+
+
+def explore(model, tokenizer, prompt: str, max_tokens: int) -> dict:
+    """The page's data for a prompt (its last max_tokens tokens, at most block_size)."""
+    if not prompt:
+        raise UserError("the prompt is empty; give some text, e.g. --prompt \"ROMEO:\"")
+    limit = min(max_tokens, model.config.block_size)
+    ids = encode_prompt(tokenizer, prompt, limit, "--max-tokens" if limit == max_tokens else "block_size")
+    return page_data(model, tokenizer, ids, truncated=len(tokenizer.encode(prompt).ids) - len(ids))
+
+
+def check_out(path: Path) -> None:
+    """Refuse a bad --out before any work is done."""
+    if path.is_dir():
+        raise UserError(f"--out {path} is a folder; give a file name ending in .html")
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise UserError(f"--out {path}: the file name must end in .html")
+    if not path.parent.is_dir():
+        raise UserError(f"--out {path}: folder {path.parent} does not exist; create it first")
+
+
+def write_page(path: Path, html: str) -> None:
+    try:
+        write_atomic(path, html.encode("utf-8"))  # an old page stays whole if this fails
+    except OSError as e:
+        raise UserError(f"--out {path} cannot be written ({e.strerror or e}); choose another path") from None
+
+
+def parse_args(argv):
+    p = OneLineParser(prog="explore.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN, help=f"run directory (default {DEFAULT_RUN})")
+    p.add_argument("--prompt", help="the text to look at (its last --max-tokens tokens)")
+    p.add_argument("--max-tokens", type=int, default=64, help="at most this many tokens, from the end (default 64)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the HTML file to write (default {DEFAULT_OUT})")
+    p.add_argument("--lang", choices=["en", "zh"], help="the page's starting language (default: from the locale)")
+    p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 instead of writing a file")
+    p.add_argument("--port", type=int, default=8000, help="port for --serve (default 8000; 0 picks a free one)")
+    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    args = p.parse_args(argv)
+    if args.max_tokens < 1:
+        p.error(f"--max-tokens={args.max_tokens}: must be at least 1")
+    if not 0 <= args.port <= 65535:
+        p.error(f"--port={args.port}: must be between 0 and 65535")
+    if not args.serve and args.prompt is None:
+        p.error("give --prompt TEXT (or --serve to type prompts in the browser)")
+    return args
+
+
+def run(args) -> int:
+    lang = args.lang or locale_language()
+    if args.serve:
+        from explorer.server import serve
+
+        model, tokenizer = load_run(args.checkpoint)
+        return serve(model.eval(), tokenizer, args.port, lang, args.prompt or "", args.max_tokens)
+    check_out(args.out)
+    model, tokenizer = load_run(args.checkpoint)
+    data = explore(model.eval(), tokenizer, args.prompt, args.max_tokens)
+    html = render(data, lang)
+    write_page(args.out, html)
+    print(f"wrote {args.out} ({len(html.encode('utf-8')) / 1e6:.2f} MB): {len(data['tokens'])} tokens, "
+          f"{model.config.n_layer} layers × {model.config.n_head} heads; open it in a browser")
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_main(parse_args, run, argv, {UserError: 2})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

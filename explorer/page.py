@@ -1,0 +1,34 @@
+"""The explorer's data and page/ (template, script, styles, strings) -> one HTML file that
+needs nothing else: no network, no other file; it opens from file:// as it is."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from .data import to_json
+
+PAGE = Path(__file__).resolve().parent / "page"
+
+
+def strings() -> dict[str, dict[str, str]]:
+    """The page's words: {"en": {key: text}, "zh": {key: text}} (page/strings.json)."""
+    return json.loads((PAGE / "strings.json").read_text(encoding="utf-8"))
+
+
+def render(data: dict | None, lang: str = "en", server: bool = False, prompt: str = "") -> str:
+    """The page for `data` (None: an empty page, in server mode, waiting for a prompt)."""
+    parts = {
+        "STYLE": (PAGE / "explorer.css").read_text(encoding="utf-8"),
+        "SCRIPT": (PAGE / "explorer.js").read_text(encoding="utf-8"),
+        "STRINGS": to_json(strings()),
+        "SETTINGS": to_json({"lang": lang, "server": server, "prompt": prompt}),
+        "DATA": to_json(data) if data is not None else "null",
+    }
+    for name in ("STYLE", "SCRIPT"):
+        if "</" in parts[name]:
+            raise ValueError(f"explorer/page: the {name.lower()} must not contain '</' (it would end its tag)")
+    template = (PAGE / "template.html").read_text(encoding="utf-8")
+    # one pass, so that nothing inserted is searched for markers again
+    return re.sub(r"/\*(STYLE|SCRIPT|STRINGS|SETTINGS|DATA)\*/", lambda m: parts[m.group(1)], template)

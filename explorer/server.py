@@ -1,0 +1,199 @@
+"""explore.py --serve: the explorer page on 127.0.0.1, for prompts typed in the browser.
+
+It serves exactly three things: the page (GET /), a prompt's data (POST /api/explore)
+and one more token of the text with the new data (POST /api/next). Nothing from the
+disk, nothing a request names. It listens on the loopback address only and answers only
+requests whose Host header names that address and port (a web page elsewhere cannot
+reach it through DNS rebinding); it sends no CORS headers, so other sites' scripts
+cannot read its answers. Requests and prompts are limited in size; a bad one gets a 4xx
+answer with a one-line reason, and the server goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+
+from common.cli import UserError
+from common.prompt import encode_prompt
+from data.tokenizer import suppressed_ids
+from model import Sampling
+from model.sampling import sample_next
+
+from .data import page_data, to_json
+from .page import render
+
+HOST = "127.0.0.1"
+MAX_BODY = 64 * 1024  # bytes of a request body
+MAX_PROMPT = 10_000  # characters of a prompt
+MAX_IDS = 4096  # tokens of a text being continued
+
+
+class BadRequest(Exception):
+    """A request the server refuses: (HTTP status, one-line reason)."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status = status
+
+
+class Explorer:
+    """The model behind the page; one request uses it at a time."""
+
+    def __init__(self, model, tokenizer, lang: str, prompt: str, max_tokens: int):
+        self.model, self.tokenizer, self.lang, self.prompt, self.max_tokens = model, tokenizer, lang, prompt, max_tokens
+        self.lock = threading.Lock()
+
+    def page(self) -> str:
+        data = self.explore({"prompt": self.prompt})["data"] if self.prompt else None
+        return render(data, self.lang, server=True, prompt=self.prompt)
+
+    def explore(self, request: dict) -> dict:
+        """{"prompt": text} -> {"ids": its tokens, "data": the page's data}."""
+        prompt = field(request, "prompt", str)
+        if not prompt:
+            raise BadRequest(400, "the prompt is empty; type some text")
+        if len(prompt) > MAX_PROMPT:
+            raise BadRequest(413, f"the prompt has {len(prompt):,} characters; at most {MAX_PROMPT:,} are taken")
+        try:
+            ids = encode_prompt(self.tokenizer, prompt, MAX_IDS, "the server's limit")
+        except UserError as e:
+            raise BadRequest(400, str(e)) from None
+        return {"ids": ids, "prompt": prompt, "data": self.data(ids)}
+
+    def next(self, request: dict) -> dict:
+        """{"ids": the text's tokens (or "prompt"), "temperature", "top_k", "top_p"} ->
+        one more token, sampled with generate.py's rule, and the new text's data."""
+        ids = request.get("ids") or self.explore(request)["ids"]
+        if not (isinstance(ids, list) and 0 < len(ids) < MAX_IDS and all(
+                isinstance(i, int) and 0 <= i < self.model.config.vocab_size for i in ids)):
+            raise BadRequest(400, f"ids must be a list of 1 to {MAX_IDS - 1} token ids below {self.model.config.vocab_size}")
+        top_k, top_p = request.get("top_k"), request.get("top_p")
+        if not (top_k is None or type(top_k) is int) or not (top_p is None or type(top_p) in (int, float)):
+            raise BadRequest(400, "top_k must be a whole number or null, and top_p a number or null")
+        try:
+            sampling = Sampling(float(request.get("temperature", 1.0)), top_k, top_p, suppressed_ids(self.tokenizer))
+        except (TypeError, ValueError) as e:
+            raise BadRequest(400, f"bad sampling settings: {e}") from None
+        window = ids[-self.model.config.block_size:]
+        with self.lock, torch.no_grad():
+            logits, _ = self.model(torch.tensor([window]))
+            token = sample_next(logits[:, -1], sampling).item()
+        ids = [*ids, token]
+        return {"ids": ids, "prompt": self.tokenizer.decode(ids), "data": self.data(ids)}
+
+    def data(self, ids: list[int]) -> dict:
+        shown = ids[-min(self.max_tokens, self.model.config.block_size):]
+        with self.lock:
+            return page_data(self.model, self.tokenizer, shown, truncated=len(ids) - len(shown))
+
+
+def field(request: dict, name: str, kind: type):
+    value = request.get(name)
+    if not isinstance(value, kind):
+        raise BadRequest(400, f"the request needs {name!r} as a {kind.__name__}")
+    return value
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "explore.py"
+    routes = {"/api/explore": Explorer.explore, "/api/next": Explorer.next}
+
+    def do_GET(self) -> None:
+        self.answer(lambda: ("text/html; charset=utf-8", self.get()))
+
+    def do_POST(self) -> None:
+        self.answer(lambda: ("application/json", self.post()))
+
+    def refuse_method(self) -> None:
+        def refuse():
+            raise BadRequest(405, f"{self.command} is not supported; use GET / or POST /api/...")
+
+        self.answer(refuse)
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = refuse_method
+
+    def get(self) -> bytes:
+        if self.path != "/":
+            raise BadRequest(404, f"nothing at {self.path[:100]}; the page is at /")
+        return self.server.explorer.page().encode("utf-8")
+
+    def post(self) -> bytes:
+        route = self.routes.get(self.path)
+        if route is None:
+            raise BadRequest(404, f"no API at {self.path[:100]}; use /api/explore or /api/next")
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit():
+            raise BadRequest(411, "the request needs a Content-Length")
+        if int(length) > MAX_BODY:
+            raise BadRequest(413, f"the request body has {int(length):,} bytes; at most {MAX_BODY:,} are taken")
+        body = self.rfile.read(int(length))
+        try:
+            request = json.loads(body.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise BadRequest(400, "the request body is not UTF-8 text") from None
+        except json.JSONDecodeError:
+            raise BadRequest(400, "the request body is not JSON") from None
+        if not isinstance(request, dict):
+            raise BadRequest(400, "the request body must be a JSON object")
+        return to_json(route(self.server.explorer, request)).encode("utf-8")
+
+    def answer(self, make) -> None:
+        """Check the Host, make the answer, send it: a BadRequest becomes its status and a
+        JSON {"error": reason}; any other failure a 500, and the server goes on."""
+        try:
+            if self.headers.get("Host") not in self.server.hosts:
+                raise BadRequest(421, f"this server answers only to {self.server.hosts[0]}")
+            kind, body = make()
+            status = 200
+        except BadRequest as e:
+            kind, body, status = "application/json", to_json({"error": str(e)}).encode(), e.status
+        except Exception as e:  # a bug: say so, keep serving
+            kind, body, status = "application/json", to_json({"error": f"internal error: {e}"}).encode(), 500
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args) -> None:
+        print(f"{self.command} {self.path[:100]} -> {args[1] if len(args) > 1 else ''}", file=sys.stderr)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True  # a hung client never keeps the process from ending
+
+    def __init__(self, port: int, explorer: Explorer):
+        super().__init__((HOST, port), Handler)
+        self.explorer = explorer
+        port = self.server_address[1]
+        self.hosts = [f"{HOST}:{port}", f"localhost:{port}"]
+
+
+def serve(model, tokenizer, port: int, lang: str, prompt: str, max_tokens: int) -> int:
+    """Serve until Ctrl-C; returns 0."""
+    explorer = Explorer(model, tokenizer, lang, prompt, max_tokens)
+    if prompt:
+        try:
+            explorer.explore({"prompt": prompt})
+        except BadRequest as e:
+            raise UserError(str(e)) from None
+    try:
+        server = Server(port, explorer)
+    except OSError as e:
+        raise UserError(f"cannot listen on {HOST}:{port} ({e.strerror or e}); choose another --port") from None
+    print(f"serving the attention explorer at http://{server.hosts[0]}/ (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    finally:
+        server.server_close()
+    return 0
