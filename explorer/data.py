@@ -98,9 +98,14 @@ def is_byte_level(tokenizer) -> bool:
 
 
 def token_text(tokenizer, token_id: int) -> str:
-    """What one token reads as on its own (a byte-level piece of a character: U+FFFD)."""
+    """What one token reads as on its own; bytes that are no whole character as ⟨e4 bd⟩."""
     raw = token_bytes(tokenizer, token_id)
-    return raw.decode("utf-8", errors="replace") if raw is not None else tokenizer.id_to_token(token_id)
+    if raw is None:
+        return tokenizer.id_to_token(token_id)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"⟨{raw.hex(' ')}⟩"
 
 
 def token_views(tokenizer, ids: list[int]) -> list[dict]:
@@ -118,8 +123,7 @@ def token_views(tokenizer, ids: list[int]) -> list[dict]:
         whole = all(start <= a and b <= end for a, b, _ in chars)
         text = "".join(ch for _, _, ch in chars)
         views.append({"id": token_id, "text": text} if whole else
-                     {"id": token_id, "text": piece.decode("utf-8", errors="replace"),
-                      "bytes": piece.hex(" "), "joined": text})
+                     {"id": token_id, "text": f"⟨{piece.hex(' ')}⟩", "bytes": piece.hex(" "), "joined": text})
         start = end
     return views
 

@@ -20,10 +20,10 @@ TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\n</script><sc
 HOSTILE = "</script><script>alert(1)</script>"
 
 
-def make_run(path, text=TEXT, kind="char", **config):
+def make_run(path, text=TEXT, kind="char", vocab_size=300, **config):
     """A run directory with a char (or BPE) tokenizer and random weights, larger than at
     initialisation so that every head attends differently."""
-    tokenizer = train_tokenizer(kind, [text], 300)
+    tokenizer = train_tokenizer(kind, [text], vocab_size)
     torch.manual_seed(0)
     settings = dict(block_size=64, n_layer=2, n_head=2, n_embd=32, pos_encoding="rope") | config
     gpt = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), **settings))
