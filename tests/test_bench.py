@@ -10,13 +10,15 @@ import pytest
 
 from conftest import ROOT
 
-SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu"]
+SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_benchmark_quick_mode(tmp_path, name, corpus):
     pytest.importorskip("transformers")
+    if name == "explorer" and not os.path.exists("/usr/bin/chromium") and os.environ.get("CI") != "true":
+        pytest.skip("no Chromium: apt-get install -y chromium")
     out = tmp_path / f"{name}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # as if run from the repository root
     data = ["--data", str(corpus)] if name == "gpu" else []  # (on a CPU here: its --quick runs anywhere)

@@ -261,9 +261,9 @@ function renderTerms(head, v, s) {
   const q = head.q[v.query];
   const k = head.k[v.key];
   box.append(el("h3", { text: t("termsTitle", { query: v.query, key: v.key, dk: s.dk }) }));
-  const list = el("ol", { class: "terms", start: "0" });
+  const list = el("ul", { class: "terms" });
   q.forEach((x, d) => list.append(el("li", { "data-value": x * k[d],
-    text: `q[${d}] · k[${d}] = ${fmt(x)} × ${fmt(k[d])} = ${fmt(x * k[d])}` })));
+    text: `q[${d}]·k[${d}] = ${fmt(x, 3)} × ${fmt(k[d], 3)} = ${fmt(x * k[d], 3)}` })));
   box.append(list, el("p", { class: "sum", "data-value": s.scores[v.key],
     text: t("termsSum", { dk: s.dk, value: fmt(s.scores[v.key], 6) }) }));
 }
@@ -446,3 +446,4 @@ if (SETTINGS.server) {
 }
 reset();
 render();
+document.documentElement.dataset.ready = performance.now().toFixed(1); // ms to the first full page (bench/explorer.py)

@@ -1,0 +1,64 @@
+"""Pictures of an explorer page, taken by headless Chromium (Debian's, through Playwright),
+for the README and the docs:
+
+    python explore.py --prompt "ROMEO:..." --out explorer.html
+    python -m explorer.screenshot explorer.html docs/images/explorer.png --layer 1 --head 2 --query 40 [--lang zh]
+
+It opens the page from file:// with every other request blocked, clicks the chosen
+head, query token and key (as a learner would), and saves --height pixels of the page
+from the --top part on.
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import contextmanager
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@contextmanager
+def chromium_page(width: int = 1280, height: int = 1500):
+    """A page of headless Chromium that may load file:// addresses only."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(viewport={"width": width, "height": height})
+            context.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("page", type=Path, help="an HTML file written by explore.py")
+    p.add_argument("out", type=Path, help="the PNG to write")
+    p.add_argument("--layer", type=int, default=0)
+    p.add_argument("--head", type=int, default=0)
+    p.add_argument("--query", type=int, help="token index (default: the last)")
+    p.add_argument("--key", type=int, help="a key whose score's terms to show")
+    p.add_argument("--lang", choices=["en", "zh"], default="en")
+    p.add_argument("--top", default="#heads-panel", help="the part of the page the picture starts at")
+    p.add_argument("--height", type=int, default=1400, help="pixels to keep from there")
+    args = p.parse_args(argv)
+    with chromium_page() as page:
+        page.goto(args.page.resolve().as_uri())
+        page.click(f'canvas.thumb[data-layer="{args.layer}"][data-head="{args.head}"]')
+        if args.query is not None:
+            page.click(f'.token[data-index="{args.query}"]')
+        if args.key is not None:
+            page.click(f'#steps td[data-step="1"][data-key="{args.key}"]')
+        if args.lang != page.evaluate("document.documentElement.lang.slice(0, 2)"):
+            page.click("#lang")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        top = page.eval_on_selector(args.top, "node => node.getBoundingClientRect().top + window.scrollY")
+        page.screenshot(path=str(args.out), full_page=True, clip={"x": 0, "y": top, "width": 1280, "height": args.height})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
