@@ -8,19 +8,21 @@ import sys
 
 from conftest import ROOT
 
-PACKAGES = ("model", "data", "common", "training", "bench")
-PROGRAMS = ("train", "generate", "evaluate", "export")
+PACKAGES = ("model", "data", "common", "training", "explorer", "bench")
+PROGRAMS = ("train", "generate", "evaluate", "export", "explore")
 # what each part of the project may import from the project
 ALLOWED = {
     "model": {"model"},
     "data": {"data"},
     "common": {"common", "model", "data"},
     "training": {"training", "common", "model", "data"},
-    "bench": {"bench", "common", "model", "data"},
+    "explorer": {"explorer", "common", "model", "data"},
+    "bench": {"bench", "common", "model", "data", "explorer"},
     "generate": {"common", "model", "data"},
     "evaluate": {"common", "model", "data", "training"},
     "export": {"common", "model", "data", "training"},
     "train": {"common", "model", "data", "training"},
+    "explore": {"common", "model", "data", "explorer"},
 }
 
 
@@ -75,6 +77,6 @@ def test_no_import_cycles():
 def test_programs_import_without_posix_only_modules():
     """As on Windows: fcntl (and its like) cannot be imported."""
     code = ("import sys\nfor name in ('fcntl', 'termios', 'resource', 'pwd', 'grp'): sys.modules[name] = None\n"
-            "import train, generate, training.trainer")
+            "import train, generate, explore, training.trainer, explorer.server")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
