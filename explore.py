@@ -16,7 +16,7 @@ from pathlib import Path
 from common.checkpoint import DEFAULT_RUN, load_run
 from common.cli import OneLineParser, UserError, locale_language, run_main
 from common.prompt import encode_prompt
-from explorer.data import page_data
+from explorer.data import MAX_TOKENS, page_data
 from explorer.page import render
 from model.files import write_atomic
 
@@ -53,7 +53,8 @@ def parse_args(argv):
     p = OneLineParser(prog="explore.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN, help=f"run directory (default {DEFAULT_RUN})")
     p.add_argument("--prompt", help="the text to look at (its last --max-tokens tokens)")
-    p.add_argument("--max-tokens", type=int, default=64, help="at most this many tokens, from the end (default 64)")
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
+                   help=f"at most this many tokens, from the end (default {MAX_TOKENS})")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the HTML file to write (default {DEFAULT_OUT})")
     p.add_argument("--lang", choices=["en", "zh"], help="the page's starting language (default: from the locale)")
     p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 instead of writing a file")

@@ -17,10 +17,12 @@ import torch
 
 from common.attention_maps import attention_maps, heatmap_grid, png_bytes
 from common.checkpoint import DEFAULT_RUN, load_run
-from common.cli import OneLineParser, UserError, run_main
+from common.cli import OneLineParser, UserError, locale_language, run_main
 from common.prompt import encode_prompt
 from common.device import DTYPES, resolve_device, resolve_dtype
 from data.tokenizer import encode_or_start, suppressed_ids
+from explorer.data import MAX_TOKENS, page_data
+from explorer.page import render
 from model import Sampling
 
 
@@ -175,9 +177,10 @@ def parse_args(argv):
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context every token")
     p.add_argument("--stats", action="store_true", help="print token counts and tokens/s to stderr")
     p.add_argument("--interactive", action="store_true", help="read prompts from the terminal")
-    p.add_argument("--show-attention", type=Path, metavar="FILE.png",
-                   help="write every layer's attention maps (rows: layers, columns: heads) for the "
-                        "first sample, prompt and generated text, to this PNG file")
+    p.add_argument("--show-attention", type=Path, metavar="FILE.png|FILE.html",
+                   help="for the first sample, prompt and generated text: every layer's attention maps "
+                        "(rows: layers, columns: heads) as a PNG, or the attention explorer page of its "
+                        f"last {MAX_TOKENS} tokens as HTML")
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     return p.parse_args(argv)
 
@@ -218,7 +221,7 @@ def run(args) -> int:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device, training=False)  # 'auto': bf16 on GPUs, float32 on CPUs
     if args.show_attention is not None:
-        check_png_path(args.show_attention, interactive_mode)
+        check_attention_path(args.show_attention, interactive_mode)
     model, tokenizer = load(args.checkpoint, device, dtype)
     settings.sampling = dataclasses.replace(settings.sampling, suppress_tokens=suppressed_ids(tokenizer))
     if interactive_mode:
@@ -230,27 +233,34 @@ def run(args) -> int:
     return 0
 
 
-def check_png_path(path: Path, interactive: bool) -> None:
+def check_attention_path(path: Path, interactive: bool) -> None:
     """Refuse a bad --show-attention path before any work is done."""
     if interactive:
         raise UserError("--show-attention works with --prompt or --prompt-file, not in interactive mode")
-    if path.suffix.lower() != ".png":
-        raise UserError(f"--show-attention {path}: the file name must end in .png")
+    if path.suffix.lower() not in (".png", ".html"):
+        raise UserError(f"--show-attention {path}: the file name must end in .png or .html")
     if not path.parent.is_dir():
         raise UserError(f"--show-attention {path}: folder {path.parent} does not exist; create it first")
     if path.is_dir():
-        raise UserError(f"--show-attention {path} is a folder; give a file name ending in .png")
+        raise UserError(f"--show-attention {path} is a folder; give a file name ending in .png or .html")
 
 
 def show_attention(model, tokenizer, text: str, path: Path, device) -> None:
     ids = encode_or_start(tokenizer, text)[-model.config.block_size:]
-    maps = attention_maps(model, torch.tensor([ids], device=device))  # [n_layer, H, T, T]
+    if path.suffix.lower() == ".html":  # the explorer page (explore.py's), for the end of the text
+        shown = ids[-MAX_TOKENS:]
+        data, what = render(page_data(model, tokenizer, shown, len(ids) - len(shown)), locale_language()).encode(), \
+            f"the attention explorer for the last {len(shown)} tokens; open it in a browser"
+    else:
+        maps = attention_maps(model, torch.tensor([ids], device=device))  # [n_layer, H, T, T]
+        data, what = png_bytes(heatmap_grid(maps.cpu())), (
+            f"attention of {len(ids)} tokens, {maps.shape[0]} layers (rows) × {maps.shape[1]} heads (columns); "
+            "row i = query token i, column j = key token j")
     try:
-        path.write_bytes(png_bytes(heatmap_grid(maps.cpu())))
+        path.write_bytes(data)
     except OSError as e:
         raise UserError(f"--show-attention {path} cannot be written ({e.strerror}); choose another path") from None
-    print(f"wrote {path}: attention of {len(ids)} tokens, {maps.shape[0]} layers (rows) × "
-          f"{maps.shape[1]} heads (columns); row i = query token i, column j = key token j", file=sys.stderr)
+    print(f"wrote {path}: {what}", file=sys.stderr)
 
 
 def main(argv=None) -> int:

@@ -18,6 +18,7 @@ from model import GPT
 SCHEMA_VERSION = 1
 DIGITS = 7  # significant digits of every number: float32 carries about 7
 TOP_TOKENS = 100  # the likeliest next tokens whose text the page can show
+MAX_TOKENS = 64  # the prompt's tokens a page shows by default (the file grows with their square)
 
 
 def rounded(t: torch.Tensor):

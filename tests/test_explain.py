@@ -1,5 +1,6 @@
 """The --explain shape trace and the attention maps (TensorBoard and PNG)."""
 
+import json
 import re
 import struct
 import zlib
@@ -118,6 +119,12 @@ def test_generate_show_attention_writes_a_png(tmp_path):
     width, height, _ = read_png(path.read_bytes())
     cell = 10 * 10  # 10 tokens, each scaled up 10× to reach 96 pixels
     assert (width, height) == (3 * (cell + 2) + 2, 2 * (cell + 2) + 2)  # 3 heads across, 2 layers down
+    page = tmp_path / "explorer.html"  # or the explorer page of the same text
+    assert generate.main(["--checkpoint", str(tmp_path), "--prompt", "ROMEO:", "--max-new-tokens", "4",
+                          "--seed", "0", "--show-attention", str(page)]) == 0
+    data = json.loads(re.search(r'id="explorer-data">(.*?)</script>', page.read_text(encoding="utf-8")).group(1))
+    assert len(data["tokens"]) == 10 and "".join(t["text"] for t in data["tokens"]).startswith("ROMEO:")
+    assert len(data["layers"]) == 2 and len(data["layers"][0]["heads"]) == 3
 
 
 def test_a_rewritten_attention_step_keeps_every_row(monkeypatch):

@@ -143,7 +143,7 @@ def test_broken_checkpoint_files(tmp_path, checkpoint, capsys, name, content, me
     (["--prompt", "ROMEO 你"], "never saw in training: '你'"),
     (["--num-samples", "0"], "--num-samples=0"),
     (["--temperature", "hot"], "invalid float value: 'hot'"),
-    (["--show-attention", "maps.jpg"], "must end in .png"),
+    (["--show-attention", "maps.jpg"], "must end in .png or .html"),
     (["--show-attention", "/nonexistent/maps.png"], "folder /nonexistent does not exist"),
 ])
 def test_bad_options(checkpoint, capsys, args, message):

@@ -18,7 +18,7 @@ ALLOWED = {
     "training": {"training", "common", "model", "data"},
     "explorer": {"explorer", "common", "model", "data"},
     "bench": {"bench", "common", "model", "data", "explorer"},
-    "generate": {"common", "model", "data"},
+    "generate": {"common", "model", "data", "explorer"},
     "evaluate": {"common", "model", "data", "training"},
     "export": {"common", "model", "data", "training"},
     "train": {"common", "model", "data", "training"},

@@ -7,6 +7,7 @@
 const STRINGS = JSON.parse(document.getElementById("explorer-strings").textContent);
 const SETTINGS = JSON.parse(document.getElementById("explorer-settings").textContent);
 let DATA = JSON.parse(document.getElementById("explorer-data").textContent);
+let dataVersion = 0; // counts the data the page has shown (the server sends new data)
 
 const state = { lang: SETTINGS.lang, layer: 0, head: 0, query: 0, key: null, locked: false, preview: null };
 
@@ -155,28 +156,34 @@ function renderTokens() {
     + (DATA.truncated ? " " + t("truncated", { count: DATA.truncated }) : "");
 }
 
+let gridDrawn = null; // the data and language the grid was drawn for: redrawn only when they change
+
 function renderGrid() {
   const grid = $("grid");
-  grid.replaceChildren();
   const v = view();
-  const T = DATA.tokens.length;
-  const cell = Math.max(1, Math.floor(96 / T));
-  grid.style.gridTemplateColumns = `auto repeat(${DATA.config.n_head}, auto)`;
-  grid.append(el("span"));
-  for (let h = 0; h < DATA.config.n_head; h++) grid.append(el("span", { class: "axis", text: t("headN", { n: h }) }));
-  DATA.layers.forEach((layer, l) => {
-    grid.append(el("span", { class: "axis", text: t("layerN", { n: l }) }));
-    layer.heads.forEach((head, h) => {
-      const canvas = el("canvas", { class: "thumb", "data-layer": l, "data-head": h,
-        title: t("layerHead", { layer: l, head: h }) });
-      drawMap(canvas, head.weights, cell, null);
-      if (l === v.layer && h === v.head) canvas.classList.add("selected");
-      canvas.addEventListener("mouseenter", () => preview({ layer: l, head: h }));
-      canvas.addEventListener("mouseleave", () => preview(null));
-      canvas.addEventListener("click", () => choose({ layer: l, head: h }));
-      grid.append(canvas);
+  if (gridDrawn !== `${dataVersion} ${state.lang}`) {
+    gridDrawn = `${dataVersion} ${state.lang}`;
+    grid.replaceChildren();
+    const cell = Math.max(1, Math.floor(96 / DATA.tokens.length));
+    grid.style.gridTemplateColumns = `auto repeat(${DATA.config.n_head}, auto)`;
+    grid.append(el("span"));
+    for (let h = 0; h < DATA.config.n_head; h++) grid.append(el("span", { class: "axis", text: t("headN", { n: h }) }));
+    DATA.layers.forEach((layer, l) => {
+      grid.append(el("span", { class: "axis", text: t("layerN", { n: l }) }));
+      layer.heads.forEach((head, h) => {
+        const canvas = el("canvas", { class: "thumb", "data-layer": l, "data-head": h,
+          title: t("layerHead", { layer: l, head: h }) });
+        drawMap(canvas, head.weights, cell, null);
+        canvas.addEventListener("mouseenter", () => preview({ layer: l, head: h }));
+        canvas.addEventListener("mouseleave", () => preview(null));
+        canvas.addEventListener("click", () => choose({ layer: l, head: h }));
+        grid.append(canvas);
+      });
     });
-  });
+  }
+  for (const canvas of grid.querySelectorAll("canvas")) {
+    canvas.classList.toggle("selected", Number(canvas.dataset.layer) === v.layer && Number(canvas.dataset.head) === v.head);
+  }
 }
 
 function renderMap() {
@@ -406,6 +413,7 @@ async function show() {
     const answer = await ask("api/explore", { prompt: $("prompt").value });
     textIds = answer.ids;
     DATA = answer.data;
+    dataVersion += 1;
     reset();
     render();
     busy(false);
@@ -427,6 +435,7 @@ async function continueText() {
       $("prompt").value = answer.prompt;
       textIds = answer.ids;
       DATA = answer.data;
+      dataVersion += 1;
       state.query = DATA.tokens.length - 1;
       state.key = null;
       render();
