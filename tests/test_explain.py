@@ -64,7 +64,28 @@ def test_explain_cli_prints_the_table_and_trains_nothing(tmp_path, micro):
     assert re.search(r"1\. similarity Q Kᵀ\s+\[8, 2, 32, 32\]\s+\[B, H, T, T\]", text)
     assert "2. scale by 1/√d_k = 1/√16 = 0.250" in text
     assert "FLOPs per token" in text and "KV cache: 2 × 2 layers × 32 = 128 values per token" in text
-    assert "Attention scores [B, H, T, T] = 8×2×32×32 = 16,384 values" in text
+    assert re.search(r"Kept for the backward pass, measured \(CPU, float32, one batch\): sdpa path [\d.]+ MiB, of which "
+                     r"\[B, H, T, T\] weights 0\.0 MiB; explicit path [\d.]+ MiB, of which \[B, H, T, T\] weights "
+                     r"0\.2 MiB \(2 layers; a \[B, H, T, T\] tensor holds B·H·T² = 16,384 values\)", text), text
+    assert re.search(r"std (0\.\d+) → (0\.\d+): no growth with d_k", text)
+    assert "7,936 future keys get −inf" in text and "row sums 1.000000 … 1.000000" in text  # 8·2·32·31/2
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_memory_kept_for_the_backward_pass_is_measured(dropout):
+    """The explicit path keeps the attention weights of every layer ([B, H, T, T], at least
+    one per layer); the fused kernel on the CPU keeps none (without dropout; with it,
+    PyTorch takes its math path)."""
+    from training.explain import saved_for_backward
+
+    idx = torch.randint(0, 37, (4, 16))
+    B, T, L, H = 4, 16, 3, 2
+    explicit_total, explicit_weights = saved_for_backward(micro(attn_impl="explicit", dropout=dropout), idx, idx,
+                                                          torch.float32)
+    sdpa_total, sdpa_weights = saved_for_backward(micro(attn_impl="sdpa", dropout=dropout), idx, idx, torch.float32)
+    assert explicit_weights >= L * B * H * T * T * 4
+    assert (sdpa_weights == 0) == (dropout == 0.0) and sdpa_total < explicit_total
+    assert explicit_total > explicit_weights > 0
 
 
 def test_attention_maps_are_causal_distributions_for_either_impl():
@@ -159,7 +180,8 @@ def test_explain_in_chinese(tmp_path, micro):
     for out in (by_flag, by_locale):
         assert out.returncode == 0, out.stderr
         assert "每对（query, key）一个分数" in out.stdout and "one score per" not in out.stdout
-        assert re.search(r"1\. similarity Q Kᵀ\s+\[8, 2, 32, 32\]", out.stdout)  # the same trace
+        assert re.search(r"1\. 相似度 Q Kᵀ\s+\[8, 2, 32, 32\]", out.stdout)  # the same trace, every step in Chinese
+        assert not re.search(r"^(split|merge|residual|blocks|feed-forward|LM head|token embedding)", out.stdout, re.M)
         assert "参数：" in out.stdout and "KV cache：2 × 2 层 × 32 = 每个 token 128 个数" in out.stdout
     english = run_cli("train.py", "--config", "configs/tiny.yaml", *micro(), "--explain", "--lang", "en",
                       env={**os.environ, "LANG": "zh_CN.UTF-8"})

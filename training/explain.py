@@ -13,12 +13,15 @@ position. The words are in English or Chinese (`--lang`), from one table.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import unicodedata
 from dataclasses import dataclass
 
 import torch
 
 import model.attention as attention_module
+from common.device import autocast
 from model import GPT
 
 from .config import RunConfig
@@ -26,9 +29,26 @@ from .distributed import Distributed
 
 WRAPPED = ("apply_rotary", "scaled_dot_product_attention")  # functions of model/attention.py
 
-# What each step means, and the report's other words, in each language.
+# Each step's name and meaning, and the report's other words, in each language. The
+# Chinese follows the glossary of docs/attention.zh-CN.md (注意力权重, 块, 缩放, 掩码).
 WORDS = {
     "en": {
+        "steps": {
+            "wte": "token embedding (wte)", "rotary": "positional encoding (rope)",
+            "wpe": "positional encoding ({kind})", "add_position": "embedding + position",
+            "ln_1_pre": "{norm} (before attention)", "ln_2_pre": "{norm} (before feed-forward)",
+            "ln_1_post": "{norm} (after attention + residual)", "ln_2_post": "{norm} (after feed-forward + residual)",
+            "c_attn": "Q, K, V projections (c_attn)", "split": "split into heads", "rotate": "rotate q and k (rope)",
+            "similarity": "1. similarity Q Kᵀ", "scale": "2. scale by 1/√d_k = 1/√{d_k} = {scale:.3f}",
+            "mask": "3. causal mask", "softmax": "4. softmax over keys", "dropout": "   dropout (p = {p})",
+            "no_dropout": "   dropout (p = 0: off)", "weighted_sum": "5. weighted sum: weights × V",
+            "merge": "merge heads", "c_proj": "output projection W_O (c_proj)",
+            "residual_attention": "residual: x + attention", "c_fc": "feed-forward layer 1 (W_1)",
+            "activation": "{name}", "mlp_proj": "feed-forward layer 2 (W_2)",
+            "residual_mlp": "residual: x + feed-forward", "blocks": "blocks 1 … {last}: the same steps",
+            "end": "end of the block", "ln_f": "final {norm} (ln_f)", "lm_head": "LM head (tied to wte)",
+            "loss": "loss: cross-entropy",
+        },
         "wte": "each token id becomes a C-dim vector", "wpe": "one vector per position, shared by the batch",
         "add_position": "order is now part of each vector",
         "rotary": "cos, sin of position × θ_i; rotate q and k in every layer",
@@ -36,27 +56,46 @@ WORDS = {
         "rmsnorm": "each vector divided by its root mean square, then γ",
         "c_attn": "X W_Q, X W_K, X W_V side by side", "split": "q, k, v each; C = H × d_k = {H} × {d_k}",
         "rotate": "position enters q·k only through the offset m − n",
-        "similarity": "one score per (query, key) pair", "scale": "keeps the scores' variance near 1",
-        "mask": "future keys get −inf: weight 0", "softmax": "each row: positive weights summing to 1",
+        "similarity": "one score per (query, key) pair; std {std:.3f}",
+        "scale": "std {std:.3f} → {scaled:.3f}: no growth with d_k",
+        "mask": "{n:,} future keys get −inf: weight 0",
+        "softmax": "positive weights; row sums {low:.6f} … {high:.6f}",
         "dropout": "training only: zero some weights", "no_dropout": "nothing dropped in this config",
         "weighted_sum": "each output mixes the values", "merge": "concatenate the H heads again",
         "c_proj": "mix the heads' results", "residual": "the sub-layer adds to x, never replaces it",
         "c_fc": "widen to 4 × C", "activation": "the non-linearity", "mlp_proj": "back to C",
         "blocks": "{n} blocks in all", "ln_f": "normalise before the head",
-        "lm_head": "a score for every token of the vocabulary", "loss": "{loss:.4f} ≈ ln V = {ln_v:.4f} at init",
+        "lm_head": "a score for every token of the vocabulary", "loss": "{loss:.4f} at init ≈ ln V = {ln_v:.4f}",
         "title": "One forward pass of this model on a batch of training data ({sizes}); shapes from hooks, "
                  "block 0 in full (steps 1–4 all have the weights' shape):",
         "header": ("step", "shape", "symbolic", "meaning"), "parameters": "Parameters:",
+        "groups": {"wte": "token embedding wte (= LM head, tied)", "wpe": "position embedding wpe",
+                   "attention": "attention W_Q, W_K, W_V, W_O × {n} blocks", "mlp": "feed-forward W_1, W_2 × {n} blocks",
+                   "norms": "norms × {n} blocks, and the final one", "total": "total"},
         "flops": "FLOPs per token (context {T}): {forward:,.2f} M forward, {train:,.2f} M for a training "
                  "step (3 × forward)",
-        "scores": "Attention scores [B, H, T, T] = {B}×{H}×{T}×{T} = {n:,} values = {mib:,.1f} MiB per layer "
-                  "in {dtype} (× {L} layers kept for the backward pass; grows with T²)",
+        "memory": "Kept for the backward pass, measured ({device}, {dtype}, one batch): {paths} ({L} layers; "
+                  "a [B, H, T, T] tensor holds B·H·T² = {n:,} values)",
+        "memory_path": "{impl} path {total:,.1f} MiB, of which [B, H, T, T] weights {square:,.1f} MiB", "and": "; ",
         "cache": "KV cache: 2 × {L} layers × {C} = {n:,} values per token = {kib:,.1f} KiB in {dtype}; "
                  "{mib:,.2f} MiB per sequence at block_size {T}",
         "sdpa": "This config uses attn_impl=sdpa: steps 1–5 run as one fused kernel; the trace used the "
                 "explicit path, which computes the same.",
     },
     "zh": {
+        "steps": {
+            "wte": "词嵌入（wte）", "rotary": "位置编码（rope）", "wpe": "位置编码（{kind}）",
+            "add_position": "词嵌入 + 位置", "ln_1_pre": "{norm}（注意力之前）", "ln_2_pre": "{norm}（前馈网络之前）",
+            "ln_1_post": "{norm}（注意力 + 残差之后）", "ln_2_post": "{norm}（前馈网络 + 残差之后）",
+            "c_attn": "Q、K、V 投影（c_attn）", "split": "拆分成多个头", "rotate": "旋转 q 和 k（rope）",
+            "similarity": "1. 相似度 Q Kᵀ", "scale": "2. 缩放：乘以 1/√d_k = 1/√{d_k} = {scale:.3f}",
+            "mask": "3. 因果掩码", "softmax": "4. 对 key 做 softmax", "dropout": "   dropout（p = {p}）",
+            "no_dropout": "   dropout（p = 0，关闭）", "weighted_sum": "5. 加权求和：注意力权重 × V",
+            "merge": "合并各个头", "c_proj": "输出投影 W_O（c_proj）", "residual_attention": "残差连接：x + 注意力",
+            "c_fc": "前馈网络第 1 层（W_1）", "activation": "{name}", "mlp_proj": "前馈网络第 2 层（W_2）",
+            "residual_mlp": "残差连接：x + 前馈网络", "blocks": "块 1 … {last}：步骤相同", "end": "块结束",
+            "ln_f": "最后的 {norm}（ln_f）", "lm_head": "语言模型头（与 wte 共享权重）", "loss": "loss：交叉熵",
+        },
         "wte": "每个 token id 变成一个 C 维向量", "wpe": "每个位置一个向量，整批共用",
         "add_position": "词序从此成为每个向量的一部分",
         "rotary": "位置 × θ_i 的 cos、sin；每一层都用它旋转 q 和 k",
@@ -64,20 +103,26 @@ WORDS = {
         "rmsnorm": "每个向量除以它的均方根，再乘 γ",
         "c_attn": "X W_Q、X W_K、X W_V 并排输出", "split": "q、k、v 各一份；C = H × d_k = {H} × {d_k}",
         "rotate": "位置只通过偏移 m − n 进入 q·k",
-        "similarity": "每对（query, key）一个分数", "scale": "让分数的方差保持在 1 附近",
-        "mask": "未来的 key 得到 −inf，权重为 0", "softmax": "每一行：正的权重，和为 1",
-        "dropout": "仅在训练时：随机置零部分权重", "no_dropout": "本配置不做 dropout",
+        "similarity": "每对（query, key）一个分数；标准差 {std:.3f}",
+        "scale": "标准差 {std:.3f} → {scaled:.3f}：不再随 d_k 增大",
+        "mask": "{n:,} 个未来的 key 得到 −inf，注意力权重为 0",
+        "softmax": "注意力权重都是正数；每行之和在 {low:.6f} … {high:.6f} 之间",
+        "dropout": "仅在训练时：随机置零部分注意力权重", "no_dropout": "本配置不做 dropout",
         "weighted_sum": "每个输出是 value 的加权混合", "merge": "把 H 个头重新拼接起来",
         "c_proj": "混合各个头的结果", "residual": "子层的结果加到 x 上，而不是取代 x",
-        "c_fc": "放宽到 4 × C", "activation": "非线性激活", "mlp_proj": "变回 C",
-        "blocks": "共 {n} 个 block", "ln_f": "进入输出层之前先归一化",
-        "lm_head": "为词表中的每个 token 打一个分数", "loss": "{loss:.4f} ≈ 初始化时的 ln V = {ln_v:.4f}",
-        "title": "本模型在一批训练数据上的一次前向传播（{sizes}）；形状取自钩子，完整展示 block 0"
-                 "（第 1–4 步的形状都与权重相同）：",
+        "c_fc": "扩展到 4 × C", "activation": "非线性激活", "mlp_proj": "变回 C",
+        "blocks": "共 {n} 个块", "ln_f": "进入输出层之前先归一化",
+        "lm_head": "为词表中的每个 token 打一个分数", "loss": "初始化时的 loss {loss:.4f} ≈ ln V = {ln_v:.4f}",
+        "title": "本模型在一批训练数据上的一次前向传播（{sizes}）；形状取自钩子，完整展示第 0 个块"
+                 "（第 1–4 步的形状都与注意力权重相同）：",
         "header": ("步骤", "形状", "符号形状", "含义"), "parameters": "参数：",
+        "groups": {"wte": "词嵌入 wte（= 语言模型头，共享）", "wpe": "位置嵌入 wpe",
+                   "attention": "注意力 W_Q、W_K、W_V、W_O × {n} 个块", "mlp": "前馈网络 W_1、W_2 × {n} 个块",
+                   "norms": "归一化层 × {n} 个块，外加最后一个", "total": "合计"},
         "flops": "每个 token 的 FLOPs（上下文 {T}）：前向 {forward:,.2f} M，一个训练步 {train:,.2f} M（前向的 3 倍）",
-        "scores": "注意力分数 [B, H, T, T] = {B}×{H}×{T}×{T} = {n:,} 个数 = 每层 {mib:,.1f} MiB（{dtype}；"
-                  "{L} 层都要为反向传播保留；随 T² 增长）",
+        "memory": "为反向传播保留的张量，实测（{device}，{dtype}，一个 batch）：{paths}（共 {L} 层；"
+                  "一个 [B, H, T, T] 张量有 B·H·T² = {n:,} 个数）",
+        "memory_path": "{impl} 路径共 {total:,.1f} MiB，其中形如 [B, H, T, T] 的注意力权重 {square:,.1f} MiB", "and": "；",
         "cache": "KV cache：2 × {L} 层 × {C} = 每个 token {n:,} 个数 = {kib:,.1f} KiB（{dtype}）；"
                  "block_size {T} 时每条序列 {mib:,.2f} MiB",
         "sdpa": "本配置使用 attn_impl=sdpa：第 1–5 步由一个融合算子完成；追踪走的是显式路径，两者计算结果相同。",
@@ -138,7 +183,7 @@ def first(value) -> torch.Tensor:
 def trace(model: GPT, idx: torch.Tensor, targets: torch.Tensor, lang: str = "en") -> list[Row]:
     """Run model(idx, targets) once in training mode (dropout on, no gradients) and
     return the steps of the embedding, the first block, and the head, in order."""
-    c, words = model.config, WORDS[lang]
+    c = model.config
     was_training = model.training
     model.train()
     try:
@@ -146,68 +191,71 @@ def trace(model: GPT, idx: torch.Tensor, targets: torch.Tensor, lang: str = "en"
             _, loss, _ = model(idx, targets, return_attention=True)
     finally:
         model.train(was_training)
-    rows: list[Row] = []
-
-    def add(step: str, tensor, symbolic: str, meaning: str, **values) -> None:
-        rows.append(Row(step, tuple(first(tensor).shape), symbolic, words[meaning].format(**values)))
-
-    add("token embedding (wte)", rec.outputs["transformer.wte"], "[B, T, C]", "wte")
+    row = row_maker(WORDS[lang])
+    rows = [row("wte", rec.outputs["transformer.wte"], "[B, T, C]")]
     if c.pos_encoding == "rope":
-        add("positional encoding (rope)", rec.outputs["rotary"], "[1, 1, T, d_k]", "rotary")
+        rows.append(row("rotary", rec.outputs["rotary"], "[1, 1, T, d_k]"))
     else:
-        add(f"positional encoding ({c.pos_encoding})", rec.outputs["transformer.wpe"], "[1, T, C]", "wpe")
-        add("embedding + position", rec.inputs["transformer.drop"], "[B, T, C]", "add_position")
-    rows += block_rows(model, rec, words)
-    last = f"transformer.h.{c.n_layer - 1}"
-    add(f"blocks 1 … {c.n_layer - 1}: the same steps" if c.n_layer > 1 else "end of the block",
-        rec.outputs[last], "[B, T, C]", "blocks", n=c.n_layer)
+        rows += [row("wpe", rec.outputs["transformer.wpe"], "[1, T, C]", kind=c.pos_encoding),
+                 row("add_position", rec.inputs["transformer.drop"], "[B, T, C]")]
+    rows += block_rows(model, rec, row)
+    last = rec.outputs[f"transformer.h.{c.n_layer - 1}"]
+    rows.append(row("blocks" if c.n_layer > 1 else "end", last, "[B, T, C]", "blocks", n=c.n_layer, last=c.n_layer - 1))
     if c.norm_position == "pre":
-        add(f"final {norm_name(c)} (ln_f)", rec.outputs["transformer.ln_f"], "[B, T, C]", "ln_f")
-    add("LM head (tied to wte)", rec.outputs["lm_head"], "[B, T, V]", "lm_head")
-    add("loss: cross-entropy", loss, "[]", "loss", loss=loss.item(), ln_v=math.log(c.vocab_size))
+        rows.append(row("ln_f", rec.outputs["transformer.ln_f"], "[B, T, C]", norm=norm_name(c)))
+    rows.append(row("lm_head", rec.outputs["lm_head"], "[B, T, V]"))
+    rows.append(row("loss", loss, "[]", loss=loss.item(), ln_v=math.log(c.vocab_size)))
     return rows
+
+
+def row_maker(words: dict):
+    """row(step, tensor, symbolic, meaning=step, **values): a Row named and explained in
+    the report's language, with the values filled into both."""
+    def row(step: str, tensor, symbolic: str, meaning: str | None = None, **values) -> Row:
+        return Row(words["steps"][step].format(**values), tuple(first(tensor).shape), symbolic,
+                   words[meaning or step].format(**values))
+    return row
 
 
 def norm_name(c) -> str:
     return {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[c.norm]
 
 
-def block_rows(model: GPT, rec: Recorder, words: dict) -> list[Row]:
+def block_rows(model: GPT, rec: Recorder, row) -> list[Row]:
     """Block 0, in the order its steps run: pre-LN normalises before each sub-layer,
-    post-LN after each residual."""
+    post-LN after each residual. The attention rows carry the real values: the scores'
+    spread before and after the scaling, the masked keys, the softmax rows' sums."""
     c, d_k = model.config, model.config.head_size
     b = "transformer.h.0"
-
-    def row(step, tensor, symbolic, meaning, **values) -> Row:
-        return Row(step, tuple(first(tensor).shape), symbolic, words[meaning].format(**values))
-
     pre = c.norm_position == "pre"
-    norm = [row(f"{norm_name(c)} ({'before' if pre else 'after'} {what})", rec.outputs[f"{b}.{ln}"], "[B, T, C]",
-                c.norm) for ln, what in (("ln_1", "attention" if pre else "attention + residual"),
-                                        ("ln_2", "feed-forward" if pre else "feed-forward + residual"))]
+    position = "pre" if pre else "post"
+    norm = [row(f"{ln}_{position}", rec.outputs[f"{b}.{ln}"], "[B, T, C]", c.norm, norm=norm_name(c))
+            for ln in ("ln_1", "ln_2")]
     (q, k, v, *_), (output, weights) = rec.calls["scaled_dot_product_attention"]
-    attention = [row("Q, K, V projections (c_attn)", rec.outputs[f"{b}.attn.c_attn"], "[B, T, 3C]", "c_attn"),
-                 row("split into heads", v, "[B, H, T, d_k]", "split", H=c.n_head, d_k=d_k)]
+    scores = (q @ k.transpose(-2, -1)).float()  # [B, H, T, T], as step 1 computes them
+    T = q.size(-2)
+    sums = weights.float().sum(-1)  # [B, H, T]
+    attention = [row("c_attn", rec.outputs[f"{b}.attn.c_attn"], "[B, T, 3C]"),
+                 row("split", v, "[B, H, T, d_k]", H=c.n_head, d_k=d_k)]
     if c.pos_encoding == "rope":
-        attention.append(row("rotate q and k (rope)", rec.calls["apply_rotary"][1], "[2, B, H, T, d_k]", "rotate"))
+        attention.append(row("rotate", rec.calls["apply_rotary"][1], "[2, B, H, T, d_k]"))
     attention += [
-        row("1. similarity Q Kᵀ", weights, "[B, H, T, T]", "similarity"),
-        row(f"2. scale by 1/√d_k = 1/√{d_k} = {1 / math.sqrt(d_k):.3f}", weights, "[B, H, T, T]", "scale"),
-        row("3. causal mask", weights, "[B, H, T, T]", "mask"),
-        row("4. softmax over keys", weights, "[B, H, T, T]", "softmax"),
-        row(f"   dropout (p = {c.dropout})" if c.dropout else "   dropout (p = 0: off)", weights, "[B, H, T, T]",
-            "dropout" if c.dropout else "no_dropout"),
-        row("5. weighted sum: weights × V", output, "[B, H, T, d_k]", "weighted_sum"),
-        row("merge heads", rec.inputs[f"{b}.attn.c_proj"], "[B, T, C]", "merge"),
-        row("output projection W_O (c_proj)", rec.outputs[f"{b}.attn.c_proj"], "[B, T, C]", "c_proj"),
-        row("residual: x + attention", rec.inputs[f"{b}.ln_2" if pre else f"{b}.ln_1"], "[B, T, C]", "residual"),
+        row("similarity", weights, "[B, H, T, T]", std=scores.std().item()),
+        row("scale", weights, "[B, H, T, T]", d_k=d_k, scale=1 / math.sqrt(d_k), std=scores.std().item(),
+            scaled=scores.std().item() / math.sqrt(d_k)),
+        row("mask", weights, "[B, H, T, T]", n=q.size(0) * c.n_head * T * (T - 1) // 2),
+        row("softmax", weights, "[B, H, T, T]", low=sums.min().item(), high=sums.max().item()),
+        row("dropout" if c.dropout else "no_dropout", weights, "[B, H, T, T]", p=c.dropout),
+        row("weighted_sum", output, "[B, H, T, d_k]"),
+        row("merge", rec.inputs[f"{b}.attn.c_proj"], "[B, T, C]"),
+        row("c_proj", rec.outputs[f"{b}.attn.c_proj"], "[B, T, C]"),
+        row("residual_attention", rec.inputs[f"{b}.ln_2" if pre else f"{b}.ln_1"], "[B, T, C]", "residual"),
     ]
     feed_forward = [
-        row("feed-forward layer 1 (W_1)", rec.outputs[f"{b}.mlp.c_fc"], "[B, T, 4C]", "c_fc"),
-        row(c.activation.replace("_", " ").upper(), rec.outputs[f"{b}.mlp.gelu"], "[B, T, 4C]", "activation"),
-        row("feed-forward layer 2 (W_2)", rec.outputs[f"{b}.mlp.c_proj"], "[B, T, C]", "mlp_proj"),
-        row("residual: x + feed-forward", rec.outputs[b] if pre else rec.inputs[f"{b}.ln_2"], "[B, T, C]",
-            "residual"),
+        row("c_fc", rec.outputs[f"{b}.mlp.c_fc"], "[B, T, 4C]"),
+        row("activation", rec.outputs[f"{b}.mlp.gelu"], "[B, T, 4C]", name=c.activation.replace("_", " ").upper()),
+        row("mlp_proj", rec.outputs[f"{b}.mlp.c_proj"], "[B, T, C]"),
+        row("residual_mlp", rec.outputs[b] if pre else rec.inputs[f"{b}.ln_2"], "[B, T, C]", "residual"),
     ]
     if pre:
         return [norm[0], *attention, norm[1], *feed_forward]
@@ -227,32 +275,41 @@ def evaluate_symbolic(symbolic: str, sizes: dict[str, int]) -> tuple[int, ...]:
     return tuple(int(n) if n.isdigit() else sizes[n] for n in names)
 
 
-def parameter_groups(model: GPT) -> list[tuple[str, int]]:
+def parameter_groups(model: GPT, lang: str = "en") -> list[tuple[str, int]]:
     """Parameters per component; the tied embedding / LM head counted once."""
     def count(module: torch.nn.Module) -> int:
         return sum(p.numel() for p in module.parameters())
 
-    c = model.config
+    c, names = model.config, WORDS[lang]["groups"]
     block = model.transformer.h[0]
-    groups = [("token embedding wte (= LM head, tied)", count(model.transformer.wte))]
+    groups = [(names["wte"], count(model.transformer.wte))]
     if c.pos_encoding == "learned":
-        groups.append(("position embedding wpe", count(model.transformer.wpe)))
+        groups.append((names["wpe"], count(model.transformer.wpe)))
     groups += [
-        (f"attention W_Q, W_K, W_V, W_O × {c.n_layer} blocks", c.n_layer * count(block.attn)),
-        (f"feed-forward W_1, W_2 × {c.n_layer} blocks", c.n_layer * count(block.mlp)),
-        (f"norms × {c.n_layer} blocks, and the final one",
+        (names["attention"].format(n=c.n_layer), c.n_layer * count(block.attn)),
+        (names["mlp"].format(n=c.n_layer), c.n_layer * count(block.mlp)),
+        (names["norms"].format(n=c.n_layer),
          c.n_layer * (count(block.ln_1) + count(block.ln_2)) + count(model.transformer.ln_f)),
     ]
-    groups.append(("total", model.num_parameters()))
+    groups.append((names["total"], model.num_parameters()))
     return groups
 
 
+def width(text: str) -> int:
+    """Columns text takes on a terminal: Chinese characters take two."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def pad(text: str, columns: int) -> str:
+    return text + " " * (columns - width(text))
+
+
 def table(rows: list[Row], header: tuple[str, ...]) -> list[str]:
-    widths = [max(len(r.step) for r in rows), max(len(str(list(r.shape))) for r in rows),
+    widths = [max(width(r.step) for r in rows), max(len(str(list(r.shape))) for r in rows),
               max(len(r.symbolic) for r in rows)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  " + header[3],
+    lines = ["  ".join(pad(h, w) for h, w in zip(header, widths)) + "  " + header[3],
              "  ".join("-" * w for w in widths) + "  -------"]
-    lines += [f"{r.step.ljust(widths[0])}  {str(list(r.shape)).ljust(widths[1])}  "
+    lines += [f"{pad(r.step, widths[0])}  {str(list(r.shape)).ljust(widths[1])}  "
               f"{r.symbolic.ljust(widths[2])}  {r.meaning}" for r in rows]
     return lines
 
@@ -264,19 +321,53 @@ def report(model: GPT, idx: torch.Tensor, targets: torch.Tensor, dtype: torch.dt
     rows = trace(model, idx, targets, lang)
     sizes = ", ".join(f"{k}={v}" for k, v in symbolic_sizes(model, idx).items() if k not in ("3C", "4C"))
     lines = [words["title"].format(sizes=sizes), "", *table(rows, words["header"]), "", words["parameters"]]
-    lines += [f"  {name:<48} {n:>12,}" for name, n in parameter_groups(model)]
+    lines += [f"  {pad(name, 48)} {n:>12,}" for name, n in parameter_groups(model, lang)]
     nbytes, name = torch.tensor([], dtype=dtype).element_size(), str(dtype)[6:]
     per_token = 2 * c.n_layer * c.n_embd  # a key and a value of C numbers per layer
-    scores = B * c.n_head * T * T
+    paths = [model]
+    if c.attn_impl != "explicit":  # the five steps, for comparison
+        paths.append(GPT(dataclasses.replace(c, attn_impl="explicit")))
+        paths[-1].load_state_dict(model.state_dict())
+    kept = [words["memory_path"].format(impl=m.config.attn_impl, total=total / 2**20, square=square / 2**20)
+            for m in paths for total, square in [saved_for_backward(m, idx, targets, dtype)]]
     lines += ["", words["flops"].format(T=T, forward=model.flops_per_token(T, training=False) / 1e6,
                                         train=model.flops_per_token(T) / 1e6),
-              words["scores"].format(B=B, H=c.n_head, T=T, n=scores, mib=scores * nbytes / 2**20, dtype=name,
-                                     L=c.n_layer),
+              words["memory"].format(device=idx.device.type.upper(), dtype=name, paths=words["and"].join(kept),
+                                     L=c.n_layer, n=B * c.n_head * T * T),
               words["cache"].format(L=c.n_layer, C=c.n_embd, n=per_token, kib=per_token * nbytes / 1024, dtype=name,
                                     mib=per_token * nbytes * c.block_size / 2**20, T=c.block_size)]
     if c.attn_impl == "sdpa":
         lines.append(words["sdpa"])
     return "\n".join(lines)
+
+
+def saved_for_backward(model: GPT, idx: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype) -> tuple[int, int]:
+    """Bytes autograd keeps for the backward pass of one training forward, measured with
+    saved_tensors_hooks (which sees every saved tensor): (all, of the tensors shaped like
+    the attention weights, [B, H, T, T]). Each storage is counted once; parameters are
+    left out."""
+    B, T = idx.shape
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, tuple[int, bool]] = {}  # storage -> (bytes, holds attention weights)
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            # [B, H, T, T], or [B·H, T, T] as batched matmuls save it (with H = 1 a [B, T, C]
+            # activation with C = T would look the same)
+            weights = t.dim() >= 3 and tuple(t.shape[-2:]) == (T, T) and math.prod(t.shape[:-2]) == B * model.config.n_head
+            _, seen = kept.get(storage.data_ptr(), (0, False))
+            kept[storage.data_ptr()] = (storage.nbytes(), seen or weights)
+        return t
+
+    was_training = model.training
+    model.train()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(idx.device, dtype):
+            model(idx, targets)
+    finally:
+        model.train(was_training)
+    return sum(n for n, _ in kept.values()), sum(n for n, weights in kept.values() if weights)
 
 
 def explain(cfg: RunConfig, dtype: torch.dtype, lang: str = "en", source=None) -> str:
