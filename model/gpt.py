@@ -29,7 +29,8 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 class GPT(nn.Module):
-    """P(x_t | x_<t) = softmax(LMHead(Norm(Blocks(Embed(x) + PE))))_t.
+    """P(x_{t+1} | x_≤t) = softmax(LMHead(Norm(Blocks(Embed(x) + PE)))[t]): the logits at
+    position t score the token that comes after it (the targets are y[t] = x[t+1]).
 
     The LM head shares its weight matrix with the token embedding (weight tying, as in
     GPT-2): the same vector that represents a token is used to score it as output.

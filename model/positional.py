@@ -59,9 +59,15 @@ class RotaryEmbedding(nn.Module):
         return angles.cos(), angles.sin()
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [..., T, d_k]: dim i pairs with dim i + d_k/2 (the GPT-NeoX/Llama layout)."""
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # angles were computed in fp32
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[x₁, x₂] -> [−x₂, x₁] over the last dim, split in halves: each pair (x₁ᵢ, x₂ᵢ) turned
+    by 90°, the sine part of a rotation."""
     x1, x2 = x.chunk(2, dim=-1)  # 2 × [..., T, d_k/2]
-    rotated = torch.cat((-x2, x1), dim=-1)  # [..., T, d_k]
-    return x * cos + rotated * sin
+    return torch.cat((-x2, x1), dim=-1)  # [..., T, d_k]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [..., T, d_k]: x cos + rotate_half(x) sin, so dim i pairs with dim i + d_k/2
+    (the GPT-NeoX/Llama layout)."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # angles were computed in fp32
+    return x * cos + rotate_half(x) * sin

@@ -1,5 +1,7 @@
 """Shared fixtures: a small corpus and a micro run configuration that trains in seconds."""
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,8 +41,11 @@ def micro(tmp_path, corpus):
 
 
 def run_cli(script: str, *args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    cwd = Path(kwargs.pop("cwd", ROOT))
+    if "MUTANT_UNDER_TEST" in os.environ and cwd != ROOT:  # a mutmut run: the child's mutmut
+        shutil.copy(ROOT / "setup.cfg", cwd)  # reads its setup.cfg from the working directory
     return subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=kwargs.pop("cwd", ROOT), **kwargs)
+                          timeout=timeout, cwd=cwd, **kwargs)
 
 
 def favour_token(model, token: int) -> None:

@@ -1,6 +1,7 @@
 """The READMEs and the docs: every relative link resolves, the two languages link to each
 other, the Python snippets run, and the front page stays short."""
 
+import json
 import re
 import subprocess
 import sys
@@ -49,7 +50,8 @@ def test_python_snippets_run(name):
 
 
 def test_rope_snippet_prints_what_it_says():
-    code = re.findall(r"```python\n(.*?)```", (ROOT / "docs/attention.md").read_text(), re.S)[0]
+    code = next(c for c in re.findall(r"```python\n(.*?)```", (ROOT / "docs/attention.md").read_text(), re.S)
+                if "RotaryEmbedding" in c)
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
     a, b, c = (float(v) for v in out.split())
     assert abs(a - b) < 1e-4 and abs(a - c) > 1e-3
@@ -63,3 +65,32 @@ def test_front_page_is_short(name):
 
 def test_generate_default_is_where_tiny_trains():
     assert yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())["out_dir"] == str(DEFAULT_RUN)
+
+
+def test_the_chinese_follows_the_glossary():
+    """No Chinese page, --explain string or explorer string uses a word the glossary
+    avoids; the explorer and --explain use its terms for the five steps."""
+    from explorer.page import strings
+    from training.explain import WORDS
+
+    rows = [line.split("|")[1:4] for line in (ROOT / "docs" / "glossary.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| ") and not line.startswith("| English")]
+    avoided = [word.strip() for _, _, words in rows for word in words.split(",") if word.strip()]
+    assert len(rows) >= 20 and avoided
+    zh_strings = json.dumps([strings()["zh"], WORDS["zh"]], ensure_ascii=False)
+    texts = {path.name: path.read_text(encoding="utf-8") for path in [ROOT / "README.zh-CN.md",
+                                                                      *(ROOT / "docs").glob("*.zh-CN.md")]}
+    texts["strings"] = zh_strings
+    for name, text in texts.items():
+        assert not [word for word in avoided if word in text], name
+    for term in ("注意力权重", "缩放", "掩码", "因果掩码", "块", "残差连接", "前馈网络", "加权求和", "相似度"):
+        assert term in zh_strings, term
+
+
+def test_the_tutorial_bridge_prints_what_it_says():
+    code = next(c for c in re.findall(r"```python\n(.*?)```", (ROOT / "docs/attention.md").read_text(), re.S)
+                if "TutorialMHA" in c)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    shapes, difference = out.splitlines()
+    assert shapes == "torch.Size([2, 4, 512]) torch.Size([2, 4, 4])"
+    assert float(difference.split(": ")[1]) < 1e-5

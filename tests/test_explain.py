@@ -182,7 +182,7 @@ def test_explain_in_chinese(tmp_path, micro):
         assert "每对（query, key）一个分数" in out.stdout and "one score per" not in out.stdout
         assert re.search(r"1\. 相似度 Q Kᵀ\s+\[8, 2, 32, 32\]", out.stdout)  # the same trace, every step in Chinese
         assert not re.search(r"^(split|merge|residual|blocks|feed-forward|LM head|token embedding)", out.stdout, re.M)
-        assert "参数：" in out.stdout and "KV cache：2 × 2 层 × 32 = 每个 token 128 个数" in out.stdout
+        assert "参数：" in out.stdout and "KV 缓存：2 × 2 层 × 32 = 每个 token 128 个数" in out.stdout
     english = run_cli("train.py", "--config", "configs/tiny.yaml", *micro(), "--explain", "--lang", "en",
                       env={**os.environ, "LANG": "zh_CN.UTF-8"})
     assert "one score per (query, key) pair" in english.stdout

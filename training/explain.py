@@ -123,7 +123,7 @@ WORDS = {
         "memory": "为反向传播保留的张量，实测（{device}，{dtype}，一个 batch）：{paths}（共 {L} 层；"
                   "一个 [B, H, T, T] 张量有 B·H·T² = {n:,} 个数）",
         "memory_path": "{impl} 路径共 {total:,.1f} MiB，其中形如 [B, H, T, T] 的注意力权重 {square:,.1f} MiB", "and": "；",
-        "cache": "KV cache：2 × {L} 层 × {C} = 每个 token {n:,} 个数 = {kib:,.1f} KiB（{dtype}）；"
+        "cache": "KV 缓存：2 × {L} 层 × {C} = 每个 token {n:,} 个数 = {kib:,.1f} KiB（{dtype}）；"
                  "block_size {T} 时每条序列 {mib:,.2f} MiB",
         "sdpa": "本配置使用 attn_impl=sdpa：第 1–5 步由一个融合算子完成；追踪走的是显式路径，两者计算结果相同。",
     },
