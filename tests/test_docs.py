@@ -94,3 +94,30 @@ def test_the_tutorial_bridge_prints_what_it_says():
     shapes, difference = out.splitlines()
     assert shapes == "torch.Size([2, 4, 512]) torch.Size([2, 4, 4])"
     assert float(difference.split(": ")[1]) < 1e-5
+
+
+def test_the_figures_are_made_by_the_script(tmp_path):
+    """docs/make_figures.py draws every picture of the code tour, in both languages, from a
+    run directory (here a micro one with random weights); each is well-formed SVG whose
+    words are text."""
+    import xml.etree.ElementTree as ElementTree
+
+    from data.tokenizer import train_tokenizer
+    from model import GPT, GPTConfig
+
+    run = tmp_path / "run"
+    tokenizer = train_tokenizer("char", ["ROMEO:\nBut soft, what light through yonder"], 0)
+    GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=64, n_layer=1, n_head=2, n_embd=16)).save_pretrained(run)
+    tokenizer.save(str(run / "tokenizer.json"))
+    result = subprocess.run([sys.executable, str(ROOT / "docs" / "make_figures.py"), "--checkpoint", str(run),
+                             "--out", str(tmp_path / "images")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in (tmp_path / "images").iterdir())
+    assert names == sorted(f"{n}{s}.svg" for n in ("qkv", "maps", "causal", "cache") for s in ("", ".zh-CN"))
+    for name in names:
+        ElementTree.parse(tmp_path / "images" / name)
+    assert "因果掩码" in (tmp_path / "images" / "causal.zh-CN.svg").read_text(encoding="utf-8")
+    assert "permute(2, 0, 3, 1, 4)" in (tmp_path / "images" / "qkv.svg").read_text()
+    for page in ("docs/attention.md", "docs/attention.zh-CN.md"):  # and the code tour shows them
+        text = (ROOT / page).read_text(encoding="utf-8")
+        assert all(f"images/{n}" in text for n in ("qkv", "maps", "causal", "cache"))

@@ -1,0 +1,240 @@
+"""The pictures of the code tour, as SVG (their words stay text), in English and Chinese:
+
+    python docs/make_figures.py [--checkpoint out/tiny]
+
+writes docs/images/{qkv,maps,causal,cache}{,.zh-CN}.svg (--out: elsewhere). The attention maps are the
+model's own (return_attention=True): the model of --checkpoint (the quick start's run by
+default) as trained, and the same model freshly initialised. The other pictures
+draw the shapes of model/attention.py and model/gpt.py for small sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+
+import torch  # noqa: E402
+
+from common.attention_maps import attention_maps, heatmap_grid, png_bytes  # noqa: E402
+from common.checkpoint import load_run  # noqa: E402
+from model import GPT  # noqa: E402
+
+IMAGES = ROOT / "docs" / "images"
+FONT = "font-family='DejaVu Sans, Noto Sans CJK SC, WenQuanYi Zen Hei, sans-serif'"
+QKV_COLOURS = {"q": ("#d62828", "#f4a3a3"), "k": ("#1f6fb2", "#9cc6ea"), "v": ("#2a9d3f", "#a6dcae")}
+
+WORDS = {
+    "en": {
+        "qkv_title": "c_attn computes X W_Q, X W_K, X W_V side by side; view and permute split them into heads",
+        "qkv_row": "c_attn(x): [B, T, 3C], one token's row (C = 8, H = 2, d_k = 4)",
+        "qkv_view": "view(B, T, 3, H, d_k): the same numbers, counted as 3 × H blocks of d_k",
+        "qkv_permute": "permute(2, 0, 3, 1, 4) → [3, B, H, T, d_k]: q, k, v, each split into heads",
+        "head": "head {h}", "maps_title": "Attention weights of layer 0 for the same {T} characters",
+        "init": "at initialisation (weights of std 0.02)", "trained": "after the quick start's training",
+        "maps_note": "Row i is query i, column j is key j. At init row i is nearly uniform over its i + 1 keys: "
+                     "the first row is one bright cell, the last spreads thin, so each map fades from top to bottom.",
+        "causal_title": "The causal mask lined up with the targets y[t] = x[t+1]",
+        "query": "query (input x[t])", "key": "key", "target": "target y[t]",
+        "causal_note": "Grey cells are set to −∞ before the softmax: position t sees x[0..t] and must predict x[t+1].",
+        "cache_title": "The KV cache with block_size = 6",
+        "prefill": "prefill: the prompt in one pass", "step": "one new token per step",
+        "slide": "full: the window slides; the whole window is run afresh",
+        "slide_more": "and so at every step from then on",
+        "cache_note": "Blue: keys and values read from the cache. Orange: the tokens run through the model in that step. "
+                      "Grey: out of the window.",
+    },
+    "zh": {
+        "qkv_title": "c_attn 并排算出 X W_Q、X W_K、X W_V；view 和 permute 把它们拆成多个头",
+        "qkv_row": "c_attn(x)：[B, T, 3C]，一个 token 的那一行（C = 8，H = 2，d_k = 4）",
+        "qkv_view": "view(B, T, 3, H, d_k)：同样的数，按 3 × H 个长为 d_k 的块来数",
+        "qkv_permute": "permute(2, 0, 3, 1, 4) → [3, B, H, T, d_k]：q、k、v，各自拆成多个头",
+        "head": "头 {h}", "maps_title": "同样 {T} 个字符上，第 0 层的注意力权重",
+        "init": "初始化时（权重标准差 0.02）", "trained": "快速开始训练之后",
+        "maps_note": "第 i 行是 query i，第 j 列是 key j。初始化时，第 i 行在它的 i + 1 个 key 上几乎均匀："
+                     "第一行只有一个亮格，最后一行分得很散，所以每张图从上到下逐渐变暗。",
+        "causal_title": "因果掩码与目标 y[t] = x[t+1] 对齐",
+        "query": "query（输入 x[t]）", "key": "key", "target": "目标 y[t]",
+        "causal_note": "灰色的格子在 softmax 之前被设为 −∞：位置 t 只看到 x[0..t]，要预测 x[t+1]。",
+        "cache_title": "block_size = 6 时的 KV 缓存",
+        "prefill": "预填充：提示词一次送入", "step": "每一步一个新 token",
+        "slide": "满了：窗口向后滑动，整个窗口重新计算",
+        "slide_more": "此后每一步都是这样",
+        "cache_note": "蓝色：从缓存里读出的 key 和 value。橙色：这一步送进模型计算的 token。灰色：已经在窗口之外。",
+    },
+}
+
+
+class Svg:
+    """A few shapes and text, written as SVG."""
+
+    def __init__(self, width: int, height: int):
+        self.width, self.height, self.parts = width, height, []
+
+    def rect(self, x, y, w, h, fill, stroke="#ffffff") -> None:
+        self.parts.append(f"<rect x='{x}' y='{y}' width='{w}' height='{h}' fill='{fill}' stroke='{stroke}'/>")
+
+    def text(self, x, y, words: str, size=13, anchor="start", weight="normal", fill="#1d1d1f") -> None:
+        escaped = words.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        self.parts.append(f"<text x='{x}' y='{y}' font-size='{size}' text-anchor='{anchor}' "
+                          f"font-weight='{weight}' fill='{fill}' {FONT}>{escaped}</text>")
+
+    def arrow(self, x1, y1, x2, y2) -> None:
+        self.parts.append(f"<line x1='{x1}' y1='{y1}' x2='{x2}' y2='{y2}' stroke='#5f6368' stroke-width='1.5' "
+                          "marker-end='url(#arrow)'/>")
+
+    def image(self, x, y, w, h, png: bytes) -> None:
+        data = base64.b64encode(png).decode()
+        self.parts.append(f"<image x='{x}' y='{y}' width='{w}' height='{h}' href='data:image/png;base64,{data}' "
+                          "style='image-rendering: pixelated'/>")
+
+    def svg(self) -> str:
+        marker = ("<defs><marker id='arrow' markerWidth='8' markerHeight='8' refX='7' refY='4' orient='auto'>"
+                  "<path d='M0,0 L8,4 L0,8 z' fill='#5f6368'/></marker></defs>")
+        return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{self.width}' height='{self.height}' "
+                f"viewBox='0 0 {self.width} {self.height}'><rect width='100%' height='100%' fill='white'/>"
+                + marker + "".join(self.parts) + "</svg>\n")
+
+
+def qkv_figure(w: dict) -> str:
+    """c_attn's 3C output columns, coloured by q/k/v and by head, before and after the split."""
+    C, H = 8, 2
+    d_k, cell = C // H, 22
+    svg = Svg(760, 340)
+    for i, line in enumerate(wrap(w["qkv_title"], 80 if w is WORDS["en"] else 40)):
+        svg.text(20, 24 + i * 18, line, 14, weight="bold")
+    svg.text(20, 58, w["qkv_row"])
+    for i in range(3 * C):  # one token's row of c_attn's output
+        part, head = "qkv"[i // C], (i % C) // d_k
+        svg.rect(20 + i * cell, 68, cell, cell, QKV_COLOURS[part][head])
+        svg.text(20 + i * cell + cell / 2, 84, str(i % d_k), 10, "middle", fill="white" if head == 0 else "#1d1d1f")
+    svg.arrow(300, 96, 300, 122)
+    svg.text(20, 140, w["qkv_view"])
+    for part_index, part in enumerate("qkv"):
+        for head in range(H):
+            x = 20 + (part_index * H + head) * (d_k * cell + 14)
+            for j in range(d_k):
+                svg.rect(x + j * cell, 150, cell, cell, QKV_COLOURS[part][head])
+            svg.text(x + d_k * cell / 2, 190, f"{part} · " + w["head"].format(h=head), 11, "middle")
+    svg.arrow(300, 198, 300, 224)
+    svg.text(20, 242, w["qkv_permute"])
+    for part_index, part in enumerate("qkv"):
+        x0 = 20 + part_index * 245
+        svg.text(x0, 268, f"{part}: [B, H, T, d_k]", 12, weight="bold", fill=QKV_COLOURS[part][0])
+        for head in range(H):
+            for t in range(3):  # a few tokens of each head, stacked
+                svg.rect(x0 + head * 110 + t * 6, 278 + t * 6, d_k * 20, 26, QKV_COLOURS[part][head], "#5f6368")
+            svg.text(x0 + head * 110 + 40, 325, w["head"].format(h=head), 11, "middle")
+    return svg.svg()
+
+
+def maps_figure(w: dict, fresh: torch.Tensor, trained: torch.Tensor, T: int) -> str:
+    """Layer 0's heads, at init and after training: [2, H, T, T] weights as PNG cells."""
+    H = fresh.shape[0]
+    size = 150
+    svg = Svg(40 + H * (size + 16), 120 + 2 * (size + 46))
+    svg.text(20, 26, w["maps_title"].format(T=T), 15, weight="bold")
+    for row, (label, maps) in enumerate(((w["init"], fresh), (w["trained"], trained))):
+        top = 50 + row * (size + 46)
+        svg.text(20, top + 4, label, 13)
+        for head in range(H):
+            x = 20 + head * (size + 16)
+            svg.image(x, top + 14, size, size, png_bytes(heatmap_grid(maps[head][None, None], gap=0)))
+            svg.text(x + size / 2, top + size + 30, w["head"].format(h=head), 11, "middle")
+    note_top = 50 + 2 * (size + 46) + 6
+    for i, line in enumerate(wrap(w["maps_note"], 105 if w is WORDS["en"] else 52)):
+        svg.text(20, note_top + i * 18, line, 12, fill="#5f6368")
+    return svg.svg()
+
+
+def causal_figure(w: dict) -> str:
+    """The tutorial's 今天 / 天气 / 很 / 好 with the causal mask and the shifted targets."""
+    tokens, cell = ["今天", "天气", "很", "好", "。"], 58
+    x, y = tokens[:4], tokens[1:]
+    svg = Svg(640, 420)
+    svg.text(20, 26, w["causal_title"], 15, weight="bold")
+    left, top = 150, 90
+    svg.text(left + 2 * cell, top - 30, w["key"], 13, "middle")
+    svg.text(20, top - 8, w["query"], 12)
+    svg.text(left + 4 * cell + 60, top - 8, w["target"], 12)
+    for j, token in enumerate(x):
+        svg.text(left + j * cell + cell / 2, top - 8, f"{token} ({j})", 12, "middle")
+    for t, token in enumerate(x):
+        svg.text(left - 10, top + t * cell + cell / 2 + 5, f"x[{t}] = {token}", 13, "end")
+        for j in range(len(x)):
+            allowed = j <= t
+            svg.rect(left + j * cell, top + t * cell, cell, cell, "#3b528b" if allowed else "#cdcdcd")
+            svg.text(left + j * cell + cell / 2, top + t * cell + cell / 2 + 5, "✓" if allowed else "−∞", 14,
+                     "middle", fill="white" if allowed else "#5f6368")
+        svg.arrow(left + 4 * cell + 8, top + t * cell + cell / 2, left + 4 * cell + 52, top + t * cell + cell / 2)
+        svg.text(left + 4 * cell + 60, top + t * cell + cell / 2 + 5, f"y[{t}] = {y[t]}", 13, weight="bold")
+    for i, line in enumerate(wrap(w["causal_note"], 80 if w is WORDS["en"] else 40)):
+        svg.text(20, top + 4 * cell + 40 + i * 18, line, 12, fill="#5f6368")
+    return svg.svg()
+
+
+def cache_figure(w: dict) -> str:
+    """GPT.generate_tokens with block_size 6 and a 3-token prompt: each row is one step,
+    the tokens t0, t1, ... the model has seen so far; orange ones run through the model."""
+    block, cell = 6, 34
+    rows = [(3, 0, "prefill"), (4, 3, "step"), (5, 4, None), (6, 5, None), (7, 1, "slide"), (8, 2, "slide_more")]
+    svg = Svg(720, 90 + len(rows) * (cell + 14) + 40)
+    svg.text(20, 26, w["cache_title"], 15, weight="bold")
+    for r, (n, first_run, label) in enumerate(rows):
+        top = 50 + r * (cell + 14)
+        start = max(0, n - block)  # the window the model sees: t[start:n]
+        for i in range(n):
+            colour = "#eeeeee" if i < start else "#6a9bd1" if i < first_run else "#f3a33a"
+            svg.rect(20 + i * cell, top, cell - 2, cell - 2, colour, "#ffffff" if i < start else "#5f6368")
+            svg.text(20 + i * cell + cell / 2, top + cell / 2 + 4, f"t{i}", 11, "middle")
+        if label:
+            svg.text(20 + 9 * cell, top + cell / 2 + 4, w[label], 12)
+    note_top = 50 + len(rows) * (cell + 14) + 10
+    for i, line in enumerate(wrap(w["cache_note"], 100 if w is WORDS["en"] else 50)):
+        svg.text(20, note_top + i * 18, line, 12, fill="#5f6368")
+    return svg.svg()
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """Lines of at most `width` characters, broken at spaces (or anywhere in Chinese)."""
+    lines, line = [], ""
+    for word in (text.split(" ") if " " in text else list(text)):
+        joined = f"{line} {word}" if line and " " in text else line + word
+        if len(joined) > width and line:
+            lines.append(line)
+            joined = word
+        line = joined
+    return [*lines, line]
+
+
+def attention_of(model: GPT, ids: torch.Tensor) -> torch.Tensor:
+    return attention_maps(model.eval(), ids)[0]  # layer 0: [H, T, T]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=Path, default=ROOT / "out" / "tiny", help="a trained tiny.yaml run")
+    p.add_argument("--out", type=Path, default=IMAGES, help=f"folder for the SVG files (default {IMAGES})")
+    args = p.parse_args(argv)
+    trained, tokenizer = load_run(args.checkpoint)
+    torch.manual_seed(0)
+    fresh = GPT(trained.config)  # the same model, as initialised
+    text = "ROMEO:\nBut soft, what light through"
+    ids = torch.tensor([tokenizer.encode(text).ids])
+    maps = attention_of(fresh, ids), attention_of(trained, ids)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for lang, words in WORDS.items():
+        suffix = "" if lang == "en" else ".zh-CN"
+        figures = {"qkv": qkv_figure(words), "maps": maps_figure(words, *maps, ids.size(1)),
+                   "causal": causal_figure(words), "cache": cache_figure(words)}
+        for name, svg in figures.items():
+            (args.out / f"{name}{suffix}.svg").write_text(svg, encoding="utf-8")
+            print(f"wrote {args.out / f'{name}{suffix}.svg'}")
+
+
+if __name__ == "__main__":
+    main()
