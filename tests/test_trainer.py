@@ -277,6 +277,19 @@ def test_a_time_budget_covers_the_whole_run_across_a_resume(tmp_path, micro, mon
     assert checkpoint.load_state(tmp_path / "stopped")["iter"] == resumed["iter"]
 
 
+def test_a_resume_whose_budget_is_spent_trains_no_more(tmp_path, micro, monkeypatch, capsys):
+    settings = [*BUDGET, "train.checkpoint_interval=5"]
+    FakeClock(monkeypatch, stop_at=30)
+    assert make_trainer(micro, *settings).fit() == 128 + signal.SIGINT
+    state = checkpoint.load_state(tmp_path / "run")
+    state["seconds"] = 121.0  # the stopped run had used the whole 2 minutes
+    torch.save(state, tmp_path / "run" / "trainer_state.pt")
+    FakeClock(monkeypatch)
+    assert make_trainer(micro, *settings).fit() == 0
+    assert checkpoint.load_state(tmp_path / "run")["iter"] == 30
+    assert "raise train.max_minutes to continue" in capsys.readouterr().out
+
+
 def test_training_samples_never_show_unk(micro):
     trainer = make_trainer(micro)
     unk = trainer.data.tokenizer.token_to_id(UNK)

@@ -106,8 +106,9 @@ class Trainer:
         self.budget_pending = self.tc.max_minutes is not None
         self.budget_mark = None  # (time, iteration) of the first estimate, in this process
         self.iteration_cap = self.tc.max_iters  # the configured max_iters stays an upper bound
-        if self.budget_pending and state is not None and state["iter"] >= state.get("max_iters", self.iteration_cap):
-            self.tc = dataclasses.replace(self.tc, max_iters=state["iter"])  # that run had finished
+        if self.budget_pending and state is not None and (state["iter"] >= state.get("max_iters", self.iteration_cap)
+                                                          or self.seconds_before >= self.tc.max_minutes * 60):
+            self.tc = dataclasses.replace(self.tc, max_iters=state["iter"])  # finished, or its time is spent
         if fresh and dist.is_main:
             checkpoint.start_over(self.out_dir)
         self.train_model = self.wrap(self.model)
@@ -177,8 +178,9 @@ class Trainer:
         """Train to max_iters (returns 0), or until a stop signal (saves, returns 128 + signal)."""
         if self.it >= self.tc.max_iters:
             if self.dist.is_main:
+                limit = "train.max_minutes" if self.tc.max_minutes is not None else "train.max_iters"
                 print(f"{self.out_dir} already holds a finished run of {self.it} iterations; "
-                      f"add --fresh to start over or raise train.max_iters to continue")
+                      f"add --fresh to start over or raise {limit} to continue")
             return 0
         self.log = RunLogger(self.out_dir, self.dist.is_main, self.it, self.tc.max_iters, self.tc.log_interval)
         signal.signal(signal.SIGINT, self.on_signal)
