@@ -305,7 +305,7 @@ function readSampling() {
   if (!(temperature >= 0)) return { error: t("badTemperature") };
   if (topK !== null && !(Number.isInteger(topK) && topK >= 1)) return { error: t("badTopK") };
   if (topP !== null && !(topP > 0 && topP <= 1)) return { error: t("badTopP") };
-  return { temperature, topK, topP, suppress: DATA.prediction.suppressed };
+  return { temperature, topK, topP, suppress: DATA ? DATA.prediction.suppressed : [] };
 }
 
 function renderPrediction() {
