@@ -186,3 +186,19 @@ def test_explain_in_chinese(tmp_path, micro):
     english = run_cli("train.py", "--config", "configs/tiny.yaml", *micro(), "--explain", "--lang", "en",
                       env={**os.environ, "LANG": "zh_CN.UTF-8"})
     assert "one score per (query, key) pair" in english.stdout
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"LANG": "zh_CN.UTF-8"}, "zh"), ({"LANG": "zh_TW.UTF-8"}, "zh"), ({"LANG": "en_US.UTF-8"}, "en"), ({}, "en"),
+    ({"LC_ALL": "en_GB.UTF-8", "LANG": "zh_CN.UTF-8"}, "en"),  # LC_ALL wins over LANG
+    ({"LC_MESSAGES": "zh_CN.UTF-8", "LANG": "en_US.UTF-8"}, "zh"),  # LC_MESSAGES too
+    ({"LC_ALL": "", "LANG": "zh_CN.UTF-8"}, "zh"),  # an empty variable is skipped
+])
+def test_the_default_language_follows_the_locale(monkeypatch, env, expected):
+    from common.cli import locale_language
+
+    for name in ("LC_ALL", "LC_MESSAGES", "LANG"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert locale_language() == expected
