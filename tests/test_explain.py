@@ -108,8 +108,10 @@ def read_png(data: bytes) -> tuple[int, int, bytes]:
         assert struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(kind + body)
         chunks[kind] = chunks.get(kind, b"") + body
         pos += 12 + length
-    width, height, depth, colour = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
-    assert (depth, colour) == (8, 2) and b"IEND" in chunks
+    # PNG's rules for this image kind: 8-bit RGB, compression 0, filter method 0, no interlace;
+    # an empty IEND
+    width, height, depth, colour, compression, filtering, interlace = struct.unpack(">IIBBBBB", chunks[b"IHDR"])
+    assert (depth, colour, compression, filtering, interlace) == (8, 2, 0, 0, 0) and chunks[b"IEND"] == b""
     pixels = zlib.decompress(chunks[b"IDAT"])
     assert len(pixels) == height * (1 + 3 * width)
     return width, height, pixels

@@ -212,3 +212,24 @@ def test_unk_is_never_generated(checkpoint, tmp_path, capsys):
         code, out, err = run(tmp_path, capsys, "--prompt", "ROMEO:", "--max-new-tokens", "40", *args)
         assert code == 0, err
         assert UNK not in out and len(out) == len("ROMEO:") + 40 + 1
+
+
+def test_checkpoint_messages_name_what_is_missing(tmp_path, monkeypatch, capsys):
+    """In-process (so that every line is credited to a test): the default run's hint, the
+    missing files listed, the first ten unknown characters named."""
+    from common.checkpoint import DEFAULT_RUN, load_run
+    from common.cli import UserError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"out/tiny \(the tiny config's run\) does not exist; train one first"):
+        load_run(DEFAULT_RUN)
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "tokenizer.json").write_text("{}")
+    with pytest.raises(UserError, match="is missing config.json, model.safetensors; it is not a finished run"):
+        load_run(tmp_path / "partial")
+
+
+def test_the_first_ten_unknown_characters_are_named(checkpoint, capsys):
+    code, _, err = run(checkpoint, capsys, "--prompt", "0123456789QXZ")
+    shown = err.split("never saw in training: ")[1].split(";")[0].split()
+    assert code == 2 and shown == [repr(c) for c in "0123456789"]

@@ -18,7 +18,7 @@ import train
 from common.checkpoint import load_run
 from conftest import ROOT, favour_token
 from data.tokenizer import UNK, train_tokenizer
-from model import GPT
+from model import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -57,6 +57,35 @@ def test_exported_model_computes_the_same_logits(runs, exported, name):
     idx = torch.tensor([tokenizer.encode("ROMEO:\nWhat say you, my lord? Speak!\n").ids])
     with torch.no_grad():
         torch.testing.assert_close(hf(idx).logits, model.eval()(idx)[0], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_exported_config_describes_the_model(runs, exported, name):
+    """config.json names a transformers class that exists and is the one that loads, and
+    carries the run's dropout (transformers' defaults would be 0.1) and tying."""
+    hf_config = json.loads((exported[name] / "config.json").read_text())
+    model = transformers.AutoModelForCausalLM.from_pretrained(exported[name])
+    assert hf_config["architectures"] == [type(model).__name__] and hasattr(transformers, type(model).__name__)
+    ours, _ = load_run(runs[name])
+    assert model.config.tie_word_embeddings is True
+    dropouts = ("resid_pdrop", "embd_pdrop", "attn_pdrop") if name != "rope" else ("hidden_dropout", "attention_dropout")
+    assert all(getattr(model.config, key) == ours.config.dropout for key in dropouts)
+
+
+def test_a_bpe_export_ends_at_end_of_text(tmp_path, corpus):
+    """A byte-level BPE run's export declares <|endoftext|> as the end of a sequence, so
+    transformers' generate stops there."""
+    from data.tokenizer import EOT
+
+    tokenizer = train_tokenizer("bpe", [corpus.read_text()[:20000]], 300)
+    GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=1, n_head=2, n_embd=16,
+                  pos_encoding="rope")).save_pretrained(tmp_path / "run")
+    tokenizer.save(str(tmp_path / "run" / "tokenizer.json"))
+    assert export.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    eot = tokenizer.token_to_id(EOT)
+    assert hf.config.eos_token_id == hf.config.bos_token_id == eot
+    assert hf.generation_config.eos_token_id == eot
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -344,3 +373,64 @@ def test_evaluate_counts_characters_and_bytes_apart(tmp_path, capsys):
     assert r["bits_per_char"] == pytest.approx(nll / math.log(2) / len(text))
     assert r["bits_per_byte"] == pytest.approx(nll / math.log(2) / len(text.encode("utf-8")))
     assert r["tokens"] == len(tokenizer.encode(text).ids) - 1
+
+
+GPT2 = {"model_type": "gpt2", "vocab_size": 50, "n_positions": 32, "n_layer": 2, "n_head": 2, "n_embd": 16}
+NEOX = {"model_type": "gpt_neox", "vocab_size": 50, "max_position_embeddings": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "hidden_size": 16, "intermediate_size": 64, "use_parallel_residual": False,
+        "rotary_pct": 1.0, "layer_norm_eps": 1e-5, "tie_word_embeddings": True, "hidden_act": "gelu"}
+
+
+@pytest.mark.parametrize("hf, expected", [
+    (GPT2, dict(pos_encoding="learned", activation="gelu_tanh", dropout=0.0)),  # GPT-2's defaults
+    ({**GPT2, "activation_function": "gelu", "resid_pdrop": 0.2, "n_inner": 64}, dict(activation="gelu", dropout=0.2)),
+    (NEOX, dict(pos_encoding="rope", rope_base=10000.0, dropout=0.0, activation="gelu")),
+    ({**NEOX, "rotary_emb_base": 500.0, "hidden_dropout": 0.1}, dict(rope_base=500.0, dropout=0.1)),
+    ({**NEOX, "rotary_pct": None, "rope_parameters": {"rope_theta": 700.0, "partial_rotary_factor": 1.0}},
+     dict(rope_base=700.0)),  # transformers 5 writes rope_parameters
+])
+def test_config_from_transformers_reads_each_setting(hf, expected):
+    from common.hf import config_from_transformers
+
+    config = config_from_transformers({k: v for k, v in hf.items() if v is not None})
+    assert (config.vocab_size, config.block_size, config.n_layer, config.n_head, config.n_embd) == (50, 32, 2, 2, 16)
+    assert {key: getattr(config, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("hf, setting", [
+    ({**GPT2, "scale_attn_weights": False}, "scale_attn_weights"),
+    ({**GPT2, "scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+    ({**GPT2, "n_inner": 48}, "n_inner"),
+    ({**GPT2, "layer_norm_epsilon": 1e-6}, "layer_norm_epsilon"),
+    ({**GPT2, "activation_function": "relu"}, "activation 'relu'"),
+    ({**NEOX, "use_parallel_residual": True}, "use_parallel_residual"),
+    ({**NEOX, "rotary_pct": 0.25}, "rotary_pct"),
+    ({k: v for k, v in NEOX.items() if k != "rotary_pct"}, "rotary_pct=0.25"),  # transformers' default
+    ({**NEOX, "rope_parameters": {"partial_rotary_factor": 0.5}}, "rotary_pct"),
+    ({**NEOX, "layer_norm_eps": 1e-6}, "layer_norm_eps"),
+    ({**NEOX, "intermediate_size": 48}, "intermediate_size"),
+    ({**NEOX, "tie_word_embeddings": False}, "tie_word_embeddings"),
+])
+def test_config_from_transformers_refuses_what_it_cannot_compute(hf, setting):
+    from common.hf import Unsupported, config_from_transformers
+
+    with pytest.raises(Unsupported, match=setting):
+        config_from_transformers(hf)
+
+
+def test_a_gpt2_state_dict_loses_its_mask_buffers_and_its_tied_head():
+    """Old GPT-2 checkpoints carry causal-mask buffers (attn.bias, attn.masked_bias) and
+    some carry lm_head.weight: none of them is a weight of ours (the head is the tied
+    embedding)."""
+    from common.hf import config_from_transformers, state_from_transformers
+
+    config = config_from_transformers(GPT2)
+    hf_names = {name: t for name, t in GPT(config).state_dict().items()}  # ours, renamed as GPT-2 names them
+    tensors = {name.removeprefix("transformer."): (t.t() if name.endswith(("c_attn.weight", "c_proj.weight",
+                                                                          "c_fc.weight")) else t)
+               for name, t in hf_names.items() if name != "lm_head.weight"}
+    extra = {"h.0.attn.bias": torch.ones(1, 1, 32, 32), "h.1.attn.masked_bias": torch.tensor(-1e4),
+             "lm_head.weight": torch.zeros_like(hf_names["lm_head.weight"])}
+    state = state_from_transformers(config, {**tensors, **extra})
+    assert set(state) == set(hf_names) and torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])
+    GPT(config).load_state_dict(state)  # strict: nothing missing, nothing unexpected

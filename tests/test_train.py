@@ -80,8 +80,12 @@ def test_changed_model_refuses_to_resume_and_fresh_starts_over(tmp_path, micro, 
     assert train.main(["--config", TINY, *micro("train.max_iters=20", "model.n_layer=1")]) == 2
     err = capsys.readouterr().err
     assert "different setup (model.n_layer: checkpoint 2, requested 1)" in err and "--fresh" in err
+    old_curves = sorted((tmp_path / "run").glob("events.out.tfevents.*"))
     assert train.main(["--config", TINY, "--fresh", *micro("train.max_iters=10", "model.n_layer=1")]) == 0
     assert json.loads((tmp_path / "run" / "config.json").read_text())["n_layer"] == 1
+    curves = sorted((tmp_path / "run").glob("events.out.tfevents.*"))
+    assert old_curves and len(curves) == 1 and curves[0] not in old_curves  # the old run's curves are gone
+    assert train.main(["--config", TINY, "--fresh", *micro("train.max_iters=2", out="new")]) == 0  # nothing to forget
 
 
 def weights(run_dir):
@@ -265,3 +269,11 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, micro, m
     assert not list(run.glob("*.tmp"))
     monkeypatch.setattr(checkpoint.os, "fsync", real_fsync)
     assert train.main(["--config", TINY, *micro("train.max_iters=20")]) == 0  # and it resumes
+
+
+def test_a_device_that_is_no_device_is_named():
+    from common.cli import UserError
+    from common.device import resolve_device
+
+    with pytest.raises(UserError, match="device='gpu0' is not a device; use auto, cpu, cuda, cuda:N or mps"):
+        resolve_device("gpu0")
