@@ -277,3 +277,17 @@ def test_a_device_that_is_no_device_is_named():
 
     with pytest.raises(UserError, match="device='gpu0' is not a device; use auto, cpu, cuda, cuda:N or mps"):
         resolve_device("gpu0")
+
+
+@pytest.mark.parametrize("amx, avx512_bf16, fast", [(True, False, True), (False, True, True), (False, False, False)])
+def test_auto_dtype_on_the_cpu_follows_its_bf16_units(monkeypatch, amx, avx512_bf16, fast):
+    """bfloat16 autocast for training where the CPU has AMX or AVX512-BF16 (either one), float32
+    elsewhere, and float32 for decoding in any case."""
+    from common.device import cpu_has_fast_bf16, resolve_dtype
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    cpu = torch.device("cpu")
+    assert cpu_has_fast_bf16() == fast
+    assert resolve_dtype("auto", cpu, training=True) == (torch.bfloat16 if fast else torch.float32)
+    assert resolve_dtype("auto", cpu, training=False) == torch.float32

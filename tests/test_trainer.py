@@ -275,6 +275,11 @@ def test_a_time_budget_covers_the_whole_run_across_a_resume(tmp_path, micro, mon
     assert abs(resumed["iter"] - whole["iter"]) <= 12
     assert make_trainer(micro, *stopped).fit() == 0  # finished: nothing more to train
     assert checkpoint.load_state(tmp_path / "stopped")["iter"] == resumed["iter"]
+    longer = FakeClock(monkeypatch)
+    longer.now = resumed_clock.now
+    assert make_trainer(micro, *stopped, "train.max_minutes=3").fit() == 0  # a raised budget: a minute more
+    state = checkpoint.load_state(tmp_path / "stopped")
+    assert state["iter"] > resumed["iter"] and resumed["seconds"] < state["seconds"] == longer.now <= 185
 
 
 def test_a_resume_whose_budget_is_spent_trains_no_more(tmp_path, micro, monkeypatch, capsys):

@@ -106,9 +106,8 @@ class Trainer:
         self.budget_pending = self.tc.max_minutes is not None
         self.budget_mark = None  # (time, iteration) of the first estimate, in this process
         self.iteration_cap = self.tc.max_iters  # the configured max_iters stays an upper bound
-        if self.budget_pending and state is not None and (state["iter"] >= state.get("max_iters", self.iteration_cap)
-                                                          or self.seconds_before >= self.tc.max_minutes * 60):
-            self.tc = dataclasses.replace(self.tc, max_iters=state["iter"])  # finished, or its time is spent
+        if self.budget_pending and state is not None and self.budget_finished(state):
+            self.tc = dataclasses.replace(self.tc, max_iters=state["iter"])
         if fresh and dist.is_main:
             checkpoint.start_over(self.out_dir)
         self.train_model = self.wrap(self.model)
@@ -263,6 +262,15 @@ class Trainer:
         self.tc = dataclasses.replace(self.tc, max_iters=int(target))
         self.log.retarget(self.tc.max_iters)
 
+    def budget_finished(self, state: dict) -> bool:
+        """Whether a checkpoint's run has nothing left to train under train.max_minutes: it
+        reached max_iters, or its time is spent, or it ended where its fitted max_iters said
+        and the budget was not raised since."""
+        ended = state["iter"] >= state.get("max_iters", self.iteration_cap)
+        same_budget = self.tc.max_minutes <= state.get("max_minutes", self.tc.max_minutes)
+        return (state["iter"] >= self.iteration_cap or self.seconds_before >= self.tc.max_minutes * 60
+                or (ended and same_budget))
+
     def seconds_used(self) -> float:
         """Wall time of the whole run so far: this process's, from its start (data
         preparation included), plus what the runs before it had used up to their checkpoint."""
@@ -387,7 +395,7 @@ class Trainer:
             return
         state = {"model": self.model.state_dict(), "optimizer": [o.state_dict() for o in self.optimizers], "iter": self.it,
                  "best_val_loss": self.best_val, "identity": self.identity, "ranks": ranks,
-                 "max_iters": self.tc.max_iters, "seconds": self.seconds_used(),
+                 "max_iters": self.tc.max_iters, "max_minutes": self.tc.max_minutes, "seconds": self.seconds_used(),
                  # for the model card of an export: what was measured, on which token files
                  "val_loss": self.val_loss, "val_bits_per_char": self.data.bits_per_character(self.val_loss),
                  "data_fingerprint": self.data.meta["fingerprint"]}
