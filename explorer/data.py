@@ -38,19 +38,8 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0) -> dict
         logits, _, trace = model(idx, return_attention=True)
     finally:
         model.train(was_training)
-    T = len(ids)
-    future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)  # the causal mask's -inf entries
-    layers = []
-    for layer in range(model.config.n_layer):
-        heads = []
-        for head in range(model.config.n_head):
-            weights = rounded(trace.weights[layer, 0, head].float().cpu())
-            for i, j in future.nonzero().tolist():
-                weights[i][j] = None  # masked: -inf before the softmax, which JSON cannot hold
-            heads.append({name: rounded(getattr(trace, name)[layer, 0, head].float().cpu())
-                          for name in ("q", "k", "v")} | {"weights": weights,
-                                                           "output": rounded(trace.heads[layer, 0, head].float().cpu())})
-        layers.append({"heads": heads})
+    layers = [{"heads": [head_data(trace, layer, head) for head in range(model.config.n_head)]}
+              for layer in range(model.config.n_layer)]
     last = logits[0, -1].float().cpu()  # [vocab_size]
     top = last.topk(min(TOP_TOKENS, last.numel())).indices.tolist()
     suppressed = list(suppressed_ids(tokenizer))
@@ -64,6 +53,15 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0) -> dict
                        "texts": {str(i): token_text(tokenizer, i) for i in sorted({*top, *suppressed})}},
         "colormap": VIRIDIS.tolist(),
     }
+
+
+def head_data(trace, layer: int, head: int) -> dict:
+    """One head's q, k, v [T, d_k], weights [T, T] and output [T, d_k] (batch row 0)."""
+    data = {name: rounded(tensor[layer, 0, head].float().cpu()) for name, tensor in
+            (("q", trace.q), ("k", trace.k), ("v", trace.v), ("weights", trace.weights), ("output", trace.heads))}
+    # a key after its query was -inf before the softmax (the causal mask); JSON has no -inf
+    data["weights"] = [[None if j > i else w for j, w in enumerate(row)] for i, row in enumerate(data["weights"])]
+    return data
 
 
 def to_json(data: dict) -> str:
