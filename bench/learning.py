@@ -1,76 +1,139 @@
-"""Learning per minute: the validation loss configs/tiny.yaml reaches in a given wall time,
-AdamW and Muon side by side.
+"""Learning per FLOP: the validation loss each recipe reaches with a fixed training compute.
 
-Each (corpus, budget, optimizer) is its own run of train.py with train.max_minutes set to
-the budget, so the learning-rate schedule ends when the budget does; the wall time
-reported is the whole command's. Token files are built once, before the timed runs, as a
-user's first run would. Corpora: the built-in Shakespeare and, with --classic, the classic
-tiny Shakespeare file, to compare with nanoGPT's published figures.
+A budget of B TFLOPs trains a recipe for B·10¹² / (flops_per_token × tokens per
+iteration) iterations, with the learning-rate schedule ending there. flops_per_token is
+the model's own (model/gpt.py, the formula train/mfu uses: 6 per matrix weight, the LM
+head included, plus 12·n_layer·T·n_embd for attention at context T), so a budget buys
+the same training on every machine and the loss it reaches is deterministic for a seed,
+a dtype and a thread count. Each run is then scored by evaluate.py --split val (every
+validation token once): nats per token, and bits per character, which compares char and
+BPE tokenizers on the same text. Wall time and MFU (median of train/mfu) are this
+machine's.
 
-    python -m bench.learning [--quick] [--minutes 5 10] [--optimizers adamw muon] [--classic FILE]
+A recipe is a config file (or `baseline`: bench/baseline.yaml, the frozen tiny.yaml of
+2026-12-01; `tiny`: configs/tiny.yaml) with optional overrides after commas, e.g.
+`baseline,train.weight_decay=0.3`. A corpus is `shakespeare` (built in) or a text file.
+
+    python -m bench.learning --tflops 30 60 [--recipes baseline tiny] [--corpus shakespeare FILE]
+                             [--threads 2] [--quick] [--out JSON]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+import torch
+
 from bench.common import ROOT, machine, save, table
+from data import prepare
+from model import GPT
+from training.config import load_config
+
+RECIPES = {"baseline": ROOT / "bench" / "baseline.yaml", "tiny": ROOT / "configs" / "tiny.yaml"}
+QUICK = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=32", "train.batch_size=4"]
+# the budget is the schedule's length: no time limit, one evaluation (at the end), no samples
+FIXED = ["train.max_minutes=null", "train.sample_tokens=0", "train.eval_iters=10"]
 
 
-def run_train(overrides: list[str]) -> tuple[float, str]:
-    start = time.perf_counter()
-    out = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml", *overrides],
-                         cwd=ROOT, capture_output=True, text=True)
+def recipe_args(recipe: str) -> tuple[Path, list[str]]:
+    name, *overrides = recipe.split(",")
+    return RECIPES.get(name, Path(name)), overrides
+
+
+def iterations_for(tflops: float, config: Path, overrides: list[str]) -> tuple[int, float, int]:
+    """(iterations, training FLOPs per token, tokens per iteration) of a budget, for the
+    model the recipe builds on its corpus (the vocabulary comes from the tokenizer)."""
+    cfg = load_config(config, overrides)
+    data = prepare(cfg.data, progress=False)
+    with torch.device("meta"):  # sizes only: no memory, no initialisation
+        model = GPT(cfg.model_config(data.vocab_size))
+    per_token = model.flops_per_token(cfg.model.block_size)
+    tokens = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.block_size
+    return max(1, round(tflops * 1e12 / (per_token * tokens))), per_token, tokens
+
+
+def run(script: str, args: list[str]) -> str:
+    out = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
-        raise SystemExit(f"train.py failed:\n{out.stderr[-2000:]}")
-    return time.perf_counter() - start, out.stdout
+        raise SystemExit(f"{script} {' '.join(args)} failed:\n{out.stderr[-2000:]}")
+    return out.stdout
+
+
+def median_mfu(run_dir: str) -> float:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    values = [e.value for e in events.Scalars("train/mfu")] if "train/mfu" in events.Tags()["scalars"] else []
+    return statistics.median(values) if values else float("nan")
+
+
+def train_and_score(config: Path, overrides: list[str], iters: int, run_dir: str) -> dict:
+    stdout = run("train.py", ["--config", str(config), *overrides, f"train.max_iters={iters}",
+                              f"train.eval_interval={iters}", f"out_dir={run_dir}", "--fresh"])
+    wall = float(re.search(r"done: \d+ iterations in [\d.]+ min \((\d+) s\)", stdout).group(1))
+    scores = json.loads(run("evaluate.py", ["--checkpoint", run_dir, "--split", "val", "--json"]))
+    return {"val_nats_per_token": scores["loss"], "val_bits_per_char": scores["bits_per_char"],
+            "val_nats_per_char": scores["bits_per_char"] * math.log(2), "wall_seconds": wall,
+            "mfu": median_mfu(run_dir)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a micro model for a few seconds (a test runs this)")
-    parser.add_argument("--minutes", type=float, nargs="+", default=[5, 10])
-    parser.add_argument("--optimizers", nargs="+", default=["adamw", "muon"], choices=["adamw", "muon"])
-    parser.add_argument("--classic", type=Path, help="also run on this file: the classic tiny Shakespeare")
+    parser.add_argument("--tflops", type=float, nargs="+", default=[30, 60], help="training compute budgets")
+    parser.add_argument("--recipes", nargs="+", default=["baseline", "tiny"])
+    parser.add_argument("--corpus", nargs="+", default=["shakespeare"], help="shakespeare (built in) or a text file")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a micro model, a tiny budget (a test runs this)")
     parser.add_argument("--out", help="JSON path (default bench/results/learning.json)")
     args = parser.parse_args()
-    extra = ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
-             "train.eval_iters=2", "train.batch_size=4"] if args.quick else []
-    minutes = [0.1] if args.quick else args.minutes
-    corpora = {"built-in Shakespeare": "shakespeare"}
-    if args.classic is not None and not args.quick:
-        if not args.classic.is_file():
-            raise SystemExit(f"--classic {args.classic} does not exist")
-        corpora["tiny Shakespeare file"] = str(args.classic.resolve())
+    budgets = [0.001] if args.quick else args.tflops
+    for corpus in args.corpus:
+        if corpus != "shakespeare" and not Path(corpus).is_file():
+            raise SystemExit(f"--corpus {corpus}: no such file (or use shakespeare, the built-in corpus)")
 
-    rows, results = [], []
+    rows, results, path = [], [], None
     with tempfile.TemporaryDirectory() as tmp:
-        for corpus, source in corpora.items():
-            common = [f"data.source={source}", f"data.cache_dir={tmp}/cache", "train.max_iters=1000000000",
-                      "--fresh", *extra]
-            run_train([*common, f"out_dir={tmp}/prepare", "train.max_iters=1"])  # token files, untimed
-            for budget in minutes:
-                for optimizer in args.optimizers:
-                    run_dir = f"{tmp}/{len(results)}"
-                    wall, out = run_train([*common, f"out_dir={run_dir}", f"train.max_minutes={budget}",
-                                           f"train.optimizer={optimizer}"])
-                    done = re.search(r"done: (\d+) iterations .*val loss ([\d.]+)", out)
-                    iters, val = int(done.group(1)), float(done.group(2))
-                    rows.append([corpus, budget, optimizer, iters, wall, val])
-                    results.append({"corpus": corpus, "budget_minutes": budget, "optimizer": optimizer,
-                                    "iters": iters, "wall_seconds": wall, "val_loss": val})
-                    print(f"{corpus}, {budget} min, {optimizer}: {iters} iterations, {wall:.0f} s, "
-                          f"val loss {val:.4f}", flush=True)
-                    path = save("learning", {"machine": machine(2), "results": results}, args.out)  # so far
-    print("\nconfigs/tiny.yaml with train.max_minutes = the budget; wall time of the whole command\n")
-    print(table(["corpus", "budget (min)", "optimizer", "iterations", "wall (s)", "val loss"], rows))
+        for corpus in args.corpus:
+            source = corpus if corpus == "shakespeare" else str(Path(corpus).resolve())
+            common = [f"data.source={source}", f"data.cache_dir={tmp}/cache", f"train.threads={args.threads}",
+                      *FIXED, *(QUICK if args.quick else [])]
+            for tflops in budgets:
+                for recipe in args.recipes:
+                    config, overrides = recipe_args(recipe)
+                    overrides = [*common, *overrides]
+                    iters, per_token, tokens = iterations_for(tflops, config, overrides)
+                    r = {"corpus": corpus, "recipe": recipe, "tflops": tflops, "iterations": iters,
+                         "tokens": iters * tokens, "flops_per_token": per_token, "dtype": dtype_of(config, overrides),
+                         **train_and_score(config, overrides, iters, f"{tmp}/{len(results)}")}
+                    results.append(r)
+                    rows.append([corpus, recipe, tflops, iters, r["tokens"] / 1e6, r["val_nats_per_token"],
+                                 r["val_nats_per_char"], r["val_bits_per_char"], r["wall_seconds"], f"{r['mfu']:.1%}"])
+                    print(f"{corpus}, {tflops:g} TFLOPs, {recipe}: {iters} iterations, "
+                          f"{r['val_nats_per_char']:.4f} nats/char ({r['val_bits_per_char']:.4f} bits/char), "
+                          f"{r['wall_seconds']:.0f} s, MFU {r['mfu']:.1%}", flush=True)
+                    path = save("learning", {"machine": machine(args.threads), "results": results}, args.out)
+    print(f"\nTraining FLOPs = flops_per_token (model/gpt.py) × tokens; scored by evaluate.py --split val; "
+          f"{args.threads} threads, dtype {results[-1]['dtype']}\n")
+    print(table(["corpus", "recipe", "TFLOPs", "iterations", "tokens (M)", "val nats/token", "val nats/char",
+                 "bits/char", "wall (s)", "MFU"], rows))
     print(f"\nwrote {path}")
+
+
+def dtype_of(config: Path, overrides: list[str]) -> str:
+    """The training dtype train.py resolves on this machine for the recipe."""
+    from common.device import resolve_device, resolve_dtype
+
+    tc = load_config(config, overrides).train
+    return str(resolve_dtype(tc.dtype, resolve_device(tc.device), training=True)).removeprefix("torch.")
 
 
 if __name__ == "__main__":

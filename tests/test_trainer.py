@@ -16,7 +16,7 @@ from data.tokenizer import UNK
 from conftest import ROOT, favour_token
 from training.config import TrainConfig, load_config
 from training.distributed import Distributed
-from training.optim import Muon, learning_rate, lr_factor, orthogonalize
+from training.optim import Muon, learning_rate, lr_factor, muon_momentum, orthogonalize
 from training.trainer import Trainer
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -114,17 +114,59 @@ def test_learning_rate_schedule_exact_values():
     assert learning_rate(50, early) == learning_rate(80, early) == 0.1
 
 
+def test_warmup_stable_decay_schedule_exact_values():
+    cfg = TrainConfig(max_iters=100, lr=1.0, min_lr=0.1, warmup_iters=10, lr_schedule="wsd", cooldown=0.4)
+    assert learning_rate(5, cfg) == pytest.approx(6 / 11)  # the same warmup
+    assert learning_rate(10, cfg) == learning_rate(60, cfg) == 1.0  # stable until the last 40%
+    assert learning_rate(80, cfg) == pytest.approx(0.55)  # half way down a straight line to 0.1
+    assert learning_rate(99, cfg) == pytest.approx(0.1225)
+    assert learning_rate(100, cfg) == learning_rate(130, cfg) == 0.1
+    whole = TrainConfig(max_iters=100, lr=1.0, min_lr=0.0, warmup_iters=10, lr_schedule="wsd", cooldown=1.0)
+    assert learning_rate(10, whole) == 1.0 and learning_rate(55, whole) == pytest.approx(0.5)  # decays after warmup
+
+
+def test_muon_momentum_rises_over_its_warmup(micro):
+    trainer = make_trainer(micro, "train.optimizer=muon", "train.muon_momentum_warmup=10", "train.muon_momentum=0.95")
+    momenta = []
+    for _ in range(12):
+        trainer.step()
+        momenta.append(trainer.optimizers[0].param_groups[0]["momentum"])
+    assert momenta[:2] == pytest.approx([0.85, 0.86]) and momenta[5] == pytest.approx(0.90)
+    assert momenta[10:] == [0.95, 0.95] == [muon_momentum(i, trainer.tc) for i in (10, 11)]
+    assert all("momentum" not in group for group in trainer.optimizers[1].param_groups)  # AdamW's betas stay
+
+
+def test_the_weights_average_is_what_is_evaluated_sampled_and_saved(micro, tmp_path):
+    trainer = make_trainer(micro, "train.ema=0.9")
+    for _ in range(5):
+        average = [p.detach().clone() for p in trainer.ema_model.parameters()]
+        trainer.step()
+        for old, weight, new in zip(average, trainer.model.parameters(), trainer.ema_model.parameters()):
+            assert torch.allclose(new, 0.9 * old + 0.1 * weight, atol=1e-7)
+    x, y = trainer.val_batches[0]
+    with torch.no_grad():
+        averaged, trained = trainer.ema_model(x, y)[1].item(), trainer.model(x, y)[1].item()
+    assert averaged != trained
+    assert trainer.evaluate(trainer.val_batches[:1]) == pytest.approx(averaged)
+    (tmp_path / "run").mkdir()  # (fit() makes it)
+    trainer.save()
+    saved = run_weights(tmp_path / "run")
+    assert all(torch.equal(saved[n], p) for n, p in trainer.ema_model.state_dict().items() if n in saved)
+    state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)
+    assert all(torch.equal(state["model"][n], p) for n, p in trainer.model.state_dict().items())  # resumes these
+
+
 def run_weights(run_dir):
     return load_file(str(run_dir / "model.safetensors"))
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("optimizer", ["adamw", "muon", "muon train.ema=0.9 train.muon_momentum_warmup=15"])
 def test_resume_after_a_stop_is_bit_identical(tmp_path, micro, monkeypatch, optimizer):
     """A run that dies right after its checkpoint of iteration 10, with dropout on, and
     is run again ends with exactly the weights of a run never stopped: the batch
-    sampler, every RNG and the optimizers' states are restored."""
+    sampler, every RNG, the optimizers' states and the weights' average are restored."""
     settings = ["train.max_iters=20", "train.checkpoint_interval=5", "train.eval_interval=10",
-                "model.dropout=0.1", "train.sample_tokens=0", f"train.optimizer={optimizer}"]
+                "model.dropout=0.1", "train.sample_tokens=0", *f"train.optimizer={optimizer}".split()]
     assert train.main(["--config", TINY, *micro(*settings, out="straight")]) == 0
     real_save = checkpoint.save_run
 

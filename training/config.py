@@ -39,12 +39,16 @@ class TrainConfig:
     lr: float = 1e-3  # AdamW's peak learning rate, reached after warmup
     muon_lr: float = 0.02  # Muon's peak learning rate (optimizer: muon), scaled like AdamW's updates
     muon_momentum: float = 0.95
-    min_lr: float = 1e-4  # end of the cosine decay
+    muon_momentum_warmup: int = 0  # iterations over which Muon's momentum rises from 0.85 (0: none)
+    min_lr: float = 1e-4  # the learning rate at the end of the decay
     warmup_iters: int = 100
+    lr_schedule: str = "cosine"  # cosine decay after warmup, or wsd: stable, then a linear cooldown
+    cooldown: float = 0.4  # wsd: the share of the iterations spent decaying to min_lr
     lr_decay_iters: int | None = None  # default: max_iters
     weight_decay: float = 0.1  # on matrices only; never on norms, biases, embeddings
     beta1: float = 0.9
     beta2: float = 0.99
+    ema: float = 0.0  # evaluate and save an exponential moving average of the weights with this decay (0: off)
     grad_clip: float = 1.0  # 0 disables clipping
     eval_interval: int = 250
     eval_iters: int = 20  # fixed batches per evaluation
@@ -69,13 +73,17 @@ class TrainConfig:
             ("lr", self.lr > 0, "must be positive, e.g. 1e-3"),
             ("muon_lr", self.muon_lr > 0, "must be positive, e.g. 0.02"),
             ("muon_momentum", 0 <= self.muon_momentum < 1, "must be in [0, 1)"),
+            ("muon_momentum_warmup", self.muon_momentum_warmup >= 0, "must be 0 (none) or more"),
             ("min_lr", 0 <= self.min_lr <= self.lr, "must be between 0 and train.lr"),
             ("warmup_iters", self.warmup_iters >= 0, "must be 0 or more"),
+            ("lr_schedule", self.lr_schedule in ("cosine", "wsd"), "must be one of cosine, wsd"),
+            ("cooldown", 0 < self.cooldown <= 1, "must be in (0, 1], e.g. 0.4"),
             ("lr_decay_iters", self.lr_decay_iters is None or self.lr_decay_iters >= 1,
              "must be at least 1 (or unset: max_iters)"),
             ("weight_decay", self.weight_decay >= 0, "must be 0 or more"),
             ("beta1", 0 <= self.beta1 < 1, "must be in [0, 1)"),
             ("beta2", 0 <= self.beta2 < 1, "must be in [0, 1)"),
+            ("ema", 0 <= self.ema < 1, "must be in [0, 1), e.g. 0.99 (0: off)"),
             ("grad_clip", self.grad_clip >= 0, "must be 0 (off) or more"),
             ("eval_interval", self.eval_interval >= 1, "must be at least 1"),
             ("eval_iters", self.eval_iters >= 1, "must be at least 1"),

@@ -19,7 +19,9 @@ from .config import TrainConfig
 
 
 def lr_factor(it: int, cfg: TrainConfig) -> float:
-    """Linear warmup to 1, then cosine decay to min_lr / lr at lr_decay_iters, then flat.
+    """Linear warmup to 1, then down to min_lr / lr at lr_decay_iters, then flat. Down is a
+    cosine over the whole rest (lr_schedule: cosine), or (wsd: warmup-stable-decay) flat at
+    1 until the last `cooldown` share of the iterations, then a straight line.
     Every parameter group's learning rate is its peak rate times this factor."""
     decay_iters = cfg.lr_decay_iters or cfg.max_iters
     floor = cfg.min_lr / cfg.lr
@@ -27,8 +29,20 @@ def lr_factor(it: int, cfg: TrainConfig) -> float:
         return (it + 1) / (cfg.warmup_iters + 1)
     if it >= decay_iters:
         return floor
+    if cfg.lr_schedule == "wsd":
+        cooldown_start = max(cfg.warmup_iters, decay_iters - round(cfg.cooldown * decay_iters))
+        progress = max(0, it - cooldown_start) / max(1, decay_iters - cooldown_start)
+        return 1.0 - progress * (1.0 - floor)
     progress = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - floor)
+
+
+def muon_momentum(it: int, cfg: TrainConfig) -> float:
+    """Muon's momentum at iteration it: from 0.85 up to muon_momentum over the first
+    muon_momentum_warmup iterations (as in the modded-nanogpt speedruns), then constant."""
+    if it >= cfg.muon_momentum_warmup:
+        return cfg.muon_momentum
+    return 0.85 + (cfg.muon_momentum - 0.85) * it / cfg.muon_momentum_warmup
 
 
 def learning_rate(it: int, cfg: TrainConfig) -> float:

@@ -4,6 +4,7 @@ until max_iters or a stop signal (Ctrl-C, SIGTERM)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -30,7 +31,7 @@ from .config import RunConfig
 from .distributed import Distributed
 from .init_from import Source, model_config
 from .logger import RunLogger
-from .optim import lr_factor, make_optimizers
+from .optim import lr_factor, make_optimizers, muon_momentum
 
 
 class TrainingError(Exception):
@@ -100,6 +101,7 @@ class Trainer:
         self.it, self.best_val, self.val_loss = 0, float("inf"), float("nan")
         if state is not None:
             self.restore(state)
+        self.ema_model = self.make_ema(state)
         # train.max_minutes covers the whole run: the seconds the checkpoint's run had used
         # count against it, and every run that starts (a resume too) fits max_iters to what is left
         self.seconds_before = state.get("seconds", 0.0) if state is not None else 0.0
@@ -143,6 +145,23 @@ class Trainer:
         elif self.dist.is_main:
             print(f"note: resuming {len(ranks)}-process state with {self.dist.world_size} processes; "
                   "batches will differ from the original run", file=sys.stderr)
+
+    def make_ema(self, state: dict | None) -> GPT | None:
+        """train.ema: a copy of the model whose weights follow the trained ones as an
+        exponential moving average (ema_w ← ema · ema_w + (1 − ema) · w after each step);
+        it is the model that is evaluated and saved for generate.py, an average that sits
+        lower in the valley than the last step's weights. None when train.ema is 0."""
+        if not self.tc.ema:
+            return None
+        ema = copy.deepcopy(self.model).requires_grad_(False)
+        if state is not None and "ema" in state:  # (a run that had no EMA starts it from its weights)
+            ema.load_state_dict(state["ema"])
+        return ema
+
+    @property
+    def eval_model(self) -> GPT:
+        """The weights that are evaluated, sampled and saved: the average with train.ema."""
+        return self.ema_model if self.ema_model is not None else self.model
 
     def wrap(self, model: GPT) -> torch.nn.Module:
         """The module the training step calls: compiled and/or DistributedDataParallel."""
@@ -288,6 +307,8 @@ class Trainer:
         for optimizer in self.optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = group["initial_lr"] * factor
+                if "momentum" in group:  # Muon's
+                    group["momentum"] = muon_momentum(self.it, self.tc)
         loss = self.compute_gradients()
         grad_norm = self.clip_gradients()
         # with fp16 the scaler skips steps whose gradients overflowed; otherwise stop
@@ -299,6 +320,9 @@ class Trainer:
             self.scaler.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
         self.scaler.update()
+        if self.ema_model is not None:
+            for average, weight in zip(self.ema_model.parameters(), self.model.parameters()):
+                average.lerp_(weight, 1.0 - self.tc.ema)
         self.it += 1
         return loss, grad_norm, self.tc.lr * factor
 
@@ -352,15 +376,16 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, batches: list) -> float:
         """Mean loss over fixed batches, split across processes and averaged over all."""
-        was_training = self.model.training
-        self.model.eval()
+        model = self.eval_model
+        was_training = model.training
+        model.eval()
         total = count = 0.0
         for x, y in batches[self.dist.rank::self.dist.world_size]:
             with autocast(self.device, self.dtype):
-                _, loss = self.model(x.to(self.device), y.to(self.device))
+                _, loss = model(x.to(self.device), y.to(self.device))
             total += loss.item()
             count += 1
-        self.model.train(was_training)
+        model.train(was_training)
         total, count = self.dist.sum([total, count], self.device)
         return total / count
 
@@ -374,7 +399,7 @@ class Trainer:
         self.log.message(f"iter {self.it}: train {train_loss:.4f}, val {self.val_loss:.4f} (perplexity "
                          f"{metrics['val/perplexity']:.2f}, {metrics['val/bits_per_char']:.3f} bits/char)")
         if self.dist.is_main:
-            self.log.attention(self.it, attention_maps(self.model, self.attention_ids))
+            self.log.attention(self.it, attention_maps(self.eval_model, self.attention_ids))
             if self.tc.sample_tokens:
                 self.log.text("samples", self.sample_text(), self.it)
         self.tick = (self.clock(), self.it)  # evaluation time is not training throughput
@@ -385,7 +410,7 @@ class Trainer:
         idx = torch.tensor([encode_or_start(tokenizer, self.tc.sample_prompt)], device=self.device)
         generator = torch.Generator(device=self.device).manual_seed(0)
         with autocast(self.device, self.dtype):
-            out = self.model.generate(idx, self.tc.sample_tokens, temperature=0.8, generator=generator,
+            out = self.eval_model.generate(idx, self.tc.sample_tokens, temperature=0.8, generator=generator,
                                       suppress_tokens=suppressed_ids(tokenizer))
         return tokenizer.decode(out[0].tolist())
 
@@ -399,8 +424,10 @@ class Trainer:
                  # for the model card of an export: what was measured, on which token files
                  "val_loss": self.val_loss, "val_bits_per_char": self.data.bits_per_character(self.val_loss),
                  "data_fingerprint": self.data.meta["fingerprint"]}
+        if self.ema_model is not None:
+            state["ema"] = self.ema_model.state_dict()
         try:
-            checkpoint.save_run(self.out_dir, self.model, self.data.tokenizer, state)
+            checkpoint.save_run(self.out_dir, self.eval_model, self.data.tokenizer, state)
         except OSError as e:  # a full disk, a quota, a vanished folder
             raise TrainingError(f"could not write the checkpoint of iteration {self.it} in {self.out_dir} "
                                 f"({e.strerror or e}); the previous checkpoint is kept. Free some space "
