@@ -13,6 +13,7 @@ Exit codes: 0 done, 1 training failed (non-finite loss, full disk), 2 bad input,
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from common.cli import OneLineParser, UserError, locale_language, run_main
 from common.device import resolve_device, resolve_dtype
 from data import DataError
 from training.config import load_config
-from training.distributed import setup
+from training.distributed import JoinError, setup
 from training.init_from import model_config, open_source
 from training.trainer import Trainer, TrainingError
 
@@ -53,6 +54,9 @@ def train(args) -> int:
 
         print(explain(cfg, dtype, args.lang or locale_language(), source))
         return 0
+    if args.fresh and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+        raise UserError("--fresh under torchrun --max-restarts would start the run over at every restart; "
+                        "start over by deleting the run's trainer_state.pt, or set out_dir=PATH, without --fresh")
     dist = setup(device.type)
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)  # one GPU per process
@@ -85,7 +89,7 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
-    return run_main(parse_args, train, argv, {UserError: 2, DataError: 2, TrainingError: 1})
+    return run_main(parse_args, train, argv, {UserError: 2, DataError: 2, TrainingError: 1, JoinError: 1})
 
 
 if __name__ == "__main__":

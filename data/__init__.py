@@ -2,9 +2,9 @@
 
 from .batches import BatchSampler, fixed_batches
 from .config import DataConfig
-from .prepare import TokenData, prepare
+from .prepare import TokenData, content_digest, prepare
 from .sources import DataError
 from .tokenizer import load_tokenizer, unknown_characters
 
-__all__ = ["BatchSampler", "DataConfig", "DataError", "TokenData", "fixed_batches", "load_tokenizer", "prepare",
-           "unknown_characters"]
+__all__ = ["BatchSampler", "DataConfig", "DataError", "TokenData", "content_digest", "fixed_batches",
+           "load_tokenizer", "prepare", "unknown_characters"]

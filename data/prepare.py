@@ -82,6 +82,16 @@ def load(directory: Path) -> TokenData:
     return TokenData(directory, load_tokenizer(directory / "tokenizer.json"), *splits, meta)
 
 
+def content_digest(directory: Path) -> str:
+    """A SHA-256 of a prepared folder's tokenizer and token files, whatever their paths and
+    times: two machines that prepared the same corpus the same way get the same digest."""
+    digest = hashlib.sha256()
+    for name in ("tokenizer.json", "train.bin", "val.bin"):
+        with open(directory / name, "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()
+
+
 def build(src, settings: dict, fingerprint: str, directory: Path, progress: bool,
           tokenizer: Tokenizer | None) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)

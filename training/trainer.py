@@ -10,6 +10,7 @@ import math
 import os
 import random
 import signal
+import socket
 import sys
 import time
 from contextlib import nullcontext
@@ -23,7 +24,7 @@ from common import checkpoint
 from common.attention_maps import attention_maps
 from common.cli import UserError
 from common.device import autocast, measure_peak_flops
-from data import BatchSampler, TokenData, fixed_batches, prepare
+from data import BatchSampler, TokenData, content_digest, fixed_batches, prepare
 from data.tokenizer import encode_or_start, suppressed_ids
 from model import GPT, GPTConfig
 
@@ -41,18 +42,32 @@ class TrainingError(Exception):
 def load_data(cfg: RunConfig, dist: Distributed, source: Source | None) -> tuple[TokenData, GPTConfig]:
     """The token files and the model's settings: from the run config, or with
     train.init_from from the source model, whose tokenizer then encodes the data.
-    Rank 0 tokenizes (or finds the token files); the others then reuse them."""
+    The first process of each node tokenizes (or finds) the token files; the others then
+    reuse them, and with several nodes every process checks that it holds rank 0's."""
     tokenizer = source.tokenizer() if source else None
-    data = prepare(cfg.data, progress=True, tokenizer=tokenizer) if dist.is_main else None
+    data = prepare(cfg.data, progress=True, tokenizer=tokenizer) if dist.local_rank == 0 else None
     dist.barrier()
     if data is None:
         data = prepare(cfg.data, progress=False, tokenizer=tokenizer)
+    if dist.nodes > 1:
+        check_same_data(data, dist)
     if source is None:
         return data, cfg.model_config(data.vocab_size)
     if data.vocab_size > source.config.vocab_size:
         raise UserError(f"train.init_from={source.name}: its tokenizer has {data.vocab_size} tokens, more than "
                         f"the model's {source.config.vocab_size}")
     return data, model_config(source, cfg.model, cfg.model_keys)
+
+
+def check_same_data(data: TokenData, dist: Distributed) -> None:
+    """Every node prepared its own token files (paths and times differ between nodes, so
+    the hash is of their content and the tokenizer's): all must equal rank 0's."""
+    held = dist.gather((socket.gethostname(), content_digest(data.directory)))
+    for rank, (host, digest) in enumerate(held):
+        if digest != held[0][1]:
+            raise UserError(f"node {host} (rank {rank}) holds other token files than rank 0 on {held[0][0]} "
+                            f"(their content differs, in {data.directory}): give every node the same corpus "
+                            "and data settings, or put data.cache_dir on storage all nodes share")
 
 
 def rng_state(device: torch.device) -> dict:
@@ -142,9 +157,27 @@ class Trainer:
         if len(ranks) == self.dist.world_size:
             self.sampler.load_state_dict(ranks[self.dist.rank]["sampler"])
             set_rng_state(ranks[self.dist.rank]["rng"], self.device)
-        elif self.dist.is_main:
-            print(f"note: resuming {len(ranks)}-process state with {self.dist.world_size} processes; "
-                  "batches will differ from the original run", file=sys.stderr)
+        else:
+            self.change_process_count(len(ranks), state.get("grad_accum", self.tc.grad_accum))
+            self.sampler.load_state_dict(ranks[0]["sampler"])  # every rank's sampler draws the same global batch
+
+    def change_process_count(self, saved_processes: int, saved_accum: int) -> None:
+        """Resume a run saved by another number of processes: keep its global batch
+        (batch_size × grad_accum × processes sequences) by changing grad_accum where it
+        divides evenly; the samplers then draw the very same windows. What differs: the
+        dropout masks (each process has its own random stream) and the last bits of the sums."""
+        micro_batches = saved_accum * saved_processes  # per optimizer step, over all processes
+        accum = micro_batches // self.dist.world_size
+        if accum >= 1 and accum * self.dist.world_size == micro_batches:
+            self.tc = dataclasses.replace(self.tc, grad_accum=accum)
+            what = (f"train.grad_accum {saved_accum} -> {accum} keeps the global batch of "
+                    f"{micro_batches * self.tc.batch_size} sequences and its windows; dropout masks differ")
+        else:
+            what = (f"its {micro_batches} micro-batches per step do not split evenly over {self.dist.world_size} "
+                    f"processes, so the global batch becomes {self.tc.batch_size * self.tc.grad_accum * self.dist.world_size}"
+                    " sequences and the batches differ (set train.grad_accum to choose)")
+        if self.dist.is_main:
+            print(f"note: resuming a {saved_processes}-process run with {self.dist.world_size}: {what}", file=sys.stderr)
 
     def make_ema(self, state: dict | None) -> GPT | None:
         """train.ema: a copy of the model whose weights follow the trained ones as an
@@ -420,7 +453,7 @@ class Trainer:
             return
         state = {"model": self.model.state_dict(), "optimizer": [o.state_dict() for o in self.optimizers], "iter": self.it,
                  "best_val_loss": self.best_val, "identity": self.identity, "ranks": ranks,
-                 "max_iters": self.tc.max_iters, "max_minutes": self.tc.max_minutes, "seconds": self.seconds_used(),
+                 "grad_accum": self.tc.grad_accum, "max_iters": self.tc.max_iters, "max_minutes": self.tc.max_minutes, "seconds": self.seconds_used(),
                  # for the model card of an export: what was measured, on which token files
                  "val_loss": self.val_loss, "val_bits_per_char": self.data.bits_per_character(self.val_loss),
                  "data_fingerprint": self.data.meta["fingerprint"]}

@@ -1,0 +1,266 @@
+"""Several processes and machines: joining a group after torchrun restarts it, a lost
+worker, a run resumed with another number of processes, and every node holding the same
+token files. The torchrun tests are slow; the pieces they rely on are tested fast."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import train
+from bench import elastic
+from common.cli import UserError
+from conftest import ROOT
+from data import content_digest
+from training import distributed
+from training.distributed import Distributed, JoinError, launch_store
+from training.trainer import check_same_data
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="finds torchrun's workers with pgrep")
+
+
+@pytest.fixture
+def agent_store(monkeypatch):
+    """A store like the one torchrun's agent keeps for the whole job, and the environment
+    its workers see."""
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10), wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    return store
+
+
+def join_all(world_size: int) -> list:
+    """Each rank calls launch_store in its own thread, as the processes of one launch do."""
+    results = [None] * world_size
+
+    def join(rank):
+        try:
+            results[rank] = launch_store(Distributed(rank=rank, world_size=world_size))
+        except JoinError as e:
+            results[rank] = e
+
+    threads = [threading.Thread(target=join, args=(rank,)) for rank in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_restarted_workers_never_read_the_keys_of_dead_ones(agent_store):
+    """Launch 0 ended after joining (its processes were killed later); launch 1 died while
+    joining, with only rank 1 there. The new processes must meet in a launch of their own."""
+    agent_store.add("workers/launch", 1)
+    for key in ("0/claim0", "0/claim1", "0/ready0", "0/ready1", "1/claim1"):
+        agent_store.set(f"workers/{key}", "a dead process")
+    stores = join_all(3)
+    assert all(isinstance(s, dist.PrefixStore) for s in stores), stores
+    for rank, store in enumerate(stores):
+        store.set(f"hello{rank}", f"from {rank}")
+    assert [stores[0].get(f"hello{rank}") for rank in range(3)] == [b"from 0", b"from 1", b"from 2"]
+    assert agent_store.get("workers/2/hello1") == b"from 1"  # launch 2: the first whose slots were all free
+    assert agent_store.get("workers/2/claim0") != b"a dead process"
+
+
+def test_a_fresh_job_joins_launch_zero_and_the_next_joins_launch_one(agent_store):
+    first = join_all(2)
+    first[0].set("x", "1")
+    assert agent_store.check(["workers/0/x"])
+    second = join_all(2)  # the same job restarted: launch 0's slots are taken
+    second[1].set("y", "1")
+    assert agent_store.check(["workers/1/y"])
+
+
+def test_a_missing_process_stops_the_join_in_bounded_time(agent_store, monkeypatch):
+    monkeypatch.setattr(distributed, "JOIN_SECONDS", 1)
+    start = time.monotonic()
+    with pytest.raises(JoinError, match="the 2 processes did not all join within 1 s"):
+        launch_store(Distributed(rank=0, world_size=2))  # rank 1 never comes
+    assert time.monotonic() - start < 5
+
+
+def test_fresh_is_refused_under_torchrun_restarts(micro, monkeypatch, capsys):
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    assert train.main(["--config", TINY, *micro(), "--fresh"]) == 2
+    assert "--fresh under torchrun --max-restarts would start the run over" in capsys.readouterr().err
+
+
+def test_nodes_count_machines_from_torchruns_local_world_size(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert Distributed(rank=0, world_size=8).nodes == 4
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert Distributed(rank=0, world_size=8).nodes == 1
+
+
+def test_token_files_are_compared_by_content_not_path(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        for name in ("tokenizer.json", "train.bin", "val.bin"):
+            (folder / name).write_bytes(name.encode() * 100)
+    assert content_digest(a) == content_digest(b)
+    (b / "train.bin").write_bytes(b"train.bin" * 99 + b"trains.bi")
+    assert content_digest(a) != content_digest(b)
+    (b / "train.bin").write_bytes((a / "train.bin").read_bytes())
+    (b / "tokenizer.json").write_bytes(b"another tokenizer")
+    assert content_digest(a) != content_digest(b)
+
+
+def test_a_node_with_other_token_files_is_named(tmp_path):
+    class TwoNodes:
+        def __init__(self, held):
+            self.held = held
+
+        def gather(self, mine):
+            return self.held
+
+    data = type("Data", (), {"directory": tmp_path})()
+    for name in ("tokenizer.json", "train.bin", "val.bin"):
+        (tmp_path / name).write_bytes(b"tokens")
+    check_same_data(data, TwoNodes([("node-a", content_digest(tmp_path)), ("node-b", content_digest(tmp_path))]))
+    with pytest.raises(UserError, match=r"node node-b \(rank 1\) holds other token files than rank 0 on node-a"):
+        check_same_data(data, TwoNodes([("node-a", content_digest(tmp_path)), ("node-b", "0" * 64)]))
+
+
+def test_a_run_resumed_with_other_process_counts_keeps_its_global_batch(micro, tmp_path, capsys):
+    """A checkpoint of 2 processes × grad_accum 1 resumed by one process: grad_accum 2,
+    and the windows of the next step are those the two processes would have drawn."""
+    from training.config import load_config
+    from training.trainer import Trainer
+
+    settings = ("train.max_iters=4", "train.eval_interval=4", "train.sample_tokens=0")
+    assert train.main(["--config", TINY, *micro(*settings)]) == 0
+    state_file = tmp_path / "run" / "trainer_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    state["ranks"] = [state["ranks"][0], state["ranks"][0]]  # as two processes save it: the same sampler
+    torch.save(state, state_file)
+    resumed = Trainer(load_config(TINY, micro(*settings[1:], "train.max_iters=8")), torch.device("cpu"),
+                      torch.float32)
+    assert resumed.tc.grad_accum == 2 and resumed.it == 4
+    assert "resuming a 2-process run with 1: train.grad_accum 1 -> 2 keeps the global batch of 16" \
+        in capsys.readouterr().err
+    two_ranks = [elastic_sampler(resumed, state, rank) for rank in (0, 1)]
+    assert torch.equal(resumed.sampler.next_batch()[0], two_ranks[0])
+    assert torch.equal(resumed.sampler.next_batch()[0], two_ranks[1])
+    state["ranks"] = [state["ranks"][0]] * 3  # three processes, each with the saved grad_accum of 1
+    torch.save(state, state_file)
+    three = Trainer(load_config(TINY, micro(*settings[1:], "train.max_iters=8", "train.grad_accum=2")),
+                    torch.device("cpu"), torch.float32)
+    assert three.tc.grad_accum == 3  # from the checkpoint's processes and grad_accum, not the config's 2
+
+
+def elastic_sampler(trainer, state, rank):
+    """The windows rank `rank` of 2 would draw next from the saved sampler state."""
+    from data import BatchSampler
+
+    sampler = BatchSampler(trainer.data.train, trainer.model_config.block_size, trainer.tc.batch_size,
+                           trainer.tc.seed, rank, 2)
+    sampler.load_state_dict(state["ranks"][0]["sampler"])
+    return sampler.next_batch()[0]
+
+
+def test_uneven_process_counts_say_the_global_batch_changes(micro, capsys):
+    from training.config import load_config
+    from training.trainer import Trainer
+
+    trainer = Trainer(load_config(TINY, micro()), torch.device("cpu"), torch.float32)
+    trainer.dist = Distributed(rank=0, world_size=2)  # what rank 0 of 2 decides for a 3-process checkpoint
+    trainer.change_process_count(3, 1)
+    assert trainer.tc.grad_accum == 1
+    assert "resuming a 3-process run with 2: its 3 micro-batches per step do not split evenly over 2 " \
+           "processes, so the global batch becomes 16 sequences" in capsys.readouterr().err
+
+
+# ---- torchrun (slow) ---------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(launcher: list[str], overrides: list[str], **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *launcher, "train.py", "--config", TINY,
+                             *overrides], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, **popen)
+
+
+def two_nodes(overrides_a: list[str], overrides_b: list[str]) -> tuple[subprocess.CompletedProcess, ...]:
+    """Two torchrun launches of one process each that meet over 127.0.0.1, as two machines would."""
+    rendezvous = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                  f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=test"]
+    nodes = [torchrun(rendezvous, overrides) for overrides in (overrides_a, overrides_b)]
+    return tuple(subprocess.CompletedProcess(n.args, n.wait(timeout=240), n.communicate()[0], "") for n in nodes)
+
+
+def weights(run_dir):
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "model.safetensors"))
+
+
+MICRO_DDP = ("train.max_iters=20", "train.eval_interval=10", "train.sample_tokens=0", "train.batch_size=4")
+
+
+@pytest.mark.slow
+def test_two_nodes_over_localhost_train_what_one_node_with_two_processes_trains(micro, tmp_path):
+    one = torchrun(["--standalone", "--nproc-per-node=2"], micro(*MICRO_DDP, out="one"))
+    assert one.wait(timeout=240) == 0, one.communicate()[0][-2000:]
+    a, b = two_nodes(micro(*MICRO_DDP, out="two"), micro(*MICRO_DDP, out="two"))
+    assert a.returncode == 0 and b.returncode == 0, (a.stdout[-2000:], b.stdout[-2000:])
+    w1, w2 = weights(tmp_path / "one"), weights(tmp_path / "two")
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+@pytest.mark.slow
+def test_a_node_whose_corpus_differs_stops_the_run_naming_it(micro, tmp_path, corpus):
+    other = tmp_path / "other.txt"
+    other.write_text(corpus.read_text(encoding="utf-8").replace("Macbeth", "Macbeht"), encoding="utf-8")
+    node_b = [*micro(*MICRO_DDP, out="run"), f"data.source={other}", f"data.cache_dir={tmp_path / 'b-cache'}"]
+    a, b = two_nodes(micro(*MICRO_DDP, out="run"), node_b)
+    assert a.returncode != 0 and b.returncode != 0
+    assert "(rank 1) holds other token files than rank 0" in a.stdout + b.stdout
+    assert not (tmp_path / "run" / "trainer_state.pt").exists()  # nothing trained, nothing saved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
+def test_a_run_continues_with_another_number_of_processes(micro, tmp_path, before, after):
+    """Ten steps with `before` processes, ten with `after`: the same global batch (grad_accum
+    adjusted) and the same windows, so the weights end as those of twenty steps without the
+    change (exactly, here; the order of the sums may differ elsewhere). The schedule is set
+    for twenty steps in every run, so that the first run stops half way along it."""
+    def run(processes, accum, iters, out):
+        settings = [*MICRO_DDP[1:], f"train.max_iters={iters}", f"train.grad_accum={accum}", "train.lr_decay_iters=20"]
+        p = torchrun(["--standalone", f"--nproc-per-node={processes}"], micro(*settings, out=out))
+        output = p.communicate(timeout=240)[0]
+        assert p.returncode == 0, output[-2000:]
+        return output
+
+    run(before, 2 // before, 20, "straight")
+    run(before, 2 // before, 10, "changed")
+    output = run(after, 2 // before, 20, "changed")  # the config still says the old grad_accum
+    assert f"resuming a {before}-process run with {after}: train.grad_accum {2 // before} -> {2 // after}" in output
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "changed")
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+@pytest.mark.slow
+@linux_only
+def test_a_killed_worker_is_replaced_and_the_run_ends_as_if_nothing_happened(tmp_path, corpus):
+    overrides = [f"data.source={corpus}", f"data.cache_dir={tmp_path / 'cache'}"]
+    assert elastic.trial(tmp_path / "straight", overrides, kill_after=None)["exit"] == 0
+    for i in range(5):
+        r = elastic.trial(tmp_path / f"killed{i}", overrides)
+        assert r["killed"] and r["exit"] == 0, (r, Path(f"{tmp_path / f'killed{i}'}.log").read_text()[-3000:])
+        assert r["seconds_after_kill"] < 120
+        assert elastic.same_weights(tmp_path / "straight", tmp_path / f"killed{i}")
