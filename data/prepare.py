@@ -22,7 +22,7 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,9 +107,10 @@ def build(src, settings: dict, fingerprint: str, directory: Path, progress: bool
         vocab = tokenizer.get_vocab_size()
         dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
         sizes = {}
-        for split, pieces in (("train", src.train()), ("val", src.val())):
-            sizes[split] = write_tokens(chunked(pieces), tokenizer, tmp / f"{split}.bin", dtype,
-                                        desc=f"tokenizing {split}", progress=progress)
+        with tqdm(desc="tokenizing", total=src.size(), unit="B", unit_scale=True, disable=not progress,
+                  file=sys.stderr, mininterval=1.0) as bar:  # MB/s, and the time left where the size is known
+            for split, pieces in (("train", src.train()), ("val", src.val())):
+                sizes[split] = write_tokens(chunked(pieces), tokenizer, tmp / f"{split}.bin", dtype, bar.update)
         if sizes["train"]["tokens"] == 0 or sizes["val"]["tokens"] == 0:
             raise DataError(f"data source {src.name!r} gave an empty train or validation split; "
                             "give more text or change data.val_fraction")
@@ -151,17 +152,16 @@ def chunked(pieces: Iterable[Piece]) -> Iterator[Piece]:
 
 
 def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtype,
-                 desc: str, progress: bool) -> dict:
+                 advance: Callable[[int], object] = lambda size: None) -> dict:
     """Encode chunks and append their ids to `path`; each document is encoded as one text
     (the Encoder's feed and flush), and documents are separated by <|endoftext|> where the
     tokenizer has it, else by a blank line. Unknown characters, in the separator too, are
-    counted."""
+    counted. advance(bytes) is called with the UTF-8 size of each chunk done."""
     eot = end_of_text_id(tokenizer)
     encode = Encoder(tokenizer)
     tokens = characters = unknown = 0
     tail = ""  # end of the text written so far, to place blank lines between documents
-    with open(path, "wb") as f, tqdm(desc=desc, unit="char", unit_scale=True, disable=not progress,
-                                     file=sys.stderr, mininterval=1.0) as bar:
+    with open(path, "wb") as f:
         def write(ids) -> None:
             nonlocal tokens, unknown
             ids = np.asarray(ids, dtype=np.int64)
@@ -183,6 +183,6 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
             write(encode.feed(chunk))
             characters += len(chunk)
             tail = (tail + chunk)[-2:]
-            bar.update(len(chunk))
+            advance(len(chunk.encode("utf-8")))
         write(encode.flush())
     return {"tokens": tokens, "characters": characters, "unknown": unknown}

@@ -36,6 +36,7 @@ class Source:
     identity: dict  # what the fingerprint of the token files depends on
     train: Callable[[], Iterator[Piece]]
     val: Callable[[], Iterator[Piece]]
+    size: Callable[[], int | None] = lambda: None  # UTF-8 bytes of both splits, where known (progress)
 
 
 def open_source(source: str, text_field: str = "text", val_fraction: float = 0.1) -> Source:
@@ -183,15 +184,23 @@ def split_by_characters(name: str, identity: dict, documents: Callable[[], Itera
                         val_fraction: float, label: str) -> Source:
     """Split a stream as nanoGPT does: the last val_fraction of the characters is
     validation. The first read counts the characters; each split re-reads the stream."""
-    cut: list[int] = []  # computed once, on first use, so a cached run never reads the data
+    counts: list[int] = []  # (the cut, the bytes) computed once, on first use: a cached run never reads the data
 
     def split_point() -> int:
-        if not cut:
-            total = sum(len(p) for p in documents() if p is not END)
-            if total == 0:
+        if not counts:
+            characters = size = 0
+            for piece in documents():
+                if piece is not END:
+                    characters += len(piece)
+                    size += len(piece.encode("utf-8"))
+            if characters == 0:
                 raise DataError(f"data source {label!r} holds no text")
-            cut.append(int(total * (1.0 - val_fraction)))
-        return cut[0]
+            counts.extend([int(characters * (1.0 - val_fraction)), size])
+        return counts[0]
+
+    def total_bytes() -> int:
+        split_point()
+        return counts[1]
 
     def train() -> Iterator[Piece]:
         end, seen = split_point(), 0
@@ -217,4 +226,4 @@ def split_by_characters(name: str, identity: dict, documents: Callable[[], Itera
                 yield piece[max(0, start - seen):]
             seen += len(piece)
 
-    return Source(name, identity, train, val)
+    return Source(name, identity, train, val, total_bytes)

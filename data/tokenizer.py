@@ -47,16 +47,33 @@ def train_char(pieces: Iterable[Piece]) -> Tokenizer:
     return tokenizer
 
 
+BPE_SAMPLE = 1 << 26  # characters of training text (64 Mi) a BPE tokenizer learns its merges from
+
+
 def train_bpe(pieces: Iterable[Piece], vocab_size: int) -> Tokenizer:
+    """Byte-level BPE learned from the first BPE_SAMPLE characters of the training text:
+    its trainer counts every distinct word it meets, so on a corpus of gigabytes it would
+    grow with the corpus; a few tens of millions of characters teach a vocabulary of
+    thousands of tokens as well."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    texts: Iterator[str] = (p for p in pieces if p is not END)
-    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.train_from_iterator(first_characters(pieces, BPE_SAMPLE), trainer)
     tokenizer.encode_special_tokens = True
     return tokenizer
+
+
+def first_characters(pieces: Iterable[Piece], limit: int) -> Iterator[str]:
+    """The texts of `pieces` up to `limit` characters in all (the last one cut)."""
+    for piece in pieces:
+        if piece is END:
+            continue
+        yield piece[:limit]
+        limit -= len(piece)
+        if limit <= 0:
+            return
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -314,3 +314,23 @@ def test_char_documents_are_separated_by_known_newlines(tmp_path):
     unk = data.tokenizer.token_to_id("<unk>")
     assert data.meta["train_unknown"] == 0 and unk not in np.asarray(data.train)
     assert data.tokenizer.decode(np.asarray(data.train[:40]).tolist()).startswith("row 0 says hello\n\nrow 1 says")
+
+
+def test_bpe_learns_its_merges_from_the_first_characters_only(monkeypatch):
+    from data import tokenizer as tokenizers
+
+    monkeypatch.setattr(tokenizers, "BPE_SAMPLE", 2_000)
+    texts = ["lo lo lo lo " * 200, sources.END, "zyx zyx zyx " * 200]  # 2,400 characters, then new words
+    learned = train_tokenizer("bpe", texts, 300).get_vocab()
+    assert "lo" in learned and not any("zy" in token or "yx" in token for token in learned)
+    monkeypatch.setattr(tokenizers, "BPE_SAMPLE", 10_000)
+    assert "zyx" in train_tokenizer("bpe", texts, 300).get_vocab()
+
+
+def test_preparation_shows_its_progress_in_bytes_of_the_whole_corpus(tmp_path, capsys):
+    text = "ünïcode text, two bytes a letter sometimes\n" * 2_000
+    (tmp_path / "a.txt").write_text(text, encoding="utf-8")
+    prepare(DataConfig(source=str(tmp_path / "a.txt"), cache_dir=str(tmp_path / "cache")), progress=True)
+    err = capsys.readouterr().err
+    size = len(text.encode("utf-8"))  # 94,000 bytes: both splits
+    assert "tokenizing: 100%" in err and f"{size / 1000:.1f}k/{size / 1000:.1f}k" in err and "B/s" in err
