@@ -25,6 +25,7 @@ class DataError(ValueError):
 END = None
 Piece = str | None
 
+BLOCK = 1 << 20  # characters of a .txt file read at a time
 LOCAL_FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -81,8 +82,10 @@ def local_source(source: str, text_field: str, val_fraction: float) -> Source:
                 check_readable(f, fmt)
             checked.append(True)
         if fmt == "text":
-            for f in files:  # each file is one document, read line by line
-                yield from load_rows("text", [f], "text", keep_linebreaks=True)
+            for f in files:  # each file is one document, read in blocks (universal newlines: \r\n -> \n)
+                with open(f, encoding="utf-8") as text:
+                    while block := text.read(BLOCK):
+                        yield block
                 yield END
         else:  # each row is one document
             for text in load_rows(fmt, files, text_field):

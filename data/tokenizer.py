@@ -164,17 +164,17 @@ class Encoder:
         chars = {ch: i for ch, i in vocab.items() if ch != UNK}
         self.table = None
         if self.unk is not None and all(len(ch) == 1 for ch in chars):
-            points = np.array(sorted(ord(ch) for ch in chars), dtype=np.uint32)
-            self.table = (points, np.array([chars[chr(p)] for p in points], dtype=np.int64))
+            # the id of every code point up to the largest known one; past it, <unk>
+            self.table = np.full(max(map(ord, chars), default=0) + 2, self.unk, dtype=np.int64)
+            for ch, i in chars.items():
+                self.table[ord(ch)] = i
         self.held = ""  # the end of the text fed so far, not yet encoded
 
     def __call__(self, text: str) -> np.ndarray:
         """The ids of text, a whole text (or one whole document)."""
         if self.table is not None:
-            points, ids = self.table
             codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-            where = np.minimum(np.searchsorted(points, codes), len(points) - 1)
-            return np.where(points[where] == codes, ids[where], self.unk)
+            return self.table[np.minimum(codes, len(self.table) - 1)]
         pieces, start = [], 0
         while start < len(text):
             end = len(text)

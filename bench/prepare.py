@@ -1,0 +1,235 @@
+"""Preparing corpora of gigabytes: the process's own memory, and the speed of ours against
+the Hugging Face way, side by side.
+
+The corpus is generated (nothing is downloaded): a folder of .txt files (one document
+each) and a .jsonl file (one document a row), half the size each, of made-up words whose
+vocabulary keeps growing with the text, so that a BPE trainer keeps meeting new words.
+For each source and tokenizer:
+
+1. ours from scratch, tokenizer training included: `data.prepare` in its own process;
+2. ours again with that tokenizer given, and
+3. the Hugging Face way with the same tokenizer: `datasets.load_dataset(...)` then
+   `.map(batched=True, num_proc=2)` (tokenizer.encode_batch), the same documents, split
+   (the last 10% of the characters) and separators, written to the same flat token files.
+
+2 and 3 must write identical token files. Memory is the peak RssAnon (anonymous resident
+memory: heap and arrays, not the file-backed page cache the corpus passes through) summed
+over the process and its children, sampled every 50 ms; disk is what each left in its
+datasets cache (a temporary folder, removed after). Linux only (it reads /proc).
+
+    python -m bench.prepare [--megabytes 1024] [--tokenizers char bpe] [--quick] [--out JSON]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent  # (bench.common imports torch: the Hugging Face way must not)
+
+SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"]
+
+
+def spellings(count: int) -> np.ndarray:
+    """Word number i spelled in syllables (its digits in base 90): all different."""
+    words = []
+    for i in range(count):
+        word = SYLLABLES[i % 90]
+        while i >= 90:
+            i //= 90
+            word += SYLLABLES[i % 90]
+        words.append(word)
+    return np.array(words, dtype=object)
+
+
+def made_up_text(rng: np.random.Generator, spelled: np.ndarray, words_before: int, size: int) -> str:
+    """About `size` characters of lines of 12 words. The vocabulary in use grows like
+    the square root of the words written so far (Heaps' law), the common words most used."""
+    n = size // 6
+    vocabulary = min(len(spelled), 2_000 + int(40 * (words_before + n) ** 0.5))
+    ids = (vocabulary * rng.random(n) ** 4).astype(np.int64)
+    lines = spelled[ids[: n - n % 12]].reshape(-1, 12)
+    return "\n".join(" ".join(line) for line in lines) + "\n"
+
+
+def write_corpus(folder: Path, megabytes: float, seed: int = 0) -> dict[str, Path]:
+    """A folder of .txt files and a .jsonl file, megabytes / 2 each."""
+    rng = np.random.default_rng(seed)
+    half = int(megabytes * 2**20 / 2)
+    spelled = spellings(2_000 + int(40 * (megabytes * 2**20 / 5.5) ** 0.5))
+    (folder / "txt").mkdir(parents=True)
+    written = words = part = 0
+    while written < half:
+        text = made_up_text(rng, spelled, words, min(8 << 20, half - written + 64))
+        (folder / "txt" / f"part-{part:04d}.txt").write_text(text, encoding="utf-8")
+        written, words, part = written + len(text), words + len(text) // 6, part + 1
+    with open(folder / "corpus.jsonl", "w", encoding="utf-8") as f:
+        written = 0
+        while written < half:
+            text = made_up_text(rng, spelled, words, 4_000)
+            f.write(json.dumps({"text": text}) + "\n")
+            written, words = written + len(text), words + len(text) // 6
+    return {"txt folder": folder / "txt", "jsonl file": folder / "corpus.jsonl"}
+
+
+def own_memory_kb(pid: int) -> int:
+    """RssAnon of a process and all its descendants, in kB (0 once it has gone)."""
+    total = 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                total += int(line.split()[1])
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += own_memory_kb(int(child))
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        pass
+    return total
+
+
+def measured(code: str, env: dict) -> dict:
+    """Run `python -c code` and watch it: wall seconds and peak own memory."""
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env},
+                               stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, own_memory_kb(process.pid))
+        time.sleep(0.05)
+    if process.returncode != 0:
+        raise SystemExit(f"failed:\n{code}\n{process.stderr.read()[-3000:]}")
+    return {"seconds": time.perf_counter() - start, "peak_own_mb": peak / 1024}
+
+
+def folder_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+OURS = """
+from data import DataConfig, prepare, load_tokenizer
+given = {given!r}
+prepare(DataConfig(source={source!r}, tokenizer={kind!r}, vocab_size={vocab}, cache_dir={cache!r}),
+        progress=False, tokenizer=load_tokenizer(given) if given else None)
+"""
+
+HUGGING_FACE = """
+from bench.prepare import hugging_face_way
+hugging_face_way({source!r}, {tokenizer!r}, {out!r}, {cache!r})
+"""
+
+
+def hugging_face_way(source: str, tokenizer_file: str, out: str, cache: str, val_fraction: float = 0.1) -> None:
+    """What a datasets user writes: load, map the tokenizer over batches in 2 processes,
+    then write the ids of each split to a flat file, documents separated as ours are."""
+    import datasets
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    path = Path(source)
+    if path.is_dir():  # a document per file
+        files = [str(f) for f in sorted(path.rglob("*.txt"))]
+        ds = datasets.load_dataset("text", data_files=files, sample_by="document", split="train", cache_dir=cache)
+    else:
+        ds = datasets.load_dataset("json", data_files=source, split="train", cache_dir=cache)
+    lengths = np.array(ds.map(lambda b: {"n": [len(t) for t in b["text"]]}, batched=True, num_proc=2,
+                              remove_columns=ds.column_names)["n"])
+    cut = int(lengths.sum() * (1 - val_fraction))  # the last 10% of the characters are validation
+    train_chars = np.clip(cut - (np.cumsum(lengths) - lengths), 0, lengths)
+
+    def encode(batch, indices):
+        out = {}
+        for split in ("train", "val"):
+            parts = [text[:train_chars[i]] if split == "train" else text[train_chars[i]:]
+                     for text, i in zip(batch["text"], indices)]
+            out[f"{split}_ids"] = [e.ids for e in tokenizer.encode_batch(parts, add_special_tokens=False)]
+            out[f"{split}_text_end"] = [p[-2:] for p in parts]
+            out[f"{split}_empty"] = [not p for p in parts]
+        return out
+
+    ds = ds.map(encode, batched=True, with_indices=True, num_proc=2, remove_columns=ds.column_names)
+    eot = tokenizer.token_to_id("<|endoftext|>")
+    dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
+    for split in ("train", "val"):
+        tail, first = "", True
+        with open(Path(out) / f"{split}.bin", "wb") as f:
+            for row in ds.select_columns([f"{split}_ids", f"{split}_text_end", f"{split}_empty"]).iter(1000):
+                for ids, end, empty in zip(row[f"{split}_ids"], row[f"{split}_text_end"], row[f"{split}_empty"]):
+                    if empty:
+                        continue
+                    if not first:  # between documents: <|endoftext|>, or enough newlines for a blank line
+                        blank = "" if tail.endswith("\n\n") else "\n" if tail.endswith("\n") else "\n\n"
+                        np.asarray([eot] if eot is not None else tokenizer.encode(blank).ids, dtype).tofile(f)
+                    np.asarray(ids, dtype).tofile(f)
+                    tail, first = (tail + end)[-2:], False
+
+
+def compare(corpus: Path, source: str, kind: str, vocab: int, tmp: Path) -> dict:
+    """Ours from scratch, ours with the tokenizer given, the Hugging Face way; one source."""
+    work = tmp / f"{Path(source).stem}-{kind}"
+    work.mkdir()
+    env = {"HF_DATASETS_CACHE": str(work / "hf-cache-ours"), "TOKENIZERS_PARALLELISM": "true"}
+    scratch = measured(OURS.format(given=None, source=source, kind=kind, vocab=vocab, cache=str(work / "ours")), env)
+    prepared = next((work / "ours").glob("*/meta.json")).parent
+    tokenizer = str(prepared / "tokenizer.json")
+    shutil.rmtree(work / "hf-cache-ours")  # both start cold
+    given = measured(OURS.format(given=tokenizer, source=source, kind=kind, vocab=vocab,
+                                 cache=str(work / "given")), env)
+    ours_disk = folder_mb(work / "hf-cache-ours")
+    (work / "hf").mkdir()
+    theirs = measured(HUGGING_FACE.format(source=source, tokenizer=tokenizer, out=str(work / "hf"),
+                                          cache=str(work / "hf-cache")), {})
+    theirs_disk = folder_mb(work / "hf-cache")
+    ours_dir = next((work / "given").glob("*/meta.json")).parent
+    identical = all((ours_dir / f"{s}.bin").read_bytes() == (work / "hf" / f"{s}.bin").read_bytes()
+                    for s in ("train", "val"))
+    size = folder_mb(Path(source)) if Path(source).is_dir() else Path(source).stat().st_size / 2**20
+    shutil.rmtree(work)
+    return {"source": source, "tokenizer": kind, "megabytes": size, "scratch": scratch, "ours": given,
+            "ours_cache_mb": ours_disk, "hugging_face": theirs, "hugging_face_cache_mb": theirs_disk,
+            "identical": identical}
+
+
+def main() -> None:
+    from bench.common import machine, save, table
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--megabytes", type=float, default=1024, help="corpus size in all (half .txt, half .jsonl)")
+    parser.add_argument("--tokenizers", nargs="+", default=["char", "bpe"], choices=["char", "bpe"])
+    parser.add_argument("--vocab-size", type=int, default=4096, help="for bpe")
+    parser.add_argument("--quick", action="store_true", help="a 4 MB corpus (a test runs this)")
+    parser.add_argument("--out", help="JSON path (default bench/results/prepare.json)")
+    args = parser.parse_args()
+    megabytes = 4 if args.quick else args.megabytes
+    results, rows = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        sources = write_corpus(tmp / "corpus", megabytes)
+        for kind in args.tokenizers:
+            for label, source in sources.items():
+                r = compare(tmp / "corpus", str(source), kind, args.vocab_size, tmp)
+                r["source"] = label
+                results.append(r)
+                rows.append([label, kind, r["megabytes"], r["scratch"]["seconds"], r["scratch"]["peak_own_mb"],
+                             r["megabytes"] / r["ours"]["seconds"], r["megabytes"] / r["hugging_face"]["seconds"],
+                             r["ours"]["peak_own_mb"], r["hugging_face"]["peak_own_mb"], r["ours_cache_mb"],
+                             r["hugging_face_cache_mb"], "yes" if r["identical"] else "NO"])
+                print(f"{label}, {kind}: ours {rows[-1][5]:.1f} MB/s, Hugging Face {rows[-1][6]:.1f} MB/s, "
+                      f"identical: {rows[-1][-1]}", flush=True)
+                path = save("prepare", {"machine": machine(os.cpu_count()), "results": results}, args.out)
+    print("\nPeak own memory = RssAnon of the process and its children; MB/s with the tokenizer given\n")
+    print(table(["source", "tokenizer", "MB", "from scratch (s)", "from scratch, own MB", "ours MB/s",
+                 "HF map MB/s", "ours own MB", "HF own MB", "ours cache MB", "HF cache MB", "identical"], rows))
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
