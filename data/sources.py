@@ -5,6 +5,7 @@ corpus, which is 5 MB)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -88,7 +89,9 @@ def local_source(source: str, text_field: str, val_fraction: float) -> Source:
                         yield block
                 yield END
         else:  # each row is one document
-            for text in load_rows(fmt, files, text_field):
+            rows = jsonl_rows(files[0], text_field) if files[0].suffix.lower() == ".jsonl" else \
+                load_rows(fmt, files, text_field)
+            for text in rows:
                 yield text
                 yield END
 
@@ -152,6 +155,28 @@ def load_rows(builder: str, files: list[Path] | None, text_field: str, **kwargs)
                         f"(it has {', '.join(dataset.column_names)}); set data.text_field")
     for batch in dataset.iter(batch_size=1000):
         for text in batch[text_field]:
+            if text:
+                yield text
+
+
+def jsonl_rows(path: Path, text_field: str) -> Iterator[str]:
+    """The non-empty `text_field` of each line of a .jsonl file (one JSON object a line),
+    read as a stream: memory stays bounded, and nothing is copied into a cache."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}, line {number}: not JSON ({e.msg}); a .jsonl file holds one JSON object "
+                                "per line") from None
+            if not isinstance(row, dict) or (number == 1 and text_field not in row):
+                held = ", ".join(row) if isinstance(row, dict) else f"a JSON {type(row).__name__}"
+                raise DataError(f"{path} has no field {text_field!r} (line {number} has {held}); set data.text_field")
+            text = row.get(text_field)  # (a later row without it is an empty document)
+            if text and not isinstance(text, str):
+                raise DataError(f"{path}, line {number}: {text_field!r} is a {type(text).__name__}, not text")
             if text:
                 yield text
 

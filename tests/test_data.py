@@ -1,6 +1,7 @@
 """Data: the built-in corpus, local and hub sources, tokenizers, token files, batches."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -107,6 +108,12 @@ def test_local_text_file_split_like_nanogpt(tmp_path):
     assert meta["train_tokens"] == len(data.train) and meta["vocab_size"] == data.vocab_size
 
 
+def test_jsonl_rows_without_the_field_are_empty_documents(tmp_path):
+    rows = [{"text": "first"}, {"title": "no text"}, {"text": ""}, {"text": "second", "id": 2}]
+    path = write(tmp_path / "d.jsonl", "".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    assert list(sources.jsonl_rows(path, "text")) == ["first", "second"]
+
+
 def test_folder_jsonl_csv_parquet_and_hub_folder(tmp_path):
     pd = pytest.importorskip("pandas")
     docs = [f"document {i} says {'hey ' * i}" for i in range(1, 60)]
@@ -198,6 +205,11 @@ BAD = {
     "binary": (lambda p: _bytes(p / "b.txt", b"ab\x00\x01" * 10), {}, "looks binary"),
     "unknown type": (lambda p: str(write(p / "x.docx", "hi")), {}, "unknown file type '.docx'"),
     "no such field": (lambda p: str(write(p / "d.jsonl", '{"body": "hi"}\n')), {}, "has no field 'text'.*body"),
+    "not a JSON line": (lambda p: str(write(p / "d.jsonl", '{"text": "hi"}\n\n{"text": "a" 1}\n')), {},
+                        r"d.jsonl, line 3: not JSON \(Expecting ',' delimiter\)"),
+    "a JSON list": (lambda p: str(write(p / "d.jsonl", '["hi"]\n')), {}, "line 1 has a JSON list"),
+    "text that is not text": (lambda p: str(write(p / "d.jsonl", '{"text": "hi"}\n{"text": 42}\n')), {},
+                              "line 2: 'text' is a int, not text"),
     "bpe vocab too small": (lambda p: str(write(p / "a.txt", SAMPLE)), {"tokenizer": "bpe", "vocab_size": 200},
                             "vocab_size=200 is below the 256 byte"),
     "unknown tokenizer": (lambda p: str(write(p / "a.txt", SAMPLE)), {"tokenizer": "word"}, "must be one of char, bpe"),
@@ -334,3 +346,18 @@ def test_preparation_shows_its_progress_in_bytes_of_the_whole_corpus(tmp_path, c
     err = capsys.readouterr().err
     size = len(text.encode("utf-8"))  # 94,000 bytes: both splits
     assert "tokenizing: 100%" in err and f"{size / 1000:.1f}k/{size / 1000:.1f}k" in err and "B/s" in err
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads RssAnon from /proc")
+@pytest.mark.parametrize("source", ["txt folder", "jsonl file"])
+def test_preparation_memory_does_not_grow_with_the_corpus(tmp_path, source):
+    """The process's own memory (RssAnon: not the page cache the text passes through)
+    preparing a generated corpus, at two sizes: the larger one costs no more."""
+    from bench.prepare import OURS, measured, write_corpus
+
+    peaks = []
+    for megabytes in (4, 24):
+        corpus = write_corpus(tmp_path / f"{megabytes}", megabytes)[source]
+        code = OURS.format(given=None, source=str(corpus), kind="char", vocab=0, cache=str(tmp_path / f"c{megabytes}"))
+        peaks.append(measured(code, {"HF_DATASETS_CACHE": str(tmp_path / "hf")})["peak_own_mb"])
+    assert peaks[1] - peaks[0] < 8, peaks  # 10 MB more text, as a string and its tokens, would be +30 MB
