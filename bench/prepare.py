@@ -12,9 +12,10 @@ For each source and tokenizer:
    `.map(batched=True, num_proc=2)` (tokenizer.encode_batch), the same documents, split
    (the last 10% of the characters) and separators, written to the same flat token files.
 
-2 and 3 must write identical token files. Memory is the peak RssAnon (anonymous resident
-memory: heap and arrays, not the file-backed page cache the corpus passes through) summed
-over the process and its children, sampled every 50 ms; disk is what each left in its
+2 and 3 must write identical token files. Memory is the peak of the process's own memory,
+sampled every 50 ms: RssAnon (anonymous resident memory: heap and arrays, not the
+file-backed page cache the corpus passes through), and for a process with children (the
+Hugging Face way's num_proc=2) the sum of their Pss_Anon (shared pages counted once); disk is what each left in its
 datasets cache (a temporary folder, removed after). Linux only (it reads /proc).
 
     python -m bench.prepare [--megabytes 1024] [--tokenizers char bpe] [--quick] [--out JSON]
@@ -82,25 +83,34 @@ def write_corpus(folder: Path, megabytes: float, seed: int = 0) -> dict[str, Pat
 
 
 def own_memory_kb(pid: int) -> int:
-    """RssAnon of a process and all its descendants, in kB (0 once it has gone)."""
-    total = 0
+    """A process's own memory with its descendants', in kB (0 once gone): RssAnon for the
+    process, and for a tree the sum of Pss_Anon, which splits the anonymous pages forked
+    children still share with their parent between them instead of counting them twice."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                total += int(line.split()[1])
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                total += own_memory_kb(int(child))
+        field, path = ("RssAnon:", "status") if not children_of(pid) else ("Pss_Anon:", "smaps_rollup")
+        return sum(anonymous(p, field, path) for p in [pid, *descendants(pid)])
     except (FileNotFoundError, ProcessLookupError, ValueError):
-        pass
-    return total
+        return 0
 
 
-def measured(code: str, env: dict) -> dict:
-    """Run `python -c code` and watch it: wall seconds and peak own memory."""
+def anonymous(pid: int, field: str, name: str) -> int:
+    line = next((line for line in Path(f"/proc/{pid}/{name}").read_text().splitlines() if line.startswith(field)), None)
+    return int(line.split()[1]) if line else 0  # (a process on its way out)
+
+
+def children_of(pid: int) -> list[int]:
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+def descendants(pid: int) -> list[int]:
+    return [d for child in children_of(pid) for d in (child, *descendants(child))]
+
+
+def measured(code: str, env: dict, args: tuple[str, ...] = ()) -> dict:
+    """Run `python -c code` (or python ARGS) and watch it: wall seconds and peak own memory."""
     start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env},
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, *(args or ("-c", code))], cwd=ROOT, env={**os.environ, **env},
+                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     peak = 0
     while process.poll() is None:
         peak = max(peak, own_memory_kb(process.pid))
@@ -111,7 +121,7 @@ def measured(code: str, env: dict) -> dict:
 
 
 def folder_mb(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+    return 0.0 if not path.exists() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
 OURS = """
@@ -172,6 +182,13 @@ def hugging_face_way(source: str, tokenizer_file: str, out: str, cache: str, val
                     tail, first = (tail + end)[-2:], False
 
 
+def training_memory(source: str, cache: str, out: str) -> dict:
+    """Peak own memory of 30 iterations of tiny.yaml on prepared token files (memory-mapped)."""
+    return measured("", {}, ("train.py", "--config", "configs/tiny.yaml", f"data.source={source}",
+                             f"data.cache_dir={cache}", f"out_dir={out}", "train.max_iters=30", "train.max_minutes=null",
+                             "train.eval_interval=30", "train.sample_tokens=0", "--fresh"))
+
+
 def compare(corpus: Path, source: str, kind: str, vocab: int, tmp: Path) -> dict:
     """Ours from scratch, ours with the tokenizer given, the Hugging Face way; one source."""
     work = tmp / f"{Path(source).stem}-{kind}"
@@ -180,7 +197,7 @@ def compare(corpus: Path, source: str, kind: str, vocab: int, tmp: Path) -> dict
     scratch = measured(OURS.format(given=None, source=source, kind=kind, vocab=vocab, cache=str(work / "ours")), env)
     prepared = next((work / "ours").glob("*/meta.json")).parent
     tokenizer = str(prepared / "tokenizer.json")
-    shutil.rmtree(work / "hf-cache-ours")  # both start cold
+    shutil.rmtree(work / "hf-cache-ours", ignore_errors=True)  # both start cold (ours reads .txt and .jsonl itself)
     given = measured(OURS.format(given=tokenizer, source=source, kind=kind, vocab=vocab,
                                  cache=str(work / "given")), env)
     ours_disk = folder_mb(work / "hf-cache-ours")
@@ -192,10 +209,11 @@ def compare(corpus: Path, source: str, kind: str, vocab: int, tmp: Path) -> dict
     identical = all((ours_dir / f"{s}.bin").read_bytes() == (work / "hf" / f"{s}.bin").read_bytes()
                     for s in ("train", "val"))
     size = folder_mb(Path(source)) if Path(source).is_dir() else Path(source).stat().st_size / 2**20
+    training = training_memory(source, str(work / "ours"), str(work / "run")) if kind == "char" else None
     shutil.rmtree(work)
     return {"source": source, "tokenizer": kind, "megabytes": size, "scratch": scratch, "ours": given,
             "ours_cache_mb": ours_disk, "hugging_face": theirs, "hugging_face_cache_mb": theirs_disk,
-            "identical": identical}
+            "identical": identical, "training": training}
 
 
 def main() -> None:
@@ -213,6 +231,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         sources = write_corpus(tmp / "corpus", megabytes)
+        measured(OURS.format(given=None, source="shakespeare", kind="char", vocab=0, cache=str(tmp / "s")), {})
+        shakespeare = training_memory("shakespeare", str(tmp / "s"), str(tmp / "s-run"))
+        print(f"training on the built-in Shakespeare: {shakespeare['peak_own_mb']:.0f} MB own memory", flush=True)
         for kind in args.tokenizers:
             for label, source in sources.items():
                 r = compare(tmp / "corpus", str(source), kind, args.vocab_size, tmp)
@@ -224,10 +245,15 @@ def main() -> None:
                              r["hugging_face_cache_mb"], "yes" if r["identical"] else "NO"])
                 print(f"{label}, {kind}: ours {rows[-1][5]:.1f} MB/s, Hugging Face {rows[-1][6]:.1f} MB/s, "
                       f"identical: {rows[-1][-1]}", flush=True)
-                path = save("prepare", {"machine": machine(os.cpu_count()), "results": results}, args.out)
-    print("\nPeak own memory = RssAnon of the process and its children; MB/s with the tokenizer given\n")
+                path = save("prepare", {"machine": machine(os.cpu_count()), "results": results,
+                                        "training_on_shakespeare": shakespeare}, args.out)
+    print("\nPeak own memory: RssAnon (a tree of processes: the sum of Pss_Anon); MB/s with the tokenizer given\n")
     print(table(["source", "tokenizer", "MB", "from scratch (s)", "from scratch, own MB", "ours MB/s",
                  "HF map MB/s", "ours own MB", "HF own MB", "ours cache MB", "HF cache MB", "identical"], rows))
+    for r in results:
+        if r["training"]:
+            print(f"training on the {r['source']} ({r['tokenizer']}): {r['training']['peak_own_mb']:.0f} MB own "
+                  f"memory, {r['training']['peak_own_mb'] / shakespeare['peak_own_mb']:.2f}x Shakespeare's")
     print(f"\nwrote {path}")
 
 
