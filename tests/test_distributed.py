@@ -131,6 +131,30 @@ def test_a_node_with_other_token_files_is_named(tmp_path):
         check_same_data(data, TwoNodes([("node-a", content_digest(tmp_path)), ("node-b", "0" * 64)]))
 
 
+def test_every_node_must_find_rank_0s_checkpoint(tmp_path):
+    from types import SimpleNamespace
+
+    from training.trainer import Trainer
+
+    class Gathered:
+        def __init__(self, held):
+            self.held = held
+
+        def gather(self, mine):
+            return self.held
+
+    def check(held, state):
+        Trainer.check_same_checkpoint(SimpleNamespace(dist=Gathered(held), out_dir=tmp_path), state)
+
+    check([("a", 10), ("b", 10)], {"iter": 10})
+    check([("a", None), ("b", None)], None)
+    with pytest.raises(UserError, match=r"node b \(rank 1\) finds no checkpoint in .*, rank 0 on a the checkpoint "
+                                        r"of iteration 10: put out_dir on storage every node shares"):
+        check([("a", 10), ("b", None)], {"iter": 10})
+    with pytest.raises(UserError, match=r"node c \(rank 2\) finds the checkpoint of iteration 5"):
+        check([("a", 10), ("b", 10), ("c", 5)], {"iter": 10})
+
+
 def test_a_run_resumed_with_other_process_counts_keeps_its_global_batch(micro, tmp_path, capsys):
     """A checkpoint of 2 processes × grad_accum 1 resumed by one process: grad_accum 2,
     and the windows of the next step are those the two processes would have drawn."""
@@ -230,6 +254,19 @@ def test_a_node_whose_corpus_differs_stops_the_run_naming_it(micro, tmp_path, co
     assert a.returncode != 0 and b.returncode != 0
     assert "(rank 1) holds other token files than rank 0" in a.stdout + b.stdout
     assert not (tmp_path / "run" / "trainer_state.pt").exists()  # nothing trained, nothing saved
+
+
+@pytest.mark.slow
+def test_a_node_that_does_not_see_the_checkpoint_stops_the_resume(micro, tmp_path):
+    shared = micro(*MICRO_DDP[1:], "train.max_iters=10", out="run")
+    a, b = two_nodes(shared, shared)
+    assert a.returncode == 0 and b.returncode == 0, (a.stdout[-2000:], b.stdout[-2000:])
+    more = micro(*MICRO_DDP[1:], "train.max_iters=20", out="run")
+    a, b = two_nodes(more, micro(*MICRO_DDP[1:], "train.max_iters=20", out="elsewhere"))  # node b's own folder
+    assert a.returncode != 0 and b.returncode != 0
+    said = a.stdout + b.stdout  # (either launch may be rank 0)
+    assert "no checkpoint" in said and "iteration 10" in said and "put out_dir on storage every node shares" in said
+    assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["iter"] == 10  # untouched
 
 
 @pytest.mark.slow

@@ -102,6 +102,8 @@ class Trainer:
         self.identity = {"model": self.model_config.to_dict(), "data": data_identity}  # what a resume must match
         if state is not None:
             self.check_resumable(state)
+        if dist.enabled:
+            self.check_same_checkpoint(state)
         T, B, seed = self.model_config.block_size, self.tc.batch_size, self.tc.seed
         self.val_batches = fixed_batches(self.data.val, T, B, self.tc.eval_iters, seed, "val")
         self.train_batches = fixed_batches(self.data.train, T, B, self.tc.eval_iters, seed, "train")
@@ -141,6 +143,17 @@ class Trainer:
         if diffs:
             raise UserError(f"{self.out_dir} holds a run with a different setup ({'; '.join(diffs[:3])}); "
                             "add --fresh to start over there, or set out_dir=PATH for a new run")
+
+    def check_same_checkpoint(self, state: dict | None) -> None:
+        """Every process must resume from the same checkpoint: with several nodes, out_dir
+        must be one folder they all see (rank 0 writes it, every process reads it)."""
+        held = self.dist.gather((socket.gethostname(), None if state is None else state["iter"]))
+        for rank, (host, iteration) in enumerate(held):
+            if iteration != held[0][1]:
+                def seen(i):
+                    return "no checkpoint" if i is None else f"the checkpoint of iteration {i}"
+                raise UserError(f"node {host} (rank {rank}) finds {seen(iteration)} in {self.out_dir}, rank 0 on "
+                                f"{held[0][0]} {seen(held[0][1])}: put out_dir on storage every node shares")
 
     def restore(self, state: dict) -> None:
         """Continue exactly where the saved run stopped: weights, optimizer, iteration, and
