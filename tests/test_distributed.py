@@ -115,33 +115,29 @@ def test_token_files_are_compared_by_content_not_path(tmp_path):
     assert content_digest(a) != content_digest(b)
 
 
+class Gathered:
+    """Distributed.gather as if every rank had sent `held` (one (host, value) per rank)."""
+
+    def __init__(self, held):
+        self.held = held
+
+    def gather(self, mine):
+        return self.held
+
+
 def test_a_node_with_other_token_files_is_named(tmp_path):
-    class TwoNodes:
-        def __init__(self, held):
-            self.held = held
-
-        def gather(self, mine):
-            return self.held
-
     data = type("Data", (), {"directory": tmp_path})()
     for name in ("tokenizer.json", "train.bin", "val.bin"):
         (tmp_path / name).write_bytes(b"tokens")
-    check_same_data(data, TwoNodes([("node-a", content_digest(tmp_path)), ("node-b", content_digest(tmp_path))]))
+    check_same_data(data, Gathered([("node-a", content_digest(tmp_path)), ("node-b", content_digest(tmp_path))]))
     with pytest.raises(UserError, match=r"node node-b \(rank 1\) holds other token files than rank 0 on node-a"):
-        check_same_data(data, TwoNodes([("node-a", content_digest(tmp_path)), ("node-b", "0" * 64)]))
+        check_same_data(data, Gathered([("node-a", content_digest(tmp_path)), ("node-b", "0" * 64)]))
 
 
 def test_every_node_must_find_rank_0s_checkpoint(tmp_path):
     from types import SimpleNamespace
 
     from training.trainer import Trainer
-
-    class Gathered:
-        def __init__(self, held):
-            self.held = held
-
-        def gather(self, mine):
-            return self.held
 
     def check(held, state):
         Trainer.check_same_checkpoint(SimpleNamespace(dist=Gathered(held), out_dir=tmp_path), state)
