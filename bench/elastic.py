@@ -64,7 +64,9 @@ def trial(out_dir: Path, overrides: list[str], kill_after: int | None = 20, limi
         time.sleep(0.1)
     try:
         code = agent.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired:  # the workers have sessions of their own: kill them by name first
+        for worker in subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True).stdout.split():
+            os.kill(int(worker), signal.SIGKILL)
         os.killpg(agent.pid, signal.SIGKILL)
         agent.wait()
         code = "hang"
