@@ -214,7 +214,8 @@ def test_the_model_card_says_what_is_known_and_what_is_not(tmp_path):
             in known)
     assert f"pipeline(\"text-generation\", model={str(tmp_path / 'out-a')!r})" in known
     mine = export.model_card(untrained_run(tmp_path / "b", source="my.txt"), tmp_path / "out-b", model, neox)
-    assert "`my.txt` (char tokenizer)" in mine and "that of your data: check it before you share this model" in mine
+    assert "`my.txt` (char tokenizer)" in mine
+    assert "**Licence of the corpus**: that of your data: check it before you share this model.\n" in mine
     bare = export.model_card(untrained_run(tmp_path / "c", state=False, config=False), tmp_path / "out-c", model, neox)
     assert "`unknown (no config.yaml in the run directory)` (? tokenizer), token files fingerprint\n  `not recorded`" \
         in bare
@@ -233,6 +234,21 @@ def test_export_makes_missing_folders_and_says_how_to_load_the_result(tmp_path, 
     assert capsys.readouterr().out == (f"wrote {out}: GPTNeoXForCausalLM; load it with "
                                        f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})\n")
     assert os.listdir(tmp_path / "nested" / "deeper") == ["hf"]  # nothing else left beside it
+
+
+def test_export_command_line_help_requirements_and_debug(tmp_path, capsys):
+    assert export.main(["--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # (argparse re-wraps the lines)
+    assert shown.startswith("usage: export.py [-h] --checkpoint CHECKPOINT --out OUT [--debug]")
+    assert shown.split(" options:")[0].endswith(" ".join(export.__doc__.split("\n\n")[0].split()))  # all of it
+    assert ("--checkpoint CHECKPOINT run directory, e.g. out/tiny --out OUT new folder for the transformers model "
+            "--debug show full tracebacks") in shown
+    assert export.main(["--out", str(tmp_path / "hf")]) == 2
+    assert "the following arguments are required: --checkpoint (see python export.py --help)" in capsys.readouterr().err
+    assert export.main(["--checkpoint", str(tmp_path)]) == 2
+    assert "the following arguments are required: --out" in capsys.readouterr().err
+    with pytest.raises(export.UserError, match="does not exist"):  # --debug: the traceback, not one line
+        export.main(["--checkpoint", str(tmp_path / "missing"), "--out", str(tmp_path / "hf"), "--debug"])
 
 
 def test_export_fills_an_empty_folder_and_never_a_file(tmp_path, capsys):
