@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import generate
-from conftest import run_cli
+import train
+from conftest import ROOT, run_cli
 from model import GPT, GPTConfig
 from common.attention_maps import attention_maps, heatmap_grid, png_bytes
 from training.explain import evaluate_symbolic, parameter_groups, symbolic_sizes, trace
@@ -173,21 +174,22 @@ def test_a_rewritten_attention_step_keeps_every_row(monkeypatch):
     assert any("2. scale" in step for step, _ in expected) and len(expected) == 24
 
 
-def test_explain_in_chinese(tmp_path, micro):
-    import os
+def test_explain_in_chinese(micro, monkeypatch, capsys):
+    def explain(*extra: str) -> str:
+        assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *micro(), "--explain", *extra]) == 0
+        return capsys.readouterr().out
 
-    by_flag = run_cli("train.py", "--config", "configs/tiny.yaml", *micro(), "--explain", "--lang", "zh")
-    by_locale = run_cli("train.py", "--config", "configs/tiny.yaml", *micro(), "--explain",
-                        env={**os.environ, "LANG": "zh_CN.UTF-8", "LC_ALL": ""})
+    by_flag = explain("--lang", "zh")
+    monkeypatch.setenv("LANG", "zh_CN.UTF-8")
+    for name in ("LC_ALL", "LC_MESSAGES"):
+        monkeypatch.delenv(name, raising=False)
+    by_locale = explain()
     for out in (by_flag, by_locale):
-        assert out.returncode == 0, out.stderr
-        assert "每对（query, key）一个分数" in out.stdout and "one score per" not in out.stdout
-        assert re.search(r"1\. 相似度 Q Kᵀ\s+\[8, 2, 32, 32\]", out.stdout)  # the same trace, every step in Chinese
-        assert not re.search(r"^(split|merge|residual|blocks|feed-forward|LM head|token embedding)", out.stdout, re.M)
-        assert "参数：" in out.stdout and "KV 缓存：2 × 2 层 × 32 = 每个 token 128 个数" in out.stdout
-    english = run_cli("train.py", "--config", "configs/tiny.yaml", *micro(), "--explain", "--lang", "en",
-                      env={**os.environ, "LANG": "zh_CN.UTF-8"})
-    assert "one score per (query, key) pair" in english.stdout
+        assert "每对（query, key）一个分数" in out and "one score per" not in out
+        assert re.search(r"1\. 相似度 Q Kᵀ\s+\[8, 2, 32, 32\]", out)  # the same trace, every step in Chinese
+        assert not re.search(r"^(split|merge|residual|blocks|feed-forward|LM head|token embedding)", out, re.M)
+        assert "参数：" in out and "KV 缓存：2 × 2 层 × 32 = 每个 token 128 个数" in out
+    assert "one score per (query, key) pair" in explain("--lang", "en")
 
 
 @pytest.mark.parametrize("env, expected", [

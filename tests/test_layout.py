@@ -17,7 +17,7 @@ ALLOWED = {
     "common": {"common", "model", "data"},
     "training": {"training", "common", "model", "data"},
     "explorer": {"explorer", "common", "model", "data"},
-    "bench": {"bench", "common", "model", "data", "explorer"},
+    "bench": {"bench", "common", "model", "data", "explorer", "training"},
     "generate": {"common", "model", "data", "explorer"},
     "evaluate": {"common", "model", "data", "training"},
     "export": {"common", "model", "data", "training"},
