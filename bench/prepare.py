@@ -165,7 +165,10 @@ def hugging_face_way(source: str, tokenizer_file: str, out: str, cache: str, val
             out[f"{split}_empty"] = [not p for p in parts]
         return out
 
-    ds = ds.map(encode, batched=True, with_indices=True, num_proc=2, remove_columns=ds.column_names)
+    # (a .txt file is one document of up to 8 MB: one a batch keeps the lists of ids it becomes within memory)
+    rows = 1 if path.is_dir() else 1000
+    ds = ds.map(encode, batched=True, with_indices=True, num_proc=2, remove_columns=ds.column_names,
+                batch_size=rows, writer_batch_size=rows)
     eot = tokenizer.token_to_id("<|endoftext|>")
     dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
     for split in ("train", "val"):
