@@ -167,8 +167,11 @@ def hugging_face_way(source: str, tokenizer_file: str, out: str, cache: str, val
 
     # (a .txt file is one document of up to 8 MB: one a batch keeps the lists of ids it becomes within memory)
     rows = 1 if path.is_dir() else 1000
+    ids, text, flag = datasets.Sequence(datasets.Value("int32")), datasets.Value("string"), datasets.Value("bool")
+    columns = datasets.Features({f"{split}_{name}": kind for split in ("train", "val")
+                                 for name, kind in (("ids", ids), ("text_end", text), ("empty", flag))})
     ds = ds.map(encode, batched=True, with_indices=True, num_proc=2, remove_columns=ds.column_names,
-                batch_size=rows, writer_batch_size=rows)
+                batch_size=rows, writer_batch_size=rows, features=columns)
     eot = tokenizer.token_to_id("<|endoftext|>")
     dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
     for split in ("train", "val"):
