@@ -13,7 +13,7 @@ For each source and tokenizer:
    (the last 10% of the characters) and separators, written to the same flat token files.
 
 2 and 3 must write identical token files. Memory is the peak of the process's own memory,
-sampled every 50 ms: RssAnon (anonymous resident memory: heap and arrays, not the
+sampled every 0.25 s: RssAnon (anonymous resident memory: heap and arrays, not the
 file-backed page cache the corpus passes through), and for a process with children (the
 Hugging Face way's num_proc=2) the sum of their Pss_Anon (shared pages counted once); disk is what each left in its
 datasets cache (a temporary folder, removed after). Linux only (it reads /proc).
@@ -112,9 +112,9 @@ def measured(code: str, env: dict, args: tuple[str, ...] = ()) -> dict:
     process = subprocess.Popen([sys.executable, *(args or ("-c", code))], cwd=ROOT, env={**os.environ, **env},
                                stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     peak = 0
-    while process.poll() is None:
+    while process.poll() is None:  # (reading smaps_rollup costs the kernel a walk of the memory map: not too often)
         peak = max(peak, own_memory_kb(process.pid))
-        time.sleep(0.05)
+        time.sleep(0.25)
     if process.returncode != 0:
         raise SystemExit(f"failed:\n{code}\n{process.stderr.read()[-3000:]}")
     return {"seconds": time.perf_counter() - start, "peak_own_mb": peak / 1024}
