@@ -162,6 +162,7 @@ def load_rows(builder: str, files: list[Path] | None, text_field: str, **kwargs)
 def jsonl_rows(path: Path, text_field: str) -> Iterator[str]:
     """The non-empty `text_field` of each line of a .jsonl file (one JSON object a line),
     read as a stream: memory stays bounded, and nothing is copied into a cache."""
+    first = True  # the first row must have the field: a misspelt data.text_field fails at once
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -171,9 +172,10 @@ def jsonl_rows(path: Path, text_field: str) -> Iterator[str]:
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}, line {number}: not JSON ({e.msg}); a .jsonl file holds one JSON object "
                                 "per line") from None
-            if not isinstance(row, dict) or (number == 1 and text_field not in row):
+            if not isinstance(row, dict) or (first and text_field not in row):
                 held = ", ".join(row) if isinstance(row, dict) else f"a JSON {type(row).__name__}"
                 raise DataError(f"{path} has no field {text_field!r} (line {number} has {held}); set data.text_field")
+            first = False
             text = row.get(text_field)  # (a later row without it is an empty document)
             if text and not isinstance(text, str):
                 raise DataError(f"{path}, line {number}: {text_field!r} is a {type(text).__name__}, not text")

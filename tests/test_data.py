@@ -207,6 +207,8 @@ BAD = {
     "no such field": (lambda p: str(write(p / "d.jsonl", '{"body": "hi"}\n')), {}, "has no field 'text'.*body"),
     "not a JSON line": (lambda p: str(write(p / "d.jsonl", '{"text": "hi"}\n\n{"text": "a" 1}\n')), {},
                         r"d.jsonl, line 3: not JSON \(Expecting ',' delimiter\)"),
+    "no such field after a blank line": (lambda p: str(write(p / "d.jsonl", '\n{"body": "hi"}\n')), {},
+                                         "line 2 has body"),
     "a JSON list": (lambda p: str(write(p / "d.jsonl", '["hi"]\n')), {}, "line 1 has a JSON list"),
     "text that is not text": (lambda p: str(write(p / "d.jsonl", '{"text": "hi"}\n{"text": 42}\n')), {},
                               "line 2: 'text' is a int, not text"),
