@@ -153,14 +153,18 @@ def chunked(pieces: Iterable[Piece]) -> Iterator[Piece]:
 
 def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtype,
                  advance: Callable[[int], object] = lambda size: None) -> dict:
-    """Encode chunks and append their ids to `path`; each document is encoded as one text
-    (the Encoder's feed and flush), and documents are separated by <|endoftext|> where the
-    tokenizer has it, else by a blank line. Unknown characters, in the separator too, are
-    counted. advance(bytes) is called with the UTF-8 size of each chunk done."""
+    """Encode chunks and append their ids to `path`; each document is encoded as one text,
+    and documents are separated by <|endoftext|> where the tokenizer has it, else by a
+    blank line. A document that arrives whole (one chunk, then END: a row of a .jsonl
+    file) waits in a queue encoded many at a time (Encoder.many: one call over all the
+    cores); a longer one streams through the Encoder's feed and flush. Unknown characters,
+    in the separator too, are counted. advance(bytes) is called with the UTF-8 size of each chunk."""
     eot = end_of_text_id(tokenizer)
     encode = Encoder(tokenizer)
     tokens = characters = unknown = 0
-    tail = ""  # end of the text written so far, to place blank lines between documents
+    tail = ""  # end of the text read so far, to place blank lines between documents
+    queue: list[str | list[int]] = []  # whole documents and separators (text, or ids), in file order
+    queued = 0  # characters in the queue
     with open(path, "wb") as f:
         def write(ids) -> None:
             nonlocal tokens, unknown
@@ -170,19 +174,45 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
             ids.astype(dtype).tofile(f)
             tokens += len(ids)
 
-        between_documents = False
+        def drain() -> None:
+            nonlocal queued
+            encoded = iter(encode.many([item for item in queue if isinstance(item, str)]))
+            for item in queue:
+                write(next(encoded) if isinstance(item, str) else item)
+            queue.clear()
+            queued = 0
+
+        held = None  # a document's first chunk: whole if END comes next
+        in_document = between_documents = False
         for chunk in chunks:
             if chunk is END:
-                write(encode.flush())
-                between_documents = tokens > 0
+                if held is not None:
+                    queue.append(held)
+                    queued += len(held)
+                    held = None
+                else:
+                    write(encode.flush())
+                if queued >= CHUNK_CHARS:
+                    drain()
+                in_document, between_documents = False, characters > 0
                 continue
             if between_documents:  # a separator only between documents, none at the end
-                write([eot] if eot is not None else encode("" if tail.endswith("\n\n") else
-                                                          "\n" if tail.endswith("\n") else "\n\n"))
+                queue.append([eot] if eot is not None else
+                             "" if tail.endswith("\n\n") else "\n" if tail.endswith("\n") else "\n\n")
                 between_documents = False
-            write(encode.feed(chunk))
+            if not in_document:
+                held, in_document = chunk, True
+            else:  # a long document: stream it, after what waits in the queue
+                drain()
+                if held is not None:
+                    write(encode.feed(held))
+                    held = None
+                write(encode.feed(chunk))
             characters += len(chunk)
             tail = (tail + chunk)[-2:]
             advance(len(chunk.encode("utf-8")))
+        if held is not None:
+            queue.append(held)
+        drain()
         write(encode.flush())
     return {"tokens": tokens, "characters": characters, "unknown": unknown}

@@ -12,6 +12,7 @@ bpe:  byte-level BPE (GPT-2's scheme) trained on the training text: any Unicode
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import chain
 import unicodedata
 from pathlib import Path
 
@@ -172,9 +173,27 @@ class Encoder:
 
     def __call__(self, text: str) -> np.ndarray:
         """The ids of text, a whole text (or one whole document)."""
+        return self.many([text])[0]
+
+    def many(self, texts: list[str]) -> list[np.ndarray]:
+        """The ids of each text, as if each were encoded alone. Byte-level BPE encodes all
+        their pieces in one encode_batch: many small documents (the rows of a .jsonl file)
+        then cost one call spread over the cores, not one call each."""
         if self.table is not None:
-            codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-            return self.table[np.minimum(codes, len(self.table) - 1)]
+            return [self.lookup(text) for text in texts]
+        pieces = [self.pieces(text) for text in texts]
+        encodings = iter(self.tokenizer.encode_batch([p for ps in pieces for p in ps], add_special_tokens=False))
+        ids = []
+        for ps in pieces:  # each text's pieces, in order
+            ids.append(np.fromiter(chain.from_iterable(next(encodings).ids for _ in ps), dtype=np.int64))
+        return ids
+
+    def lookup(self, text: str) -> np.ndarray:
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        return self.table[np.minimum(codes, len(self.table) - 1)]
+
+    def pieces(self, text: str) -> list[str]:
+        """text cut into pieces of about PIECE characters, only where can_cut allows."""
         pieces, start = [], 0
         while start < len(text):
             end = len(text)
@@ -184,8 +203,7 @@ class Encoder:
                     end = self.next_cut(text, start + self.PIECE)
             pieces.append(text[start:end])
             start = end
-        encodings = self.tokenizer.encode_batch(pieces, add_special_tokens=False)
-        return np.fromiter((i for e in encodings for i in e.ids), dtype=np.int64)
+        return pieces
 
     def feed(self, chunk: str) -> np.ndarray:
         """The ids of the text fed so far up to its last safe cut; the rest waits for

@@ -319,6 +319,39 @@ def test_bpe_token_files_and_evaluate_equal_encoding_the_whole_text(tmp_path, mo
     assert ids.tolist() == tokenizer.encode(text).ids and counts["characters"] == len(text)
 
 
+def test_small_documents_are_encoded_many_at_a_time_with_each_ones_own_tokens(tmp_path, monkeypatch, bpe):
+    """Rows of a .jsonl file wait in a queue and are encoded together, a few calls for
+    all of them, not one each; a long row among them streams. Either way the token file
+    is each document's own tokens joined by <|endoftext|>, in the file's order."""
+    import importlib
+
+    from data.tokenizer import EOT, Encoder
+
+    prepare_module = importlib.import_module("data.prepare")
+    monkeypatch.setattr(prepare_module, "CHUNK_CHARS", 2_000)
+    monkeypatch.setattr(Encoder, "PIECE", 500)
+    texts = [f"row {i}: speak, speak {'x' * (i % 5)}" for i in range(300)]
+    texts[150] = long_text()  # about 12,000 characters: six chunks of 2,000
+    calls = []
+    encode_batch = bpe.encode_batch
+    path = tmp_path / "tokens.bin"
+
+    class Counting:  # the tokenizer, counting calls to encode_batch
+        def __getattr__(self, name):
+            return getattr(bpe, name)
+
+        def encode_batch(self, pieces, **kwargs):
+            calls.append(len(pieces))
+            return encode_batch(pieces, **kwargs)
+
+    pieces = [p for t in texts for p in (t, sources.END)]
+    sizes = prepare_module.write_tokens(prepare_module.chunked(pieces), Counting(), path, np.uint16)
+    eot = bpe.token_to_id(EOT)
+    expected = [i for n, t in enumerate(texts) for i in ([eot] if n else []) + bpe.encode(t).ids]
+    assert np.fromfile(path, dtype=np.uint16).tolist() == expected and sizes["tokens"] == len(expected)
+    assert len(calls) < 40, calls  # 300 rows of ~25 characters, 2,000 characters a batch: ~5 calls, and the long row's
+
+
 def test_char_documents_are_separated_by_known_newlines(tmp_path):
     """Single-line .jsonl rows hold no newline, yet the blank line between documents is
     real text: the char tokenizer has the newline, and no <unk> is written."""
@@ -364,3 +397,29 @@ def test_preparation_memory_does_not_grow_with_the_corpus(tmp_path):
             peaks.setdefault(kind, []).append(measured(code, {})["peak_own_mb"])
     for kind, (small, large) in peaks.items():  # 10 MB more text, as a string and its tokens, would be +30 MB
         assert large - small < 8, (kind, peaks)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="reads RssAnon from /proc")
+def test_parquet_rows_cost_no_more_memory_however_many(tmp_path):
+    """An hf: dataset (here a local folder of Parquet files: nothing is downloaded) and a
+    local .parquet file go through datasets' Arrow cache. Preparing 16 MB and 160 MB of
+    rows costs the same own memory, give or take its noise (±30 MB here). Arrow's
+    pre-buffering, left on, read each whole file into memory: +110 MB at 160 MB."""
+    import pyarrow
+    import pyarrow.json
+    import pyarrow.parquet
+
+    from bench.prepare import OURS, measured, write_corpus
+
+    rows = pyarrow.json.read_json(write_corpus(tmp_path / "corpus", 8)["jsonl file"])  # 4 MB of rows
+    peaks = []
+    for megabytes in (16, 160):
+        (tmp_path / f"{megabytes}").mkdir()
+        pyarrow.parquet.write_table(pyarrow.concat_tables([rows] * (megabytes // 4)),
+                                    tmp_path / f"{megabytes}" / "train.parquet", row_group_size=500)
+        code = OURS.format(given=None, source=f"hf:{tmp_path / f'{megabytes}'}", kind="char", vocab=0,
+                           cache=str(tmp_path / "c"))
+        env = {"HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "HF_HUB_OFFLINE": "1"}
+        peaks.append(measured(code, env)["peak_own_mb"])
+    assert peaks[1] - peaks[0] < 50, peaks
