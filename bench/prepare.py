@@ -188,14 +188,18 @@ def hugging_face_way(source: str, tokenizer_file: str, out: str, cache: str, val
                     tail, first = (tail + end)[-2:], False
 
 
-def training_memory(source: str, cache: str, out: str) -> dict:
-    """Peak own memory of 30 iterations of tiny.yaml on prepared token files (memory-mapped)."""
+TRAINING = ["train.max_iters=30", "train.eval_interval=30"]  # (--quick: 3 iterations, 3 evaluation batches)
+QUICK_TRAINING = ["train.max_iters=3", "train.eval_interval=3", "train.eval_iters=3"]
+
+
+def training_memory(source: str, cache: str, out: str, length: list[str]) -> dict:
+    """Peak own memory of training tiny.yaml (for `length`) on prepared token files (memory-mapped)."""
     return measured("", {}, ("train.py", "--config", "configs/tiny.yaml", f"data.source={source}",
-                             f"data.cache_dir={cache}", f"out_dir={out}", "train.max_iters=30", "train.max_minutes=null",
-                             "train.eval_interval=30", "train.sample_tokens=0", "--fresh"))
+                             f"data.cache_dir={cache}", f"out_dir={out}", *length, "train.max_minutes=null",
+                             "train.sample_tokens=0", "--fresh"))
 
 
-def compare(corpus: Path, source: str, kind: str, vocab: int, tmp: Path) -> dict:
+def compare(corpus: Path, source: str, kind: str, vocab: int, tmp: Path, length: list[str]) -> dict:
     """Ours from scratch, ours with the tokenizer given, the Hugging Face way; one source."""
     work = tmp / f"{Path(source).stem}-{kind}"
     work.mkdir()
@@ -215,7 +219,7 @@ def compare(corpus: Path, source: str, kind: str, vocab: int, tmp: Path) -> dict
     identical = all((ours_dir / f"{s}.bin").read_bytes() == (work / "hf" / f"{s}.bin").read_bytes()
                     for s in ("train", "val"))
     size = folder_mb(Path(source)) if Path(source).is_dir() else Path(source).stat().st_size / 2**20
-    training = training_memory(source, str(work / "ours"), str(work / "run")) if kind == "char" else None
+    training = training_memory(source, str(work / "ours"), str(work / "run"), length) if kind == "char" else None
     shutil.rmtree(work)
     return {"source": source, "tokenizer": kind, "megabytes": size, "scratch": scratch, "ours": given,
             "ours_cache_mb": ours_disk, "hugging_face": theirs, "hugging_face_cache_mb": theirs_disk,
@@ -238,11 +242,12 @@ def main() -> None:
         tmp = Path(tmp)
         sources = write_corpus(tmp / "corpus", megabytes)
         measured(OURS.format(given=None, source="shakespeare", kind="char", vocab=0, cache=str(tmp / "s")), {})
-        shakespeare = training_memory("shakespeare", str(tmp / "s"), str(tmp / "s-run"))
+        length = QUICK_TRAINING if args.quick else TRAINING
+        shakespeare = training_memory("shakespeare", str(tmp / "s"), str(tmp / "s-run"), length)
         print(f"training on the built-in Shakespeare: {shakespeare['peak_own_mb']:.0f} MB own memory", flush=True)
         for kind in args.tokenizers:
             for label, source in sources.items():
-                r = compare(tmp / "corpus", str(source), kind, args.vocab_size, tmp)
+                r = compare(tmp / "corpus", str(source), kind, args.vocab_size, tmp, length)
                 r["source"] = label
                 results.append(r)
                 rows.append([label, kind, r["megabytes"], r["scratch"]["seconds"], r["scratch"]["peak_own_mb"],
