@@ -330,13 +330,13 @@ def test_small_documents_are_encoded_many_at_a_time_with_each_ones_own_tokens(tm
     is each document's own tokens joined by <|endoftext|>, in the file's order."""
     import importlib
 
-    from data.tokenizer import EOT, Encoder
+    from data.tokenizer import Encoder
 
     prepare_module = importlib.import_module("data.prepare")
     monkeypatch.setattr(prepare_module, "CHUNK_CHARS", 2_000)
     monkeypatch.setattr(Encoder, "PIECE", 500)
     texts = [f"row {i}: speak, speak {'x' * (i % 5)}" for i in range(300)]
-    texts[150] = long_text()  # about 12,000 characters: six chunks of 2,000
+    texts[150] = long_text()  # about 12,000 characters, read in blocks of 2,000 as a .txt file is
     calls = []
     encode_batch = bpe.encode_batch
     path = tmp_path / "tokens.bin"
@@ -349,7 +349,8 @@ def test_small_documents_are_encoded_many_at_a_time_with_each_ones_own_tokens(tm
             calls.append(len(pieces))
             return encode_batch(pieces, **kwargs)
 
-    pieces = [p for t in texts for p in (t, sources.END)]
+    blocks = [[t[i:i + 2_000] for i in range(0, len(t), 2_000)] for t in texts]
+    pieces = [p for b in blocks for p in (*b, sources.END)]
     sizes = prepare_module.write_tokens(prepare_module.chunked(pieces), Counting(), path, np.uint16)
     eot = bpe.token_to_id(EOT)
     expected = [i for n, t in enumerate(texts) for i in ([eot] if n else []) + bpe.encode(t).ids]
