@@ -164,17 +164,15 @@ def chunked(pieces: Iterable[Piece]) -> Iterator[Piece]:
 def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtype,
                  advance: Callable[[int], object] = lambda size: None) -> dict:
     """Encode chunks and append their ids to `path`; each document is encoded as one text,
-    and documents are separated by <|endoftext|> where the tokenizer has it, else by a
-    blank line. A document that arrives whole (one chunk, then END: a row of a .jsonl
-    file) waits in a queue encoded many at a time (Encoder.many: one call over all the
-    cores); a longer one streams through the Encoder's feed and flush. Unknown characters,
-    in the separator too, are counted. advance(bytes) is called with the UTF-8 size of each chunk."""
+    separated by <|endoftext|> where the tokenizer has it, else by a blank line. Documents
+    that arrive whole (one chunk, then END: rows of a .jsonl file) are queued and encoded
+    many at a time (Encoder.many: one call over the cores); longer ones stream through feed
+    and flush. Unknown characters are counted; advance(bytes) follows each chunk's UTF-8 size."""
     eot = end_of_text_id(tokenizer)
     encode = Encoder(tokenizer)
     tokens = characters = unknown = 0
     tail = ""  # end of the text read so far, to place blank lines between documents
     queue: list[str | list[int]] = []  # whole documents and separators (text, or ids), in file order
-    queued = 0  # characters in the queue
     with open(path, "wb") as f:
         def write(ids) -> None:
             nonlocal tokens, unknown
@@ -185,12 +183,10 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
             tokens += len(ids)
 
         def drain() -> None:
-            nonlocal queued
             encoded = iter(encode.many([item for item in queue if isinstance(item, str)]))
             for item in queue:
                 write(next(encoded) if isinstance(item, str) else item)
             queue.clear()
-            queued = 0
 
         held = None  # a document's first chunk: whole if END comes next
         in_document = between_documents = False
@@ -198,11 +194,10 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
             if chunk is END:
                 if held is not None:
                     queue.append(held)
-                    queued += len(held)
                     held = None
                 else:
                     write(encode.flush())
-                if queued >= CHUNK_CHARS:
+                if sum(len(item) for item in queue if isinstance(item, str)) >= CHUNK_CHARS:
                     drain()
                 in_document, between_documents = False, characters > 0
                 continue
