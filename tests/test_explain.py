@@ -128,13 +128,13 @@ def test_png_round_trip():
     assert first_row[:3] == bytes([253, 231, 37]) and first_row[-3:] == bytes([68, 1, 84])  # weight 1, weight 0
 
 
-def test_generate_show_attention_writes_a_png(tmp_path):
+def test_generate_show_attention_writes_a_png_or_the_explorer_page(tmp_path, capsys, monkeypatch):
     from data.tokenizer import train_tokenizer
 
     text = "ROMEO:\nBut soft, what light through yonder window breaks?\n"
     tokenizer = train_tokenizer("char", [text], 0)
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=2, n_head=3, n_embd=24))
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=80, n_layer=2, n_head=3, n_embd=24))
     model.save_pretrained(tmp_path)
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     path = tmp_path / "maps.png"
@@ -143,12 +143,25 @@ def test_generate_show_attention_writes_a_png(tmp_path):
     width, height, _ = read_png(path.read_bytes())
     cell = 10 * 10  # 10 tokens, each scaled up 10× to reach 96 pixels
     assert (width, height) == (3 * (cell + 2) + 2, 2 * (cell + 2) + 2)  # 3 heads across, 2 layers down
-    page = tmp_path / "explorer.html"  # or the explorer page of the same text
-    assert generate.main(["--checkpoint", str(tmp_path), "--prompt", "ROMEO:", "--max-new-tokens", "4",
+    assert capsys.readouterr().err.endswith(
+        f"wrote {path}: attention of 10 tokens, 2 layers (rows) × 3 heads (columns); "
+        "row i = query token i, column j = key token j\n")
+    # or the explorer page of the same text's last 64 tokens, in the locale's language
+    monkeypatch.delenv("LC_ALL", raising=False)
+    monkeypatch.delenv("LC_MESSAGES", raising=False)
+    monkeypatch.setenv("LANG", "zh_CN.UTF-8")
+    page = tmp_path / "explorer.html"
+    prompt = (text * 2)[:66]  # 66 prompt tokens + 4 new ones: the page shows the last 64
+    assert generate.main(["--checkpoint", str(tmp_path), "--prompt", prompt, "--max-new-tokens", "4",
                           "--seed", "0", "--show-attention", str(page)]) == 0
-    data = json.loads(re.search(r'id="explorer-data">(.*?)</script>', page.read_text(encoding="utf-8")).group(1))
-    assert len(data["tokens"]) == 10 and "".join(t["text"] for t in data["tokens"]).startswith("ROMEO:")
+    html = page.read_text(encoding="utf-8")
+    data = json.loads(re.search(r'id="explorer-data">(.*?)</script>', html).group(1))
+    settings = json.loads(re.search(r'id="explorer-settings">(.*?)</script>', html).group(1))
+    assert len(data["tokens"]) == 64 and data["truncated"] == 6 and settings["lang"] == "zh"
+    assert "".join(t["text"] for t in data["tokens"]).startswith(prompt[6:])
     assert len(data["layers"]) == 2 and len(data["layers"][0]["heads"]) == 3
+    assert capsys.readouterr().err.endswith(
+        f"wrote {page}: the attention explorer for the last 64 tokens; open it in a browser\n")
 
 
 def test_a_rewritten_attention_step_keeps_every_row(monkeypatch):

@@ -3,6 +3,7 @@
 import io
 import json
 import re
+import sys
 
 import pytest
 import torch
@@ -91,8 +92,45 @@ def test_stream_holds_back_partial_stop_strings():
 def test_stop_string_ends_the_sample(checkpoint, capsys):
     full = greedy(checkpoint, capsys, "--prompt", "R")
     stop = full[3:5]
-    cut = greedy(checkpoint, capsys, "--prompt", "R", "--stop", stop)
+    code, cut, err = run(checkpoint, capsys, "--temperature", "0", "--max-new-tokens", "50", "--prompt", "R",
+                         "--stop", stop, "--stats")
     assert cut == full[: full.index(stop, 1)] + "\n"
+    # and sampling stops there: no tokens are made past the stop string
+    assert f"new tokens: {full.index(stop, 1) + len(stop) - 1} |" in err
+    # "\n" and "\t" typed as two characters each (a shell's '\n') mean a newline and a tab
+    args = generate.parse_args(["--stop", "a\\n\\tb", "--stop", "\\t"])
+    assert generate.settings_from(args).stop == ["a\n\tb", "\t"]
+    # a stop string in the prompt itself does not count
+    assert run(checkpoint, capsys, "--prompt", "ROMEO:", "--stop", "O", "--max-new-tokens", "3")[1].startswith("ROMEO:")
+
+
+def test_prompts_choose_between_sampling_and_interactive_mode(checkpoint, capsys, monkeypatch):
+    """A terminal on stdin and no --prompt: interactive; a --prompt: one sample, even at a terminal."""
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda: (_ for _ in ()).throw(EOFError))
+    assert run(checkpoint, capsys, "--prompt", "Ay", "--max-new-tokens", "3")[1].startswith("Ay")
+    code, out, err = run(checkpoint, capsys, "--max-new-tokens", "3")
+    assert code == 0 and out == "" and "prompt> " in err
+
+
+def test_a_cpu_decodes_in_float32_unless_told_otherwise(checkpoint, capsys, monkeypatch):
+    """--dtype auto is float32 on a CPU even where bf16 trains faster (AMX, AVX512-BF16):
+    decoding one token at a time gains nothing from it; --dtype bfloat16 is obeyed."""
+    import common.device
+
+    monkeypatch.setattr(common.device, "cpu_has_fast_bf16", lambda: True)
+    dtypes = []
+    monkeypatch.setattr(generate, "generate", lambda model, *rest: dtypes.append(model.lm_head.weight.dtype))
+    for dtype in ("auto", "bfloat16"):
+        assert run(checkpoint, capsys, "--prompt", "Ay", "--dtype", dtype)[0] == 0
+    assert dtypes == [torch.float32, torch.bfloat16]
+
+
+def test_prompts_of_one_length_need_no_padding_mask():
+    idx, mask = generate.batch([[5, 6], [7, 8]], torch.device("cpu"))
+    assert idx.tolist() == [[5, 6], [7, 8]] and mask is None  # the causal fast path stays open
+    idx, mask = generate.batch([[5, 6], [7]], torch.device("cpu"))
+    assert idx.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[1, 1], [0, 1]]
 
 
 def test_empty_prompt_and_long_prompt(checkpoint, capsys):
@@ -145,6 +183,7 @@ def test_broken_checkpoint_files(tmp_path, checkpoint, capsys, name, content, me
     (["--temperature", "hot"], "invalid float value: 'hot'"),
     (["--show-attention", "maps.jpg"], "must end in .png or .html"),
     (["--show-attention", "/nonexistent/maps.png"], "folder /nonexistent does not exist"),
+    (["--stop", "\n", "--stop", ""], "--stop needs some text, e.g. --stop '\\n\\n'"),
 ])
 def test_bad_options(checkpoint, capsys, args, message):
     code, out, err = run(checkpoint, capsys, *args)
@@ -158,12 +197,50 @@ def test_missing_checkpoint_names_the_train_command(tmp_path):
     assert result.stderr.count("\n") == 1
 
 
-def test_interactive_mode_reads_prompts_until_eof(checkpoint):
-    result = run_cli("generate.py", "--checkpoint", str(checkpoint), "--interactive", "--temperature", "0",
-                     "--max-new-tokens", "10", input="ROMEO:\nAy\n")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.count("\n") >= 2 and "ROMEO:" in result.stdout and "Ay" in result.stdout
-    assert result.stderr.count("prompt> ") == 3  # two prompts, then end of input
+def test_interactive_mode_reads_prompts_until_eof(checkpoint, capsys, monkeypatch):
+    """Ctrl-C at the prompt asks again, a bad prompt prints its error and asks again,
+    Ctrl-D ends; stdout holds only the samples; the prompt shows before the user types."""
+    answers = iter(["ROMEO:", KeyboardInterrupt, "Ay§", "Ay", EOFError])
+    terminal = io.BytesIO()  # stderr as on a terminal: flushed at newlines only
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(terminal, encoding="utf-8", line_buffering=True))
+
+    def typed():
+        assert terminal.getvalue().endswith(b"prompt> ")
+        answer = next(answers)
+        if isinstance(answer, type):
+            raise answer
+        return answer
+
+    monkeypatch.setattr("builtins.input", typed)
+    code, out, _ = run(checkpoint, capsys, "--interactive", "--temperature", "0", "--max-new-tokens", "10")
+    err = terminal.getvalue().decode()
+    assert code == 0 and [len(line) for line in out.splitlines()] == [16, 12]
+    assert out.startswith("ROMEO:") and out.splitlines()[1].startswith("Ay")
+    assert err.startswith("Type a prompt and press Enter (Ctrl-D to quit, Ctrl-C stops a sample).\nprompt> ")
+    assert err.count("prompt> ") == 5 and "\nprompt> error: the prompt has characters this model never saw" in err
+
+
+def test_ctrl_c_ends_the_sample_in_interactive_mode_and_the_program_otherwise(checkpoint, capsys, monkeypatch):
+    model, tokenizer = generate.load(checkpoint, torch.device("cpu"), torch.float32)
+    real = model.generate_tokens
+
+    def interrupted(*args):
+        tokens = real(*args)
+        yield next(tokens)
+        yield next(tokens)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model, "generate_tokens", interrupted)
+    clock = iter([100.0, 104.0, 0.0, 0.0])  # the first sample takes 4 s
+    monkeypatch.setattr(generate, "time", type("Clock", (), {"perf_counter": lambda: next(clock)}))
+    out = io.StringIO()
+    settings = generate.Settings(generate.Sampling(0), seed=0, use_cache=False, stats=True, interactive=True)
+    texts = generate.generate(model, tokenizer, ["ROMEO:"], settings, torch.device("cpu"), out=out)
+    assert out.getvalue() == texts[0] + "\n" and texts[0].startswith("ROMEO:")
+    assert capsys.readouterr().err == ("\n[stopped]\nprompt tokens: 6 | new tokens: 2 | 4.00 s | 0.5 tokens/s | "
+                                       "batch 1 | kv cache off | cpu\n")
+    with pytest.raises(KeyboardInterrupt):
+        generate.generate(model, tokenizer, ["ROMEO:"], generate.Settings(), torch.device("cpu"), out=out)
 
 
 def test_samples_come_in_prompt_order_with_their_labels(checkpoint, capsys):
