@@ -165,7 +165,8 @@ def parse_args(argv):
     p.add_argument("--prompt", action="append", default=None,
                    help="text to continue; repeat for a batch of prompts")
     p.add_argument("--prompt-file", type=Path, help="read one prompt from a file")
-    p.add_argument("--max-new-tokens", type=int, default=500)
+    p.add_argument("--max-new-tokens", type=int, default=500,
+                   help="tokens to add to each sample (default 500)")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with mass p")
@@ -173,7 +174,8 @@ def parse_args(argv):
     p.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
     p.add_argument("--stop", action="append", default=[], help="end a sample at this text (repeatable)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES])
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                   help="auto: bfloat16 on GPUs that have it, float32 on CPUs")
     p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context every token")
     p.add_argument("--stats", action="store_true", help="print token counts and tokens/s to stderr")
     p.add_argument("--interactive", action="store_true", help="read prompts from the terminal")

@@ -126,6 +126,24 @@ def test_a_cpu_decodes_in_float32_unless_told_otherwise(checkpoint, capsys, monk
     assert dtypes == [torch.float32, torch.bfloat16]
 
 
+def test_command_line_help_describes_every_option(capsys):
+    assert generate.main(["--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # (argparse re-wraps the lines)
+    assert shown.startswith("usage: generate.py [-h] [--checkpoint CHECKPOINT] [--prompt PROMPT] ")
+    assert (" options: -h, --help show this help message and exit --checkpoint CHECKPOINT run directory (default "
+            "out/tiny) --prompt PROMPT text to continue; repeat for a batch of prompts --prompt-file PROMPT_FILE read "
+            "one prompt from a file --max-new-tokens MAX_NEW_TOKENS tokens to add to each sample (default 500) "
+            "--temperature TEMPERATURE 0 = greedy (default 0.8) --top-k TOP_K sample among the k likeliest tokens "
+            "--top-p TOP_P nucleus sampling: smallest set with mass p --seed SEED same seed, same samples "
+            "--num-samples NUM_SAMPLES samples per prompt --stop STOP end a sample at this text (repeatable) "
+            "--device DEVICE auto, cpu, cuda or mps --dtype {auto,float32,bfloat16,float16} auto: bfloat16 on GPUs "
+            "that have it, float32 on CPUs --no-kv-cache recompute the whole context every token --stats print token "
+            "counts and tokens/s to stderr --interactive read prompts from the terminal --show-attention "
+            "FILE.png|FILE.html for the first sample, prompt and generated text: every layer's attention maps (rows: "
+            "layers, columns: heads) as a PNG, or the attention explorer page of its last 64 tokens as HTML --debug "
+            "show full tracebacks") in shown
+
+
 def test_prompts_of_one_length_need_no_padding_mask():
     idx, mask = generate.batch([[5, 6], [7, 8]], torch.device("cpu"))
     assert idx.tolist() == [[5, 6], [7, 8]] and mask is None  # the causal fast path stays open

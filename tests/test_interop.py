@@ -448,6 +448,30 @@ def test_evaluate_split_val_agrees_with_training(runs, capsys):
     assert "tokens/s" in out and "bits/byte" in out
 
 
+def test_evaluate_split_val_scores_the_validation_text_as_a_file_would(tmp_path, capsys):
+    """--split val rebuilds the run's validation tokens with the run's own tokenizer (a
+    tokenizer trained on this corpus would number the characters differently) and its
+    val_fraction, and scores and counts them exactly as --text scores that text."""
+    from data.sources import END, open_source
+
+    corpus = tmp_path / "corpus.txt"
+    words = "hear me speak Before we proceed any further".split()  # characters the run's tokenizer knows
+    corpus.write_text("".join(" ".join(words[i % 8:] + words[:i % 3]) + ".\n" for i in range(60)))
+    run = untrained_run(tmp_path / "run")
+    (run / "config.yaml").write_text(f"data:\n  source: {corpus}\n  tokenizer: char\n  val_fraction: 0.25\n"
+                                     f"  cache_dir: {tmp_path / 'cache'}\n")
+    val_text = "".join(p for p in open_source(str(corpus), val_fraction=0.25).val() if p is not END)
+    (tmp_path / "val.txt").write_text(val_text)
+    results = []
+    for argv in (["--split", "val"], ["--text", str(tmp_path / "val.txt")]):
+        assert evaluate.main(["--checkpoint", str(run), *argv, "--json"]) == 0
+        out, err = capsys.readouterr()
+        results.append(json.loads(out))
+        assert ("preparing data: corpus, given tokenizer" in err) == (argv[0] == "--split")  # a first build shows
+    assert results[0] == pytest.approx(results[1], rel=1e-6)
+    assert results[0]["characters"] == len(val_text) and results[0]["tokens"] == len(val_text) - 1
+
+
 def test_evaluate_bad_input(runs, tmp_path, capsys):
     run = str(runs["rope"])
     cases = [(["--text", str(tmp_path / "missing.txt")], "does not exist"),
