@@ -88,6 +88,39 @@ def test_a_missing_process_stops_the_join_in_bounded_time(agent_store, monkeypat
     assert time.monotonic() - start < 5
 
 
+def test_setup_joins_the_group_torchrun_describes(agent_store, monkeypatch):
+    """One process under torchrun: gloo on the CPU, through this launch's own prefix of
+    the agent's store; close() leaves no group behind."""
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_USE_AGENT_STORE": "True"}.items():
+        monkeypatch.setenv(name, value)
+    d = distributed.setup("cpu")
+    try:
+        assert d == Distributed(rank=0, local_rank=0, world_size=1)
+        assert dist.is_initialized() and dist.get_backend() == "gloo"
+        assert agent_store.check(["workers/0/claim0", "workers/0/ready0"])
+    finally:
+        d.close()
+    assert not dist.is_initialized()
+
+
+def test_setup_reads_the_ranks_and_picks_the_backend(monkeypatch):
+    calls = []
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("cuda device", index)))
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert distributed.setup("cuda") == Distributed() and calls == []  # not under torchrun: one process
+    for name, value in {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}.items():
+        monkeypatch.setenv(name, value)
+    assert distributed.setup("cuda") == Distributed(rank=5, local_rank=1, world_size=8)
+    assert calls == [("cuda device", 1), {"backend": "nccl"}]  # each process on its own GPU of the node
+    calls.clear()
+    monkeypatch.delenv("LOCAL_RANK")
+    assert distributed.setup("cpu") == Distributed(rank=5, local_rank=0, world_size=8)
+    assert calls == [{"backend": "gloo"}]
+
+
 def test_fresh_is_refused_under_torchrun_restarts(micro, monkeypatch, capsys):
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
     assert train.main(["--config", TINY, *micro(), "--fresh"]) == 2
@@ -116,22 +149,26 @@ def test_token_files_are_compared_by_content_not_path(tmp_path):
 
 
 class Gathered:
-    """Distributed.gather as if every rank had sent `held` (one (host, value) per rank)."""
+    """Distributed.gather as rank 0 of several sees it: what this process sent, then what
+    the other ranks sent (`others`, a (host, value) each)."""
 
-    def __init__(self, held):
-        self.held = held
+    def __init__(self, *others):
+        self.others = others
 
     def gather(self, mine):
-        return self.held
+        return [mine, *self.others]
 
 
 def test_a_node_with_other_token_files_is_named(tmp_path):
     data = type("Data", (), {"directory": tmp_path})()
     for name in ("tokenizer.json", "train.bin", "val.bin"):
         (tmp_path / name).write_bytes(b"tokens")
-    check_same_data(data, Gathered([("node-a", content_digest(tmp_path)), ("node-b", content_digest(tmp_path))]))
-    with pytest.raises(UserError, match=r"node node-b \(rank 1\) holds other token files than rank 0 on node-a"):
-        check_same_data(data, Gathered([("node-a", content_digest(tmp_path)), ("node-b", "0" * 64)]))
+    check_same_data(data, Gathered(("node-b", content_digest(tmp_path))))
+    here = socket.gethostname()
+    with pytest.raises(UserError, match=rf"node node-b \(rank 1\) holds other token files than rank 0 on {here} "):
+        check_same_data(data, Gathered(("node-b", "0" * 64)))
+    with pytest.raises(UserError, match=r"node node-c \(rank 2\) holds other token files"):
+        check_same_data(data, Gathered(("node-b", content_digest(tmp_path)), ("node-c", "0" * 64)))
 
 
 def test_every_node_must_find_rank_0s_checkpoint(tmp_path):
@@ -139,16 +176,20 @@ def test_every_node_must_find_rank_0s_checkpoint(tmp_path):
 
     from training.trainer import Trainer
 
-    def check(held, state):
-        Trainer.check_same_checkpoint(SimpleNamespace(dist=Gathered(held), out_dir=tmp_path), state)
+    def check(state, *others):
+        Trainer.check_same_checkpoint(SimpleNamespace(dist=Gathered(*others), out_dir=tmp_path), state)
 
-    check([("a", 10), ("b", 10)], {"iter": 10})
-    check([("a", None), ("b", None)], None)
-    with pytest.raises(UserError, match=r"node b \(rank 1\) finds no checkpoint in .*, rank 0 on a the checkpoint "
-                                        r"of iteration 10: put out_dir on storage every node shares"):
-        check([("a", 10), ("b", None)], {"iter": 10})
+    check({"iter": 10}, ("b", 10))
+    check(None, ("b", None))
+    here = socket.gethostname()
+    with pytest.raises(UserError, match=rf"node b \(rank 1\) finds no checkpoint in .*, rank 0 on {here} the "
+                                        r"checkpoint of iteration 10: put out_dir on storage every node shares"):
+        check({"iter": 10}, ("b", None))
+    with pytest.raises(UserError, match=r"node b \(rank 1\) finds the checkpoint of iteration 10 in .*, rank 0 "
+                                        r"on .* no checkpoint"):
+        check(None, ("b", 10))
     with pytest.raises(UserError, match=r"node c \(rank 2\) finds the checkpoint of iteration 5"):
-        check([("a", 10), ("b", 10), ("c", 5)], {"iter": 10})
+        check({"iter": 10}, ("b", 10), ("c", 5))
 
 
 def test_a_run_resumed_with_other_process_counts_keeps_its_global_batch(micro, tmp_path, capsys):
@@ -198,6 +239,10 @@ def test_uneven_process_counts_say_the_global_batch_changes(micro, capsys):
     assert trainer.tc.grad_accum == 1
     assert "resuming a 3-process run with 2: its 3 micro-batches per step do not split evenly over 2 " \
            "processes, so the global batch becomes 16 sequences" in capsys.readouterr().err
+    trainer.change_process_count(4, 1)  # 4 processes' micro-batches, 2 for each of these 2
+    assert trainer.tc.grad_accum == 2
+    assert "resuming a 4-process run with 2: train.grad_accum 1 -> 2 keeps the global batch of 32 sequences" \
+        in capsys.readouterr().err
 
 
 # ---- torchrun (slow) ---------------------------------------------------------

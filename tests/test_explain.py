@@ -10,7 +10,7 @@ import torch
 
 import generate
 import train
-from conftest import ROOT, run_cli
+from conftest import ROOT
 from model import GPT, GPTConfig
 from common.attention_maps import attention_maps, heatmap_grid, png_bytes
 from training.explain import evaluate_symbolic, parameter_groups, symbolic_sizes, trace
@@ -45,7 +45,8 @@ def test_trace_shapes_match_the_config(pos_encoding, norm_position):
     assert ("rotate q and k (rope)" in steps) == (pos_encoding == "rope")
     assert ("embedding + position" in steps) == (pos_encoding != "rope")
     norms = [s for s in steps if s.startswith("LayerNorm")]
-    assert len(norms) == 2 and all(("before" in s) == (norm_position == "pre") for s in norms)
+    assert norms == (["LayerNorm (before attention)", "LayerNorm (before feed-forward)"] if norm_position == "pre"
+                     else ["LayerNorm (after attention + residual)", "LayerNorm (after feed-forward + residual)"])
     assert any(s.startswith("final") for s in steps) == (norm_position == "pre")
     # the symbolic shapes are not trivially equal: T, C and d_k differ here
     assert dict(zip(steps, (r.shape for r in rows)))["1. similarity Q Kᵀ"] == (5, 2, 11, 11)
@@ -56,20 +57,29 @@ def test_trace_shapes_match_the_config(pos_encoding, norm_position):
     assert parameter_groups(model)[-1] == ("total", sum(n for _, n in parameter_groups(model)[:-1]))
 
 
-def test_explain_cli_prints_the_table_and_trains_nothing(tmp_path, micro):
-    out = run_cli("train.py", "--config", "configs/tiny.yaml", *micro("model.pos_encoding=rope"), "--explain")
-    assert out.returncode == 0, out.stderr
+def test_explain_prints_the_table_and_trains_nothing(tmp_path, micro, capsys):
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *micro("model.pos_encoding=rope"),
+                       "--explain"]) == 0
     assert not (tmp_path / "run").exists()
-    text = out.stdout
+    text = capsys.readouterr().out
     assert "B=8, T=32, C=32, H=2, d_k=16" in text
-    assert re.search(r"1\. similarity Q Kᵀ\s+\[8, 2, 32, 32\]\s+\[B, H, T, T\]", text)
-    assert "2. scale by 1/√d_k = 1/√16 = 0.250" in text
-    assert "FLOPs per token" in text and "KV cache: 2 × 2 layers × 32 = 128 values per token" in text
+    assert re.search(r"\n1\. similarity Q Kᵀ +\[8, 2, 32, 32\] +\[B, H, T, T\] ", text)
+    assert "\n2. scale by 1/√d_k = 1/√16 = 0.250  " in text
+    assert "\nFLOPs per token (context 32): 0.06 M forward, 0.18 M for a training step (3 × forward)\n" in text
+    assert ("\nKV cache: 2 × 2 layers × 32 = 128 values per token = 0.5 KiB in float32; 0.02 MiB per sequence at "
+            "block_size 32\n") in text
     assert re.search(r"Kept for the backward pass, measured \(CPU, float32, one batch\): sdpa path [\d.]+ MiB, of which "
                      r"\[B, H, T, T\] weights 0\.0 MiB; explicit path [\d.]+ MiB, of which \[B, H, T, T\] weights "
                      r"0\.2 MiB \(2 layers; a \[B, H, T, T\] tensor holds B·H·T² = 16,384 values\)", text), text
-    assert re.search(r"std (0\.\d+) → (0\.\d+): no growth with d_k", text)
-    assert "7,936 future keys get −inf" in text and "row sums 1.000000 … 1.000000" in text  # 8·2·32·31/2
+    before, after = map(float, re.search(r"std (0\.\d+) → (0\.\d+): no growth with d_k", text).groups())
+    assert after == pytest.approx(before / 4, abs=0.001)  # 1/√16 of the unscaled spread
+    assert " 7,936 future keys get −inf" in text and "row sums 1.000000 … 1.000000" in text  # 8·2·32·31/2
+    # a table: every row's shape and symbolic shape start in their header's column, after two spaces
+    table = text.split("\n\n")[1].splitlines()
+    columns = [table[0].index("shape"), table[0].index("symbolic")]
+    assert table[0].startswith("step ") and table[1].startswith("-" * (columns[0] - 2) + "  -")
+    for line in table[2:]:
+        assert all(line[c] == "[" and line[c - 2:c] == "  " for c in columns), line
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -291,3 +292,31 @@ def test_auto_dtype_on_the_cpu_follows_its_bf16_units(monkeypatch, amx, avx512_b
     assert cpu_has_fast_bf16() == fast
     assert resolve_dtype("auto", cpu, training=True) == (torch.bfloat16 if fast else torch.float32)
     assert resolve_dtype("auto", cpu, training=False) == torch.float32
+
+
+def test_a_terminal_shows_a_progress_bar_to_max_iters(micro, monkeypatch, capsys):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert train.main(["--config", TINY, *micro("train.max_iters=12", "train.sample_tokens=0")]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"12/12 \[[^]]*loss=\d\.\d{4}, lr=\d\.\d\de-\d\d, tok_s=[\d,]+\]", err), err
+
+
+def test_hyperparameters_reach_tensorboard_with_their_types(tmp_path):
+    """The HParams tab can sort and filter by a number only if it arrives as one."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    from training.logger import RunLogger
+
+    logger = RunLogger(tmp_path, True, 0, 10, 5)
+    logger.hparams({"out_dir": "out/x", "train": {"lr": 0.002, "max_iters": 30, "dtype": "auto",
+                                                  "init_from": None}}, {"val/loss": 1.5})
+    logger.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+    assert {name: value.WhichOneof("kind") for name, value in hparams.items()} == {
+        "train.lr": "number_value", "train.max_iters": "number_value", "train.dtype": "string_value",
+        "train.init_from": "string_value"}
+    assert hparams["train.lr"].number_value == 0.002 and hparams["train.init_from"].string_value == "None"

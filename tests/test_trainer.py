@@ -346,3 +346,91 @@ def test_training_samples_never_show_unk(micro):
     assert trainer.model.generate(prompt, 1, temperature=0.8)[0, -1] == unk  # what an unguarded sampler picks
     text = trainer.sample_text()
     assert UNK not in text and len(text) == len(trainer.tc.sample_prompt) + trainer.tc.sample_tokens
+
+
+def test_training_samples_are_the_same_at_every_evaluation_of_the_same_weights(micro):
+    """Samples draw from their own generator (seed 0), so a change in the text between two
+    evaluations comes from the weights, not from the random stream."""
+    trainer = make_trainer(micro)
+    first = trainer.sample_text()
+    torch.rand(1000)  # the training step's random numbers come from the global stream
+    assert trainer.sample_text() == first
+
+
+def test_a_stop_saves_and_says_how_to_continue(tmp_path, micro, monkeypatch, capsys):
+    FakeClock(monkeypatch, stop_at=7)
+    assert make_trainer(micro, "train.eval_interval=100").fit() == 128 + signal.SIGINT
+    assert checkpoint.load_state(tmp_path / "run")["iter"] == 7
+    assert (f"stopped at iteration 7; checkpoint saved in {tmp_path / 'run'}. Run the same command to continue.\n"
+            in capsys.readouterr().out)
+
+
+def test_a_run_that_ended_where_its_budget_said_is_finished(micro):
+    """Under train.max_minutes a checkpoint at its fitted max_iters is a finished run, even
+    when it used less than the budget; one saved before the fit (no max_iters recorded, as
+    older checkpoints) is finished only at the configured max_iters."""
+    trainer = make_trainer(micro, "train.max_minutes=2", "train.max_iters=400")
+    trainer.seconds_before = 90.0
+    assert trainer.budget_finished({"iter": 50, "max_iters": 50, "max_minutes": 2.0})
+    assert not trainer.budget_finished({"iter": 50, "max_iters": 51, "max_minutes": 2.0})
+    assert not trainer.budget_finished({"iter": 50, "max_iters": 50, "max_minutes": 1.0})  # the budget was raised
+    assert not trainer.budget_finished({"iter": 50})
+    assert trainer.budget_finished({"iter": 400})
+
+
+def test_throughput_and_mfu_count_every_process_since_the_last_report(micro, monkeypatch):
+    trainer = make_trainer(micro, "train.grad_accum=2")
+    logged = []
+    trainer.log = SimpleNamespace(progress=lambda *args: None, scalars=lambda it, values: logged.append(values))
+    trainer.dist = Distributed(rank=0, world_size=2)  # (report itself exchanges nothing)
+    trainer.peak_flops = 1e9
+    trainer.tick, trainer.it = (100.0, 10), 20
+    monkeypatch.setattr(Trainer, "clock", lambda self: 105.0)
+    trainer.report(2.0, 1.0, 1e-3)
+    tokens_per_sec = 8 * 32 * 2 * 2 * 10 / 5  # batch × T × grad_accum × processes, 10 steps in 5 s
+    assert logged[0]["train/tokens_per_sec"] == tokens_per_sec
+    assert logged[0]["train/mfu"] == pytest.approx(trainer.model.flops_per_token(32) * tokens_per_sec / 2 / 1e9)
+    assert trainer.tick == (105.0, 20)
+
+
+def test_every_process_takes_rank_0s_target(micro, monkeypatch):
+    """retarget sums the targets over the processes with every other rank adding 0, so all
+    of them train to rank 0's max_iters (a rank that stopped sooner would hang the others)."""
+    trainer = make_trainer(micro, "train.max_minutes=1", "train.max_iters=100000")
+    trainer.log = SimpleNamespace(retarget=lambda max_iters: None)
+    trainer.started, trainer.iteration_cap, trainer.it = 0.0, 100000, 10
+    monkeypatch.setattr(Trainer, "clock", lambda self: 0.0)
+    trainer.dist = SimpleNamespace(is_main=False, sum=lambda values, device: [values[0] + 77])  # rank 0 sent 77
+    trainer.retarget(1.0, 0.0)
+    assert trainer.tc.max_iters == 77
+
+
+def test_a_checkpoint_without_a_recorded_setup_is_refused_by_name(tmp_path, micro, capsys):
+    """A trainer_state.pt of another program (or an older one) lacks the setup it trained
+    with, or a part of it: the run stops with the one-line message, naming what is missing."""
+    assert train.main(["--config", TINY, *micro("train.max_iters=2", "train.sample_tokens=0")]) == 0
+    state_file = tmp_path / "run" / "trainer_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    for identity, named in ((None, "model.vocab_size: checkpoint None"), ({"model": state["identity"]["model"]},
+                                                                            "data.source: checkpoint None")):
+        if identity is None:
+            del state["identity"]
+        else:
+            state["identity"] = identity
+        torch.save(state, state_file)
+        assert train.main(["--config", TINY, *micro("train.max_iters=4")]) == 2
+        err = capsys.readouterr().err
+        assert f"holds a run with a different setup ({named}" in err and err.count("\n") == 1
+
+
+def test_a_one_process_checkpoint_resumed_by_two_restores_its_sampler(micro, tmp_path, capsys):
+    settings = ("train.max_iters=4", "train.sample_tokens=0", "train.grad_accum=2")
+    assert train.main(["--config", TINY, *micro(*settings)]) == 0
+    state = checkpoint.load_state(tmp_path / "run")
+    trainer = make_trainer(micro, "train.max_iters=8")
+    trainer.dist = Distributed(rank=0, world_size=2)  # rank 0 of 2, before it draws anything
+    trainer.restore(state)
+    assert trainer.tc.grad_accum == 1 and trainer.it == 4  # 2 micro-batches of one process over two
+    assert trainer.sampler.generator.get_state().equal(state["ranks"][0]["sampler"]["generator"])
+    assert "resuming a 1-process run with 2: train.grad_accum 2 -> 1 keeps the global batch of 16" \
+        in capsys.readouterr().err

@@ -57,7 +57,7 @@ class Distributed:
         return out
 
     def close(self) -> None:
-        if self.enabled and dist.is_initialized():
+        if dist.is_initialized():  # (torchrun with one process joins a group too)
             dist.destroy_process_group()
 
 
