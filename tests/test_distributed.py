@@ -342,3 +342,40 @@ def test_a_killed_worker_is_replaced_and_the_run_ends_as_if_nothing_happened(tmp
         assert r["killed"] and r["exit"] == 0, (r, Path(f"{tmp_path / f'killed{i}'}.log").read_text()[-3000:])
         assert r["seconds_after_kill"] < 120
         assert elastic.same_weights(tmp_path / "straight", tmp_path / f"killed{i}")
+
+
+def test_only_each_nodes_first_process_prepares_the_data(micro, monkeypatch):
+    """The others wait at the barrier, then open what it wrote: one progress bar a node."""
+    from types import SimpleNamespace
+
+    from training import trainer
+    from training.config import load_config
+
+    calls, real_prepare = [], trainer.prepare
+    monkeypatch.setattr(trainer, "prepare", lambda *a, progress, **kw: (calls.append(progress),
+                                                                        real_prepare(*a, progress=progress, **kw))[1])
+    cfg = load_config(TINY, micro())
+    for local_rank in (0, 1):
+        node = SimpleNamespace(local_rank=local_rank, nodes=1, barrier=lambda: calls.append("barrier"))
+        data, _ = trainer.load_data(cfg, node, None)
+        assert data.vocab_size > 0
+    assert calls == [True, "barrier", "barrier", False]
+
+
+def test_ddp_wraps_the_model_on_the_cpu(micro):
+    """Under torchrun the step runs through DistributedDataParallel (gloo, no device ids on
+    a CPU); a group of one process stands in for the others here."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from training.config import load_config
+    from training.trainer import Trainer
+
+    trainer = Trainer(load_config(TINY, micro()), torch.device("cpu"), torch.float32)
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        trainer.dist = Distributed(rank=0, world_size=2)
+        wrapped = trainer.wrap(trainer.model)
+        assert isinstance(wrapped, DistributedDataParallel) and wrapped.module is trainer.model
+    finally:
+        dist.destroy_process_group()

@@ -62,6 +62,8 @@ def test_end_to_end_micro_run(tmp_path, micro, capsys):
     state = torch.load(run / "trainer_state.pt", weights_only=True)
     assert state["iter"] == 30
     assert state["best_val_loss"] == pytest.approx(min(val.values()), rel=1e-6)  # TensorBoard logs float32
+    assert state["val_loss"] == pytest.approx(val[30], rel=1e-6)  # what an export's model card reports
+    assert state["val_bits_per_char"] == pytest.approx(scalars(run, "val/bits_per_char")[30], rel=1e-6)
 
 
 def test_rerun_of_finished_run_exits_at_once(tmp_path, micro, capsys):
@@ -129,6 +131,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, micro, monkey
     assert train.main(["--config", TINY, *micro("train.max_iters=20", "train.eval_interval=100")]) == 1
     err = capsys.readouterr().err
     assert "loss became nan" in err and "iteration 14" in err and "last good checkpoint" in err
+    assert err.endswith(". Try a lower train.lr, train.grad_clip=1.0 or train.dtype=float32\n")
     after = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file() and "events" not in p.name}
     assert {k: v for k, v in after.items() if k != "config.yaml"} == {k: v for k, v in before.items() if k != "config.yaml"}
 
@@ -159,7 +162,9 @@ def test_weight_decay_skips_norms_biases_embeddings():
     ("train:\n  lr: -1\n", [], "train.lr=-1.0: must be positive"),
     ("train:\n  max_iters: ten\n", [], "train.max_iters='ten': must be an integer"),
     ("model:\n  n_embd: 30\n  n_head: 4\n", [], "model.n_embd=30 is not divisible by n_head=4"),
-    ("model: [1, 2\n", [], "not valid YAML at line 2, column 1"),
+    ("model: [1, 2\n", [], "not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'"),
+    ("model:\n  n_layer: 2\x07\n", [], "not valid YAML: unacceptable character #x0007: special characters are not allowed"),
+    ("train: 5\n", [], "train: must be a mapping of keys to values, not 5"),
     ("", [], "is empty"),
     ("- a\n- b\n", [], "must be a mapping"),
     ("modle:\n  n_layer: 2\n", [], "unknown key 'modle'; did you mean 'model'"),
@@ -173,6 +178,48 @@ def test_config_errors_name_key_value_and_file(tmp_path, text, overrides, messag
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as e:
         load_config(path, overrides)
     assert str(path) in str(e.value) or "override" in str(e.value)
+
+
+# every rule of TrainConfig at its edge: the values just outside it, with the message
+# each gets, and the value at the edge, which is allowed
+TRAIN_LIMITS = [
+    ("max_iters", [0], 1, "must be at least 1"),
+    ("max_minutes", [0.0], 0.01, "must be positive (or unset)"),
+    ("batch_size", [0], 1, "must be at least 1"),
+    ("grad_accum", [0], 1, "must be at least 1"),
+    ("optimizer", ["sgd"], "muon", "must be one of adamw, muon"),
+    ("lr", [0.0], 1e-4, "must be positive, e.g. 1e-3"),
+    ("muon_lr", [0.0], 1e-6, "must be positive, e.g. 0.02"),
+    ("muon_momentum", [-0.01, 1.0], 0.0, "must be in [0, 1)"),
+    ("muon_momentum_warmup", [-1], 0, "must be 0 (none) or more"),
+    ("min_lr", [-1e-9, 0.0011], 0.0, "must be between 0 and train.lr"),
+    ("warmup_iters", [-1], 0, "must be 0 or more"),
+    ("lr_schedule", ["linear"], "wsd", "must be one of cosine, wsd"),
+    ("cooldown", [0.0, 1.01], 1.0, "must be in (0, 1], e.g. 0.4"),
+    ("lr_decay_iters", [0], 1, "must be at least 1 (or unset: max_iters)"),
+    ("weight_decay", [-0.1], 0.0, "must be 0 or more"),
+    ("beta1", [-0.1, 1.0], 0.0, "must be in [0, 1)"),
+    ("beta2", [-0.1, 1.0], 0.0, "must be in [0, 1)"),
+    ("ema", [-0.1, 1.0], 0.0, "must be in [0, 1), e.g. 0.99 (0: off)"),
+    ("grad_clip", [-1.0], 0.0, "must be 0 (off) or more"),
+    ("eval_interval", [0], 1, "must be at least 1"),
+    ("eval_iters", [0], 1, "must be at least 1"),
+    ("checkpoint_interval", [0], 1, "must be at least 1 (or unset)"),
+    ("log_interval", [0], 1, "must be at least 1"),
+    ("sample_tokens", [-1], 0, "must be 0 or more"),
+    ("dtype", ["fp8"], "float16", "must be one of auto, float32, bfloat16, float16"),
+    ("threads", [-1], 0, "must be 0 (torch's default) or more"),
+]
+
+
+@pytest.mark.parametrize("key, bad_values, edge, message", TRAIN_LIMITS, ids=[t[0] for t in TRAIN_LIMITS])
+def test_every_train_setting_is_checked_at_its_edge(key, bad_values, edge, message):
+    extra = {"lr": 1e-3} if key == "min_lr" else {}
+    for bad in bad_values:
+        with pytest.raises(ValueError) as e:
+            TrainConfig(**extra, **{key: bad})
+        assert str(e.value) == f"train.{key}={bad!r}: {message}"
+    assert getattr(TrainConfig(**extra, **{key: edge}), key) == edge
 
 
 def test_overrides_are_typed_as_yaml_and_out_dir_defaults_to_stem(tmp_path):
@@ -266,6 +313,7 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, micro, m
     err = capsys.readouterr().err
     assert "could not write the checkpoint of iteration 10" not in err
     assert "No space left on device" in err and "previous checkpoint is kept" in err
+    assert err.endswith("Free some space and run the same command to continue\n")
     assert (run / "trainer_state.pt").read_bytes() == before
     assert not list(run.glob("*.tmp"))
     monkeypatch.setattr(checkpoint.os, "fsync", real_fsync)
@@ -320,3 +368,30 @@ def test_hyperparameters_reach_tensorboard_with_their_types(tmp_path):
         "train.lr": "number_value", "train.max_iters": "number_value", "train.dtype": "string_value",
         "train.init_from": "string_value"}
     assert hparams["train.lr"].number_value == 0.002 and hparams["train.init_from"].string_value == "None"
+
+
+def test_log_lines_reach_a_pipe_at_once_and_text_keeps_its_layout(tmp_path, monkeypatch):
+    """Without a terminal (nohup, | tee) each line is flushed as it is written, so a log
+    file shows the run as it goes; TensorBoard's text tab gets a fenced block, which keeps
+    the line breaks and spaces of a sample."""
+    import io
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from training.logger import RunLogger
+
+    class Pipe(io.StringIO):
+        def flush(self):
+            flushed.append(self.getvalue())
+
+    flushed = []
+    monkeypatch.setattr(sys, "stdout", Pipe())
+    logger = RunLogger(tmp_path, True, 0, 10, 5)
+    logger.message("model: ...")
+    logger.progress(5, 2.5, 1e-3, 1234.0)
+    logger.text("samples", "ROMEO:\n  But soft", 5)
+    logger.close()
+    assert flushed[:2] == ["model: ...\n", "model: ...\niter 5 | loss 2.5000 | lr 1.00e-03 | 1,234 tok/s\n"]
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    events.Reload()
+    assert events.Tensors("samples/text_summary")[0].tensor_proto.string_val == [b"```\nROMEO:\n  But soft\n```"]

@@ -109,7 +109,6 @@ class RunConfig:
     data: DataConfig
     train: TrainConfig
     out_dir: str
-    source: str = "<defaults>"  # the file it came from, for messages
     model_keys: tuple[str, ...] = ()  # the model fields the file or the overrides set
 
     def model_config(self, vocab_size: int) -> GPTConfig:
@@ -194,8 +193,7 @@ def build(raw: dict, path: Path) -> RunConfig:
     out_dir = raw.get("out_dir", f"out/{path.stem}")
     if not isinstance(out_dir, str) or not out_dir:
         raise ConfigError(f"{path}: out_dir={out_dir!r}: must be a folder path")
-    return RunConfig(sections["model"], sections["data"], sections["train"], out_dir, str(path),
-                     tuple(raw.get("model") or {}))
+    return RunConfig(sections["model"], sections["data"], sections["train"], out_dir, tuple(raw.get("model") or {}))
 
 
 def suggest(word: str, choices) -> str:
