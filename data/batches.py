@@ -52,7 +52,7 @@ class BatchSampler:
 
 
 def fixed_batches(tokens: np.ndarray, block_size: int, batch_size: int, n_batches: int,
-                  seed: int = 0, split: str = "val") -> list[tuple[torch.Tensor, torch.Tensor]]:
+                  seed: int, split: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The same n_batches windows every time, so evaluations are comparable over a run."""
     check_length(tokens, block_size, split)
     g = torch.Generator().manual_seed(seed)

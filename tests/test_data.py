@@ -1,6 +1,7 @@
 """Data: the built-in corpus, local and hub sources, tokenizers, token files, batches."""
 
 import json
+import math
 import sys
 
 import numpy as np
@@ -178,8 +179,8 @@ def test_batches_are_shifted_reproducible_and_resumable():
     rank1 = BatchSampler(tokens, 8, 2, seed=1, rank=1, world_size=2).next_batch()[0]
     assert not torch.equal(rank0, rank1)
     assert torch.equal(torch.cat([rank0, rank1]), x)
-    fixed = fixed_batches(tokens, 8, 4, n_batches=2)
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(fixed, fixed_batches(tokens, 8, 4, 2)))
+    fixed = fixed_batches(tokens, 8, 4, 2, 0, "val")
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(fixed, fixed_batches(tokens, 8, 4, 2, 0, "val")))
 
 
 def _roundtrip(state):
@@ -217,6 +218,10 @@ BAD = {
     "unknown tokenizer": (lambda p: str(write(p / "a.txt", SAMPLE)), {"tokenizer": "word"}, "must be one of char, bpe"),
     "bad fraction": (lambda p: "shakespeare", {"val_fraction": 1.5}, "val_fraction=1.5"),
     "empty folder": (lambda p: str(p), {}, "holds no .txt files"),
+    "not utf-8 past the first block": (lambda p: _bytes(p / "m.txt", b"a" * (1 << 20) + b"bc\xffd"), {},
+                                       r"not UTF-8 text \(invalid byte at offset 1048578\)"),
+    "a .jsonl not in utf-8": (lambda p: _bytes(p / "d.jsonl", b'{"text": "caf\xe9"}\n'), {},
+                              r"d.jsonl is not UTF-8 text \(invalid byte at offset 13\)"),
 }
 
 
@@ -242,8 +247,11 @@ def half_made(cache) -> list:
 
 
 def test_validation_shorter_than_a_block_is_an_error():
-    with pytest.raises(DataError, match="fewer than block_size \\+ 1 = 65"):
-        fixed_batches(np.arange(50, dtype=np.uint16), 64, 4, 2)
+    with pytest.raises(DataError, match="^the val split has 64 tokens, fewer than block_size \\+ 1 = 65; use a "
+                                        "smaller model.block_size or more text$"):
+        fixed_batches(np.arange(64, dtype=np.uint16), 64, 4, 2, 0, "val")
+    x, y = fixed_batches(np.arange(65, dtype=np.uint16), 64, 4, 1, 0, "val")[0]  # one window: just enough
+    assert x[0].tolist() == list(range(64)) and y[0].tolist() == list(range(1, 65))
 
 
 @pytest.mark.parametrize("kind", ["char", "bpe"])
@@ -580,3 +588,51 @@ def test_safe_cuts_follow_the_gpt2_pieces():
     assert [i for i in range(1, len(text)) if can_cut(text, i)] == [2, 5, 6, 7, 8]
     assert Encoder.last_cut(text, 7, 0) == 7 and Encoder.last_cut(text, 4, 0) == 2  # the last one, not any
     assert Encoder.last_cut("abcd", 3, 0) == 0 and Encoder.next_cut(text, 8) == len(text)
+
+
+def test_token_files_open_read_only_and_bits_per_character_convert_nats_per_token(tmp_path):
+    text = "".join(f"line {i}: {'abc' * (i % 7)}\n" for i in range(300))
+    data = prepare(DataConfig(str(write(tmp_path / "corpus.txt", text)), cache_dir=tmp_path / "cache"), progress=False)
+    assert not data.train.flags.writeable and not data.val.flags.writeable  # a run cannot change them
+    data.meta.update(val_tokens=500, val_characters=1000)  # two characters a token
+    assert data.bits_per_character(math.log(2) * 4) == pytest.approx(2.0)
+
+
+def test_an_empty_prompt_starts_where_a_document_starts(bpe):
+    from data.tokenizer import encode_or_start
+
+    char = train_tokenizer("char", ["ab\ncd"], 0)
+    assert encode_or_start(char, "") == [char.token_to_id("\n")]
+    assert encode_or_start(bpe, "") == [bpe.token_to_id(EOT)]
+    assert encode_or_start(char, "ba") == [char.token_to_id("b"), char.token_to_id("a")]
+
+
+def test_only_a_char_tokenizers_unk_is_never_generated():
+    from tokenizers import Tokenizer, models
+
+    from data.tokenizer import UNK, suppressed_ids
+
+    def word_level(*tokens):
+        vocab = {t: i for i, t in enumerate(["a", *tokens])}
+        return Tokenizer(models.WordLevel(vocab, unk_token=UNK if UNK in tokens else None))
+
+    assert suppressed_ids(word_level(UNK)) == (1,)
+    assert suppressed_ids(word_level(UNK, EOT)) == ()  # an <unk> beside <|endoftext|>: not ours to guess
+    assert suppressed_ids(word_level()) == ()
+
+
+def test_chunks_keep_the_text_after_the_last_document_end():
+    from data.prepare import chunked
+
+    assert list(chunked(["a", "b", sources.END, "c", "d"])) == ["ab", sources.END, "cd"]
+
+
+def test_a_split_at_a_document_boundary_starts_validation_with_the_next_document(tmp_path):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    write(folder / "1.txt", "abcd\n")
+    write(folder / "2.txt", "dcba\n")  # 10 characters: the cut at 5 falls between the files
+    src = sources.open_source(str(folder), val_fraction=0.5)
+    assert list(src.val()) == ["dcba\n", sources.END] and list(src.train()) == ["abcd\n", sources.END]
+    data = prepare(DataConfig(str(folder), val_fraction=0.5, cache_dir=tmp_path / "cache"), progress=False)
+    assert data.tokenizer.decode(data.val.tolist()) == "dcba\n"
