@@ -220,6 +220,7 @@ BAD = {
     "empty folder": (lambda p: str(p), {}, "holds no .txt files"),
     "not utf-8 past the first block": (lambda p: _bytes(p / "m.txt", b"a" * (1 << 20) + b"bc\xffd"), {},
                                        r"not UTF-8 text \(invalid byte at offset 1048578\)"),
+    "no text in any row": (lambda p: str(write(p / "e.jsonl", '{"text": ""}\n')), {}, r"^data source '.*e.jsonl' holds no text$"),
     "a .jsonl not in utf-8": (lambda p: _bytes(p / "d.jsonl", b'{"text": "caf\xe9"}\n'), {},
                               r"d.jsonl is not UTF-8 text \(invalid byte at offset 13\)"),
 }
@@ -636,3 +637,33 @@ def test_a_split_at_a_document_boundary_starts_validation_with_the_next_document
     assert list(src.val()) == ["dcba\n", sources.END] and list(src.train()) == ["abcd\n", sources.END]
     data = prepare(DataConfig(str(folder), val_fraction=0.5, cache_dir=tmp_path / "cache"), progress=False)
     assert data.tokenizer.decode(data.val.tolist()) == "dcba\n"
+
+
+def test_a_text_files_token_files_do_not_depend_on_the_text_field(tmp_path):
+    path = write(tmp_path / "corpus.txt", SAMPLE)
+    first = prepare(DataConfig(str(path), text_field="body", cache_dir=tmp_path / "cache"), progress=False)
+    again = prepare(DataConfig(str(path), text_field="content", cache_dir=tmp_path / "cache"), progress=False)
+    assert again.directory == first.directory  # reused: a .txt file has no fields
+
+
+def test_bpe_needs_room_for_the_bytes_and_the_end_of_text_token():
+    with pytest.raises(DataError) as e:
+        DataConfig("x.txt", "bpe", 256)
+    assert str(e.value) == ("data.vocab_size=256 is below the 256 byte tokens byte-level BPE starts from, plus "
+                            "<|endoftext|>; use at least 257")
+    assert DataConfig("x.txt", "bpe", 257).vocab_size == 257
+
+
+def test_token_files_go_to_data_cache_unless_told_otherwise(tmp_path, monkeypatch):
+    data_module = sys.modules["data.prepare"]  # (the package exports the function of that name)
+    monkeypatch.setattr(data_module, "DEFAULT_CACHE", tmp_path / "default")
+    data = prepare(DataConfig(str(write(tmp_path / "corpus.txt", SAMPLE))), progress=False)
+    assert data.directory.parent == tmp_path / "default"
+
+
+def test_a_malformed_tokenizer_file_is_named_with_what_is_wrong(tmp_path):
+    path = write(tmp_path / "tokenizer.json", "nope")
+    with pytest.raises(ValueError) as e:
+        load_tokenizer(path)
+    # (the reason is serde's, e.g. "expected ident at line 1 column 2")
+    assert str(e.value).startswith(f"{path} is not a valid tokenizer.json (") and " at line 1 column " in str(e.value)
