@@ -87,6 +87,10 @@ def test_stream_holds_back_partial_stop_strings():
     assert out.getvalue() == "abc"
     stream.update("abcENx", final=True)
     assert out.getvalue() == "abcENx"
+    out = io.StringIO()
+    free = generate.Stream(out, [])  # no stop string: nothing held back but a partial character
+    free.update("ab")
+    assert out.getvalue() == "ab"
 
 
 def test_stop_string_ends_the_sample(checkpoint, capsys):
@@ -130,6 +134,8 @@ def test_command_line_help_describes_every_option(capsys):
     assert generate.main(["--help"]) == 0
     shown = " ".join(capsys.readouterr().out.split())  # (argparse re-wraps the lines)
     assert shown.startswith("usage: generate.py [-h] [--checkpoint CHECKPOINT] [--prompt PROMPT] ")
+    assert ' [--debug] Sample from a trained GPT: python generate.py --prompt "ROMEO:" [--checkpoint out/tiny] ' \
+           'options: ' in shown  # the docstring's first paragraph, and only that
     assert (" options: -h, --help show this help message and exit --checkpoint CHECKPOINT run directory (default "
             "out/tiny) --prompt PROMPT text to continue; repeat for a batch of prompts --prompt-file PROMPT_FILE read "
             "one prompt from a file --max-new-tokens MAX_NEW_TOKENS tokens to add to each sample (default 500) "
@@ -149,6 +155,7 @@ def test_prompts_of_one_length_need_no_padding_mask():
     assert idx.tolist() == [[5, 6], [7, 8]] and mask is None  # the causal fast path stays open
     idx, mask = generate.batch([[5, 6], [7]], torch.device("cpu"))
     assert idx.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[1, 1], [0, 1]]
+    assert idx.dtype == mask.dtype == torch.long  # token ids, and Hugging Face's 0/1 attention mask
 
 
 def test_empty_prompt_and_long_prompt(checkpoint, capsys):
@@ -191,21 +198,32 @@ def test_broken_checkpoint_files(tmp_path, checkpoint, capsys, name, content, me
 
 @pytest.mark.parametrize("args, message", [
     (["--temperature", "-1"], "--temperature=-1.0: must be 0 (greedy) or more"),
-    (["--top-p", "0"], "--top-p=0.0: must be in (0, 1]"),
-    (["--top-p", "1.5"], "--top-p=1.5"),
-    (["--top-k", "0"], "--top-k=0: must be 1 or more"),
+    (["--top-p", "0"], "--top-p=0.0: must be in (0, 1] (or unset)"),
+    (["--top-p", "1.5"], "--top-p=1.5: must be in (0, 1] (or unset)"),
+    (["--top-k", "0"], "--top-k=0: must be 1 or more (or unset)"),
     (["--max-new-tokens", "-5"], "--max-new-tokens=-5: must be 0 or more"),
     (["--prompt-file", "/nonexistent/prompt.txt"], "prompt file /nonexistent/prompt.txt does not exist"),
-    (["--prompt", "ROMEO 你"], "never saw in training: '你'"),
-    (["--num-samples", "0"], "--num-samples=0"),
-    (["--temperature", "hot"], "invalid float value: 'hot'"),
-    (["--show-attention", "maps.jpg"], "must end in .png or .html"),
-    (["--show-attention", "/nonexistent/maps.png"], "folder /nonexistent does not exist"),
+    (["--prompt", "ROMEO 你"], "the prompt has characters this model never saw in training: '你'; remove or replace them"),
+    (["--num-samples", "0"], "--num-samples=0: must be 1 or more"),
+    (["--temperature", "hot"], "argument --temperature: invalid float value: 'hot' (see python generate.py --help)"),
+    (["--show-attention", "maps.jpg"], "--show-attention maps.jpg: the file name must end in .png or .html"),
+    (["--show-attention", "/nonexistent/maps.png"],
+     "--show-attention /nonexistent/maps.png: folder /nonexistent does not exist; create it first"),
     (["--stop", "\n", "--stop", ""], "--stop needs some text, e.g. --stop '\\n\\n'"),
 ])
 def test_bad_options(checkpoint, capsys, args, message):
     code, out, err = run(checkpoint, capsys, *args)
-    assert code == 2 and message in err and err.count("\n") == 1 and not out
+    assert code == 2 and err == f"error: {message}\n" and not out
+
+
+def test_a_prompt_file_is_read_as_utf8(checkpoint, capsys, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("ROMEO: soft", encoding="utf-8")
+    code, out, _ = run(checkpoint, capsys, "--prompt-file", str(prompt), "--max-new-tokens", "3")
+    assert code == 0 and out.startswith("ROMEO: soft")
+    prompt.write_bytes(b"ROMEO: caf\xe9")
+    code, out, err = run(checkpoint, capsys, "--prompt-file", str(prompt))
+    assert code == 2 and err == f"error: prompt file {prompt} is not UTF-8 text\n" and not out
 
 
 def test_missing_checkpoint_names_the_train_command(tmp_path):
