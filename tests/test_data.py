@@ -638,6 +638,12 @@ def test_a_split_at_a_document_boundary_starts_validation_with_the_next_document
     assert list(src.val()) == ["dcba\n", sources.END] and list(src.train()) == ["abcd\n", sources.END]
     data = prepare(DataConfig(str(folder), val_fraction=0.5, cache_dir=tmp_path / "cache"), progress=False)
     assert data.tokenizer.decode(data.val.tolist()) == "dcba\n"
+    write(folder / "3.txt", "bad\n")  # 14 characters: the cut at 9 falls inside 2.txt
+    data = prepare(DataConfig(str(folder), val_fraction=0.3, cache_dir=tmp_path / "cache"), progress=False)
+    train, val = data.tokenizer.decode(data.train.tolist()), data.tokenizer.decode(data.val.tolist())
+    assert (train, val) == ("abcd\n\ndcba", "\n\nbad\n")  # a newline between documents
+    # the characters of the text, each split's documents in all (the separators are not the source's)
+    assert data.meta["train_characters"] == 9 and data.meta["val_characters"] == 5
 
 
 def test_a_text_files_token_files_do_not_depend_on_the_text_field(tmp_path):

@@ -216,6 +216,10 @@ def test_bad_options(checkpoint, capsys, args, message):
     assert code == 2 and err == f"error: {message}\n" and not out
 
 
+def test_a_sample_is_500_new_tokens_unless_told_otherwise():
+    assert generate.parse_args(["--prompt", "x"]).max_new_tokens == 500  # what --help says
+
+
 def test_a_prompt_file_is_read_as_utf8(checkpoint, capsys, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("ROMEO: soft", encoding="utf-8")
