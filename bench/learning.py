@@ -16,6 +16,11 @@ A recipe is a config file (or `baseline`: bench/baseline.yaml, the frozen tiny.y
 
     python -m bench.learning --tflops 30 60 [--recipes baseline tiny] [--corpus shakespeare FILE]
                              [--threads 2] [--quick] [--out JSON]
+
+--speed measures instead how fast each recipe trains, side by side: its own training step
+(Trainer.step: forward, backward, its optimizers, its average of the weights) in rounds
+that alternate between the recipes in one process, tokens/s and MFU as medians, and each
+recipe's MFU as a ratio to the first one's.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import ROOT, machine, save, table
+from bench.common import ROOT, alternate, machine, save, table, timed
 from data import prepare
 from model import GPT
 from training.config import load_config
@@ -86,12 +91,45 @@ def train_and_score(config: Path, overrides: list[str], iters: int, run_dir: str
             "mfu": median_mfu(run_dir)}
 
 
+def step_speed(recipes: list[str], common: list[str], tmp: str, rounds: int, steps: int) -> list[dict]:
+    """Tokens/s and MFU of each recipe's training step, alternating rounds; medians."""
+    from common.device import measure_peak_flops, resolve_device, resolve_dtype
+    from training.trainer import Trainer
+
+    trainers, peaks = {}, {}
+    for i, recipe in enumerate(recipes):
+        config, overrides = recipe_args(recipe)
+        cfg = load_config(config, [*common, *overrides, f"out_dir={tmp}/speed-{i}"])
+        device = resolve_device(cfg.train.device)
+        dtype = resolve_dtype(cfg.train.dtype, device, training=True)
+        trainers[recipe] = trainer = Trainer(cfg, device, dtype)
+        trainer.step()  # (the first step allocates the optimizers' state)
+        peaks[recipe] = measure_peak_flops(device, dtype, size=512 if steps == 1 else 2048)
+
+    def measure(trainer) -> float:  # tokens per second
+        tokens = trainer.tc.batch_size * trainer.tc.grad_accum * trainer.model_config.block_size
+        return steps * tokens / timed(lambda: [trainer.step() for _ in range(steps)])
+
+    medians = alternate({recipe: lambda t=trainer: measure(t) for recipe, trainer in trainers.items()}, rounds)
+    results = []
+    for recipe, trainer in trainers.items():
+        mfu = trainer.model.flops_per_token(trainer.model_config.block_size) * medians[recipe] / peaks[recipe]
+        results.append({"recipe": recipe, "dtype": str(trainer.dtype).removeprefix("torch."),
+                        "tokens_per_sec": medians[recipe], "mfu": mfu})
+    for r in results:
+        r["mfu_ratio"] = r["mfu"] / results[0]["mfu"]
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tflops", type=float, nargs="+", default=[30, 60], help="training compute budgets")
     parser.add_argument("--recipes", nargs="+", default=["baseline", "tiny"])
     parser.add_argument("--corpus", nargs="+", default=["shakespeare"], help="shakespeare (built in) or a text file")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--speed", action="store_true", help="compare the recipes' training speed, side by side")
+    parser.add_argument("--rounds", type=int, default=7, help="--speed: alternating rounds")
+    parser.add_argument("--steps", type=int, default=20, help="--speed: training steps per round")
     parser.add_argument("--quick", action="store_true", help="a micro model, a tiny budget (a test runs this)")
     parser.add_argument("--out", help="JSON path (default bench/results/learning.json)")
     args = parser.parse_args()
@@ -106,6 +144,16 @@ def main() -> None:
             source = corpus if corpus == "shakespeare" else str(Path(corpus).resolve())
             common = [f"data.source={source}", f"data.cache_dir={tmp}/cache", f"train.threads={args.threads}",
                       *FIXED, *(QUICK if args.quick else [])]
+            if args.speed or args.quick:
+                torch.set_num_threads(args.threads)
+                speeds = step_speed(args.recipes, common, tmp, *((1, 1) if args.quick else (args.rounds, args.steps)))
+                results += [{"corpus": corpus, **r} for r in speeds]
+                print(table(["recipe", "dtype", "tokens/s", "MFU", "MFU / first recipe's"],
+                            [[r["recipe"], r["dtype"], r["tokens_per_sec"], f"{r['mfu']:.1%}", f"{r['mfu_ratio']:.3f}"]
+                             for r in speeds]), flush=True)
+                path = save("learning", {"machine": machine(args.threads), "results": results}, args.out)
+                if args.speed:
+                    continue
             for tflops in budgets:
                 for recipe in args.recipes:
                     config, overrides = recipe_args(recipe)
@@ -121,10 +169,11 @@ def main() -> None:
                           f"{r['val_nats_per_char']:.4f} nats/char ({r['val_bits_per_char']:.4f} bits/char), "
                           f"{r['wall_seconds']:.0f} s, MFU {r['mfu']:.1%}", flush=True)
                     path = save("learning", {"machine": machine(args.threads), "results": results}, args.out)
-    print(f"\nTraining FLOPs = flops_per_token (model/gpt.py) × tokens; scored by evaluate.py --split val; "
-          f"{args.threads} threads, dtype {results[-1]['dtype']}\n")
-    print(table(["corpus", "recipe", "TFLOPs", "iterations", "tokens (M)", "val nats/token", "val nats/char",
-                 "bits/char", "wall (s)", "MFU"], rows))
+    if rows:
+        print(f"\nTraining FLOPs = flops_per_token (model/gpt.py) × tokens; scored by evaluate.py --split val; "
+              f"{args.threads} threads, dtype {results[-1]['dtype']}\n")
+        print(table(["corpus", "recipe", "TFLOPs", "iterations", "tokens (M)", "val nats/token", "val nats/char",
+                     "bits/char", "wall (s)", "MFU"], rows))
     print(f"\nwrote {path}")
 
 

@@ -472,6 +472,36 @@ def test_evaluate_split_val_scores_the_validation_text_as_a_file_would(tmp_path,
     assert results[0]["characters"] == len(val_text) and results[0]["tokens"] == len(val_text) - 1
 
 
+def test_evaluate_counts_over_every_chunk_and_names_the_commonest_unknown_characters(tmp_path, capsys,
+                                                                                     monkeypatch):
+    """With chunks of 8 characters (1 Mi in use): a text's characters and bytes, and the
+    validation split's over all its documents, are sums over every chunk and piece; the
+    unknown characters are counted over the whole text, the five commonest named first."""
+    run = untrained_run(tmp_path / "run")
+    monkeypatch.setattr(evaluate, "CHUNK", 8)
+    text = "hear me speak. " * 7
+    (tmp_path / "t.txt").write_text(text)
+    assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "t.txt"), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["characters"], r["bytes"], r["tokens"]) == (len(text), len(text), len(text) - 1)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a", "b"):
+        (corpus / f"{name}.txt").write_text(f"hear me speak {name}.\n" * 4)  # the validation text spans both
+    (run / "config.yaml").write_text(f"data:\n  source: {corpus}\n  tokenizer: char\n  val_fraction: 0.75\n"
+                                     f"  cache_dir: {tmp_path / 'cache'}\n")
+    assert evaluate.main(["--checkpoint", str(run), "--split", "val", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    from data.sources import END, open_source
+    val = [p for p in open_source(str(corpus), val_fraction=0.75).val() if p is not END]
+    assert len(val) == 2 and r["characters"] == r["bytes"] == sum(map(len, val))
+    (tmp_path / "unknown.txt").write_text("hear " + " ".join("∑" * 6 + "€" * 5 + "你" * 4 + "Ω" * 3 + "üüq"))
+    assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "unknown.txt")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path / 'unknown.txt'} has 21 characters the model's tokenizer never saw (6 distinct, e.g. "
+        "'∑' '€' '你' 'Ω' 'ü'); a char model scores only text made of its training characters\n")
+
+
 def test_evaluate_bad_input(runs, tmp_path, capsys):
     run = str(runs["rope"])
     cases = [(["--text", str(tmp_path / "missing.txt")], "does not exist"),
