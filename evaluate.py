@@ -33,6 +33,7 @@ from data.tokenizer import Encoder
 from training.config import ConfigError, load_config
 
 CHUNK = 1 << 20  # characters read (or tokens taken) at a time
+PROGRESS_BYTES = 1 << 20  # a text this long shows a progress bar while it is scored
 
 
 def text_chunks(path: Path, counts: dict) -> Iterator[str]:
@@ -109,7 +110,7 @@ def text_source(path: Path, tokenizer, counts: dict) -> Iterator[np.ndarray]:
     check_text(path, tokenizer)
     encode = Encoder(tokenizer)
     bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc="scoring", file=sys.stderr,
-               disable=path.stat().st_size < 1 << 20)
+               disable=path.stat().st_size < PROGRESS_BYTES)
     for chunk in text_chunks(path, counts):
         bar.update(len(chunk.encode("utf-8")))
         yield encode.feed(chunk)

@@ -502,6 +502,18 @@ def test_evaluate_counts_over_every_chunk_and_names_the_commonest_unknown_charac
         "'∑' '€' '你' 'Ω' 'ü'); a char model scores only text made of its training characters\n")
 
 
+def test_evaluate_shows_its_progress_in_bytes_on_a_long_text(tmp_path, capsys, monkeypatch):
+    run = untrained_run(tmp_path / "run")
+    monkeypatch.setattr(evaluate, "PROGRESS_BYTES", 1000)  # (1 MiB in use)
+    for size in (999, 1000, 1200):
+        (tmp_path / "t.txt").write_text(("hear me speak. " * 100)[:size])
+        assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "t.txt")]) == 0
+        err = capsys.readouterr().err
+        shown = {999: None, 1000: "1.00k/1.00k", 1200: "1.20k/1.20k"}[size]
+        bar = re.search(r"^scoring: 100%\|.*\| (\S+) \[.*B/s\]$", err.replace("\r", "\n"), re.M)
+        assert (bar and bar[1]) == shown, err
+
+
 def test_evaluate_bad_input(runs, tmp_path, capsys):
     run = str(runs["rope"])
     cases = [(["--text", str(tmp_path / "missing.txt")], "does not exist"),
