@@ -6,6 +6,7 @@ from dataclasses import replace as dataclass_replace
 import os
 import re
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -437,6 +438,51 @@ def test_evaluate_scores_every_token_once(runs, tmp_path, capsys, corpus, length
     assert result["loss"] == pytest.approx(expected, abs=1e-5)
     assert result["bits_per_char"] == pytest.approx(expected * count / length / math.log(2), abs=1e-5)
     assert result["perplexity"] == pytest.approx(math.exp(expected), rel=1e-5)
+
+
+@pytest.mark.parametrize("length, block, stride, chunk", [(9, 8, 4, 100), (10, 4, 4, 3), (23, 4, 1, 5), (4, 8, 8, 2)])
+def test_windows_score_every_target_once_in_full_windows(length, block, stride, chunk):
+    """windows() over a stream in chunks: each window is at most block + 1 tokens (all of
+    them but the last exactly that), moves by the stride, and scores its last n targets:
+    together, every target 1 … length - 1 exactly once, none twice, no window without one."""
+    tokens = np.arange(length)
+    chunks = [tokens[i:i + chunk] for i in range(0, length, chunk)]
+    got = list(evaluate.windows(chunks, block, stride))
+    scored = [t for window, n in got for t in window[len(window) - n:]]
+    assert scored == list(range(1, length)) and all(n > 0 for _, n in got)
+    assert all(len(w) == block + 1 for w, _ in got[:-1]) and len(got[-1][0]) <= block + 1
+    assert [w[0] for w, _ in got] == list(range(0, stride * len(got), stride))
+
+
+def test_evaluate_defaults_and_edges_of_the_stride_and_batch(tmp_path, capsys, monkeypatch):
+    run = untrained_run(tmp_path / "run")  # block_size 16
+    (tmp_path / "t.txt").write_text("hear me speak. " * 10)
+    text = ["--checkpoint", str(run), "--text", str(tmp_path / "t.txt")]
+    assert evaluate.main(text) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{tmp_path / 't.txt'}: 149 tokens scored (150 characters, 150 bytes) in ")
+    assert "; windows of 16 tokens moved by 8\n" in out  # block_size // 2
+    sizes = []
+    real_forward = GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, idx, *a, **kw: (sizes.append(len(idx)),
+                                                                     real_forward(self, idx, *a, **kw))[1])
+    assert evaluate.main([*text, "--stride", "1", "--batch-size", "5"]) == 0  # the smallest stride
+    assert "windows of 16 tokens moved by 1\n" in capsys.readouterr().out
+    assert max(sizes) == 5 and sum(sizes) == 150 - 16  # 134 windows, at most 5 a forward pass
+    monkeypatch.undo()
+    (tmp_path / "one.txt").write_text("h")
+    assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "one.txt")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'one.txt'} is too short to score: it needs at least 2 tokens\n"
+    (tmp_path / "short.txt").write_text("hear me speak")  # a validation split of 1 token
+    (run / "config.yaml").write_text(f"data:\n  source: {tmp_path / 'short.txt'}\n  tokenizer: char\n"
+                                     f"  val_fraction: 0.05\n  cache_dir: {tmp_path / 'cache'}\n")
+    assert evaluate.main(["--checkpoint", str(run), "--split", "val"]) == 2
+    assert capsys.readouterr().err.endswith("error: the validation split is too short to score: it needs at least 2 "
+                                            "tokens\n")
+    (run / "config.yaml").write_text(f"data:\n  source: {tmp_path / 't.txt'}\n  tokenizer: char\n"
+                                     f"  cache_dir: {tmp_path / 'cache'}\n")
+    assert evaluate.main(["--checkpoint", str(run), "--split", "val"]) == 0
+    assert capsys.readouterr().out.startswith("the validation split: 14 tokens scored (15 characters, 15 bytes) in ")
 
 
 def test_evaluate_split_val_agrees_with_training(runs, capsys):
