@@ -560,6 +560,32 @@ def test_evaluate_shows_its_progress_in_bytes_on_a_long_text(tmp_path, capsys, m
         assert (bar and bar[1]) == shown, err
 
 
+def test_evaluate_command_line_help_requirements_and_debug(tmp_path, capsys):
+    assert evaluate.main(["--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # (argparse re-wraps the lines)
+    assert shown == (
+        "usage: evaluate.py [-h] --checkpoint CHECKPOINT (--text TEXT | --split {val}) [--stride STRIDE] "
+        "[--batch-size BATCH_SIZE] [--device DEVICE] [--json] [--debug] Score a text with a trained model: python "
+        "evaluate.py --checkpoint out/tiny --text FILE (or --split val) options: -h, --help show this help message "
+        "and exit --checkpoint CHECKPOINT run directory, e.g. out/tiny --text TEXT a UTF-8 text file to score "
+        "--split {val} the run's own validation split --stride STRIDE how far each window moves (default "
+        "block_size // 2) --batch-size BATCH_SIZE windows per forward pass --device DEVICE auto, cpu, cuda or mps "
+        "--json print one JSON object --debug show full tracebacks")
+    for argv, message in [([], "the following arguments are required: --checkpoint"),
+                          (["--checkpoint", "x"], "one of the arguments --text --split is required"),
+                          (["--checkpoint", "x", "--text", "a", "--split", "val"],
+                           "argument --split: not allowed with argument --text"),
+                          (["--checkpoint", "x", "--split", "test"], "argument --split: invalid choice: 'test' "
+                                                                     "(choose from 'val')"),
+                          (["--checkpoint", "x", "--text", "a", "--batch-size", "0"], "--batch-size=0: must be at least 1")]:
+        assert evaluate.main(argv) == 2
+        assert capsys.readouterr().err == f"error: {message} (see python evaluate.py --help)\n"
+    assert evaluate.main(["--checkpoint", "x", "--text", "a", "--batch-size", "1"]) == 2  # 1 is allowed: the run is missing
+    assert "checkpoint folder x does not exist" in capsys.readouterr().err
+    with pytest.raises(Exception, match="checkpoint folder x does not exist"):  # --debug: the traceback
+        evaluate.main(["--checkpoint", "x", "--text", "a", "--debug"])
+
+
 def test_evaluate_bad_input(runs, tmp_path, capsys):
     run = str(runs["rope"])
     cases = [(["--text", str(tmp_path / "missing.txt")], "does not exist"),
