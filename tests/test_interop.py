@@ -462,6 +462,11 @@ def test_evaluate_defaults_and_edges_of_the_stride_and_batch(tmp_path, capsys, m
     out = capsys.readouterr().out
     assert out.startswith(f"{tmp_path / 't.txt'}: 149 tokens scored (150 characters, 150 bytes) in ")
     assert "; windows of 16 tokens moved by 8\n" in out  # block_size // 2
+    short = untrained_run(tmp_path / "short-run")
+    vocab = GPT.from_pretrained(short).config.vocab_size
+    GPT(GPTConfig(vocab_size=vocab, block_size=2, n_layer=1, n_head=2, n_embd=16)).save_pretrained(short)
+    assert evaluate.main(["--checkpoint", str(short), *text[2:]]) == 0
+    assert "; windows of 2 tokens moved by 1\n" in capsys.readouterr().out  # never by 0, nor by more than half
     sizes = []
     real_forward = GPT.forward
     monkeypatch.setattr(GPT, "forward", lambda self, idx, *a, **kw: (sizes.append(len(idx)),
