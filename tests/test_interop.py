@@ -73,6 +73,31 @@ def test_exported_config_describes_the_model(runs, exported, name):
     assert all(getattr(model.config, key) == ours.config.dropout for key in dropouts)
 
 
+@pytest.mark.parametrize("settings", [dict(pos_encoding="learned"), dict(pos_encoding="rope"),
+                                      dict(pos_encoding="learned", bias=False), dict(pos_encoding="rope", bias=False)])
+def test_an_export_computes_our_logits_with_our_settings(tmp_path, settings):
+    """GPT-2 (learned positions) and GPT-NeoX (rope), with and without biases, from a run
+    made without training, so that mutmut credits this test with the export (the trained
+    runs above are one module fixture, charged to the first test that uses it). The
+    weights are spread wider than at initialisation, so a misplaced one shows."""
+    run = untrained_run(tmp_path / "run", n_layer=2, **settings)
+    ours, tokenizer = load_run(run)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.normal_(0.0, 0.3)
+    ours.save_pretrained(run)
+    assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "hf")]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.tensor([tokenizer.encode("First Citizen: hear me").ids[:16]])
+    torch.testing.assert_close(hf(idx).logits, ours.eval()(idx)[0], atol=1e-4, rtol=1e-4)
+    assert hf.config.architectures == [type(hf).__name__] and hf.config.tie_word_embeddings is True
+    assert hf.get_output_embeddings().weight.data_ptr() == hf.get_input_embeddings().weight.data_ptr()
+    learned = settings["pos_encoding"] == "learned"
+    dropouts = ("resid_pdrop", "embd_pdrop", "attn_pdrop") if learned else ("hidden_dropout", "attention_dropout")
+    assert all(getattr(hf.config, key) == 0.0 for key in dropouts)  # (transformers' defaults are 0.1)
+
+
 def test_a_bpe_export_ends_at_end_of_text(tmp_path, corpus):
     """A byte-level BPE run's export declares <|endoftext|> as the end of a sequence, so
     transformers' generate stops there."""
@@ -168,15 +193,16 @@ def test_export_never_writes_into_an_existing_folder(runs, tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err and os.listdir(tmp_path) == ["keep.txt"]
 
 
-def untrained_run(folder, kind="char", source="shakespeare", state=True, config=True):
-    """A run directory made without training (fast): an untrained micro model, a tokenizer,
-    and optionally the trainer state and config.yaml train.py would write."""
+def untrained_run(folder, kind="char", source="shakespeare", state=True, config=True, **model_settings):
+    """A run directory made without training (fast): an untrained micro model (rope
+    positions unless model_settings say otherwise), a tokenizer, and optionally the
+    trainer state and config.yaml train.py would write."""
     from common import checkpoint
 
     text = "First Citizen:\nBefore we proceed any further, hear me speak. " * 20
     tokenizer = train_tokenizer(kind, [text], 300)
-    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=1, n_head=2, n_embd=16,
-                          pos_encoding="rope"))
+    model = GPT(GPTConfig(**{"vocab_size": tokenizer.get_vocab_size(), "block_size": 16, "n_layer": 1, "n_head": 2,
+                             "n_embd": 16, "pos_encoding": "rope", **model_settings}))
     folder.mkdir(parents=True)
     saved = {"iter": 1234, "val_loss": 1.5, "val_bits_per_char": 2.164, "data_fingerprint": "0123abcd"}
     checkpoint.save_run(folder, model, tokenizer, saved)

@@ -326,6 +326,7 @@ def test_a_device_that_is_no_device_is_named():
 
     with pytest.raises(UserError, match="device='gpu0' is not a device; use auto, cpu, cuda, cuda:N or mps"):
         resolve_device("gpu0")
+    assert resolve_device("cpu:0") == torch.device("cpu:0")  # an index is checked against CUDA's devices only
 
 
 @pytest.mark.parametrize("amx, avx512_bf16, fast", [(True, False, True), (False, True, True), (False, False, False)])
