@@ -44,7 +44,7 @@ def check_out_dir(out_dir: Path) -> None:
 def train(args) -> int:
     cfg = load_config(args.config, args.overrides)
     device = resolve_device(cfg.train.device)
-    dtype = resolve_dtype(cfg.train.dtype, device)
+    dtype = resolve_dtype(cfg.train.dtype, device, training=True)
     source = None
     if cfg.train.init_from:  # find it and check the model settings before anything is written
         source = open_source(cfg.train.init_from)

@@ -43,7 +43,7 @@ def cpu_has_fast_bf16() -> bool:
         return False
 
 
-def resolve_dtype(name: str, device: torch.device, training: bool = True) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device, training: bool) -> torch.dtype:
     """The dtype for 'auto', 'float32', 'bfloat16' or 'float16' on this device.
 
     'auto' is bfloat16 where the hardware runs it fast (GPUs that have it; for training,

@@ -343,6 +343,39 @@ def test_auto_dtype_on_the_cpu_follows_its_bf16_units(monkeypatch, amx, avx512_b
     assert resolve_dtype("auto", cpu, training=False) == torch.float32
 
 
+@pytest.mark.parametrize("bf16", [True, False])
+def test_auto_dtype_on_a_gpu_and_the_dtypes_refused(monkeypatch, bf16):
+    """On a GPU, bfloat16 where it has it, else float16 for training (with a gradient
+    scaler) and float32 for decoding; a name that is no dtype, and float16 on the CPU, are
+    refused by name. (No GPU is needed: the checks are on the device's kind.)"""
+    from common.cli import UserError
+    from common.device import resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+    cuda = torch.device("cuda")
+    assert resolve_dtype("auto", cuda, training=True) == (torch.bfloat16 if bf16 else torch.float16)
+    assert resolve_dtype("auto", cuda, training=False) == (torch.bfloat16 if bf16 else torch.float32)
+    with pytest.raises(UserError) as e:
+        resolve_dtype("fp8", cuda, training=True)
+    assert str(e.value) == "dtype='fp8': must be one of auto, float32, bfloat16, float16"
+    with pytest.raises(UserError, match="^dtype=float16 is for GPUs; on the CPU use bfloat16 or float32$"):
+        resolve_dtype("float16", torch.device("cpu"), training=True)
+
+
+def test_a_device_index_is_checked_against_the_gpus_there_are(monkeypatch):
+    from common.cli import UserError
+    from common.device import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(UserError) as e:
+        resolve_device("cuda:1")
+    assert str(e.value) == "device='cuda:1' but this machine has 1 CUDA device(s)"
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert resolve_device("mps") == torch.device("mps")  # Apple's GPUs
+
+
 def test_a_terminal_shows_a_progress_bar_to_max_iters(micro, monkeypatch, capsys):
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     assert train.main(["--config", TINY, *micro("train.max_iters=12", "train.sample_tokens=0")]) == 0

@@ -85,7 +85,7 @@ def test_grad_clip(micro):
 
 
 def test_bfloat16_autocast_on_cpu(micro):
-    assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    assert resolve_dtype("bfloat16", torch.device("cpu"), training=True) == torch.bfloat16
     trainer = make_trainer(micro, dtype=torch.bfloat16)
     outputs = []
     trainer.model.lm_head.register_forward_hook(lambda module, args, out: outputs.append(out.dtype))
