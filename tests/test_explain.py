@@ -229,3 +229,27 @@ def test_the_default_language_follows_the_locale(monkeypatch, env, expected):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert locale_language() == expected
+
+
+def test_heatmap_cells_sit_in_their_row_and_column_with_white_gaps():
+    maps = torch.tensor([[1.0, 0.0], [0.0, 1.0]])[:, :, None, None].expand(2, 2, 2, 2)  # [rows, cols, T, T]
+    image = heatmap_grid(maps, gap=2)  # cells of 96 pixels
+    assert image.shape == (2 * 98 + 2, 2 * 98 + 2, 3)
+    for r in range(2):
+        for c in range(2):
+            top, left = 2 + 98 * r, 2 + 98 * c
+            colour = [253, 231, 37] if maps[r, c, 0, 0] == 1 else [68, 1, 84]  # weight 1, weight 0
+            assert image[top, left].tolist() == image[top + 95, left + 95].tolist() == colour, (r, c)
+            assert image[top - 1, left].tolist() == image[top, left - 1].tolist() == [255, 255, 255]
+
+
+def test_ctrl_c_ends_a_program_with_one_line_and_code_130(capsys):
+    from types import SimpleNamespace
+
+    from common.cli import run_main
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    assert run_main(lambda argv: SimpleNamespace(debug=False), interrupted, [], {}) == 130
+    assert capsys.readouterr().err == "\ninterrupted\n"

@@ -429,3 +429,15 @@ def test_log_lines_reach_a_pipe_at_once_and_text_keeps_its_layout(tmp_path, monk
     events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
     events.Reload()
     assert events.Tensors("samples/text_summary")[0].tensor_proto.string_val == [b"```\nROMEO:\n  But soft\n```"]
+
+
+def test_the_peak_is_measured_on_square_matrices_in_the_dtype_asked_for(monkeypatch):
+    """MFU's denominator: what the machine does with size × size matrices in this dtype
+    (the FLOP/s themselves are a speed, measured in bench/, never asserted)."""
+    from common.device import measure_peak_flops
+
+    made, real_randn = [], torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *shape, **kw: (made.append((shape, kw["dtype"])),
+                                                              real_randn(*shape, **kw))[1])
+    assert measure_peak_flops(torch.device("cpu"), torch.bfloat16, size=64, seconds=0.01) > 0
+    assert made == [((64, 64), torch.bfloat16)] * 2
