@@ -104,6 +104,13 @@ def test_both_programs_on_cuda(tmp_path, micro):
     result = run_cli("generate.py", "--checkpoint", str(tmp_path / "run"), "--device", "cuda", "--prompt", "ROMEO:",
                      "--max-new-tokens", "50", "--stats", "--seed", "0")
     assert result.returncode == 0 and result.stdout.startswith("ROMEO:") and "cuda" in result.stderr
+    # prompts of two lengths (a padding mask on the GPU too) and the attention maps of the first sample
+    result = run_cli("generate.py", "--checkpoint", str(tmp_path / "run"), "--device", "cuda", "--prompt", "ROMEO:",
+                     "--prompt", "O", "--max-new-tokens", "20", "--show-attention", str(tmp_path / "maps.png"))
+    assert result.returncode == 0 and "sample 2 of 2" in result.stdout, result.stderr[-2000:]
+    assert (tmp_path / "maps.png").read_bytes().startswith(b"\x89PNG")
+    result = run_cli("evaluate.py", "--checkpoint", str(tmp_path / "run"), "--device", "cuda", "--split", "val")
+    assert result.returncode == 0 and "bits/char" in result.stdout, result.stderr[-2000:]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
