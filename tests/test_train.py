@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -442,3 +443,19 @@ def test_the_peak_is_measured_on_square_matrices_in_the_dtype_asked_for(monkeypa
     cpu = torch.device("cpu")
     assert measure_peak_flops(cpu, torch.bfloat16, size=64, seconds=0) > 0  # one round at least, however short
     assert made == [((64, 64), torch.bfloat16, cpu)] * 2
+    # rounds of 4 products until `seconds` have passed, on a clock that moves 1 s a reading:
+    # started at 0, 4 products, 1 s < 1.5 s, 4 more, 2 s: done at 3 s
+    clock = iter(range(100))
+    monkeypatch.setattr(sys.modules["common.device"], "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    assert measure_peak_flops(cpu, torch.float32, size=64, seconds=1.5) == 2 * 64**3 * 8 / 3
+
+
+def test_autocast_runs_the_matmuls_in_the_dtype_asked_for():
+    from common.device import autocast
+
+    a = torch.ones(2, 2)
+    for dtype in (torch.bfloat16, torch.float16):  # (float16 on a CPU only to show it is passed on)
+        with autocast(torch.device("cpu"), dtype):
+            assert (a @ a).dtype == dtype
+    with autocast(torch.device("cpu"), torch.float32):
+        assert (a @ a).dtype == torch.float32
