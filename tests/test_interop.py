@@ -74,7 +74,8 @@ def test_exported_config_describes_the_model(runs, exported, name):
 
 
 @pytest.mark.parametrize("settings", [dict(pos_encoding="learned"), dict(pos_encoding="rope"),
-                                      dict(pos_encoding="learned", bias=False), dict(pos_encoding="rope", bias=False)])
+                                      dict(pos_encoding="learned", bias=False), dict(pos_encoding="rope", bias=False),
+                                      dict(pos_encoding="rope", activation="gelu_tanh")])
 def test_an_export_computes_our_logits_with_our_settings(tmp_path, settings):
     """GPT-2 (learned positions) and GPT-NeoX (rope), with and without biases, from a run
     made without training, so that mutmut credits this test with the export (the trained

@@ -76,3 +76,21 @@ def test_shipped_configs_load():
         cfg = load_config(path)
         assert cfg.out_dir == f"out/{path.stem}"
         cfg.model_config(vocab_size=100)  # a valid model
+
+
+def test_a_trainer_state_that_is_not_plain_data_is_named_with_the_first_line_of_the_reason(tmp_path):
+    import fractions
+
+    from common.checkpoint import STATE_FILE, load_state
+    from common.cli import UserError
+
+    torch.save({"x": fractions.Fraction(1, 3)}, tmp_path / STATE_FILE)  # a class: refused by weights_only
+    try:
+        torch.load(tmp_path / STATE_FILE, weights_only=True)
+    except Exception as e:
+        reason = str(e).splitlines()[0][:200]
+    with pytest.raises(UserError) as e:
+        load_state(tmp_path)
+    assert str(e.value) == (f"{tmp_path / STATE_FILE} cannot be loaded safely ({reason}); it is damaged or not "
+                            "ours: start over with --fresh or use another out_dir")
+    assert reason.startswith("Weights only load failed.")
