@@ -450,6 +450,24 @@ def test_the_peak_is_measured_on_square_matrices_in_the_dtype_asked_for(monkeypa
     assert measure_peak_flops(cpu, torch.float32, size=64, seconds=1.5) == 2 * 64**3 * 8 / 3
 
 
+def test_the_trainer_measures_the_peak_once_per_process_and_setting(monkeypatch):
+    """Each trainer start used to spend 1.5 s on 2048² products at 1 thread; a process that
+    trains several runs (tests, bench.learning) measures each device, dtype and thread count once."""
+    from common import device
+
+    calls = []
+    monkeypatch.setattr(device, "measure_peak_flops", lambda dev, dtype, size: calls.append((dev.type, dtype, size)) or 1e9)
+    device.peak_flops.cache_clear()
+    cpu = torch.device("cpu")
+    assert device.peak_flops(cpu, torch.float32, 1) == device.peak_flops(cpu, torch.float32, 1) == 1e9
+    device.peak_flops(cpu, torch.float32, 2)
+    device.peak_flops(cpu, torch.bfloat16, 2)
+    device.peak_flops(torch.device("cuda"), torch.bfloat16, 2)  # not run: the measurement is replaced
+    assert calls == [("cpu", torch.float32, 1024), ("cpu", torch.float32, 1024), ("cpu", torch.bfloat16, 1024),
+                     ("cuda", torch.bfloat16, 8192)]
+    device.peak_flops.cache_clear()  # the other tests measure for real
+
+
 def test_autocast_runs_the_matmuls_in_the_dtype_asked_for():
     from common.device import autocast
 

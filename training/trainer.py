@@ -23,7 +23,7 @@ import yaml
 from common import checkpoint
 from common.attention_maps import attention_maps
 from common.cli import UserError
-from common.device import autocast, measure_peak_flops
+from common.device import autocast, peak_flops
 from data import BatchSampler, TokenData, content_digest, fixed_batches, prepare
 from data.tokenizer import encode_or_start, suppressed_ids
 from model import GPT, GPTConfig
@@ -223,7 +223,7 @@ class Trainer:
         """Write config.yaml, print the run's header, measure the peak FLOP/s (for MFU) and
         pick the validation text whose attention maps are logged at each evaluation."""
         c, data = self.model_config, self.data
-        self.peak_flops = measure_peak_flops(self.device, self.dtype) if self.dist.is_main else 1.0
+        self.peak_flops = peak_flops(self.device, self.dtype, torch.get_num_threads()) if self.dist.is_main else 1.0
         self.attention_ids = torch.from_numpy(data.val[:min(c.block_size, 128)].astype(np.int64))[None].to(self.device)
         if self.dist.is_main:
             resolved = yaml.safe_dump(self.cfg.to_dict(self.model_config), sort_keys=False, allow_unicode=True)
