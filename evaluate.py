@@ -38,8 +38,10 @@ PROGRESS_BYTES = 1 << 20  # a text this long shows a progress bar while it is sc
 
 def text_chunks(path: Path, counts: dict) -> Iterator[str]:
     """The file in pieces of CHUNK characters, counting the characters and UTF-8 bytes
-    as they go by. (Encoder.feed puts the cuts where they cannot change the tokens.)"""
-    with open(path, encoding="utf-8", newline="") as f:
+    as they go by. (Encoder.feed puts the cuts where they cannot change the tokens.)
+    Newlines are read as training reads a .txt source: \r\n and \r become \n, so a
+    char model trained on a Windows text can score that text."""
+    with open(path, encoding="utf-8") as f:
         while block := f.read(CHUNK):
             counts["characters"] += len(block)
             counts["bytes"] += len(block.encode("utf-8"))

@@ -5,6 +5,7 @@ import math
 from dataclasses import replace as dataclass_replace
 import os
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -548,6 +549,44 @@ def test_evaluate_split_val_scores_the_validation_text_as_a_file_would(tmp_path,
         assert ("preparing data: corpus, given tokenizer" in err) == (argv[0] == "--split")  # a first build shows
     assert results[0] == pytest.approx(results[1], rel=1e-6)
     assert results[0]["characters"] == len(val_text) and results[0]["tokens"] == len(val_text) - 1
+
+
+def test_evaluate_reads_newlines_as_training_does_and_batches_16_windows(tmp_path, capsys, monkeypatch):
+    """A Windows text (\r\n) scores as its \n version, as train.py reads it (a char model
+    never saw \r); windows go 16 to a forward pass unless told; tokens/s is tokens over seconds."""
+    run = untrained_run(tmp_path / "run")  # block_size 16: windows move by 8
+    text = "hear me speak.\n" * 20  # 300 characters
+    (tmp_path / "unix.txt").write_bytes(text.encode())
+    (tmp_path / "windows.txt").write_bytes(text.replace("\n", "\r\n").encode())
+    results = []
+    for name in ("unix.txt", "windows.txt"):
+        assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / name), "--json"]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    assert results[0] == results[1] and results[0]["characters"] == 300
+    sizes, real_forward = [], GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, idx, *a, **kw: (sizes.append(len(idx)),
+                                                                     real_forward(self, idx, *a, **kw))[1])
+    clock = iter([10.0, 14.0])  # scoring started at 10 s and ended at 14 s
+    monkeypatch.setattr(evaluate, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "unix.txt")]) == 0
+    assert sizes == [16, 16, 4, 1]  # 36 full windows, then the shorter last one alone
+    assert f"299 tokens scored (300 characters, 300 bytes) in 4.0 s, 75 tokens/s;" in capsys.readouterr().out
+
+
+def test_evaluate_split_val_reads_the_runs_data_settings(tmp_path, capsys):
+    """--split val takes the source's text field from the run's config.yaml, and without
+    that file says which file it needs."""
+    run = untrained_run(tmp_path / "run", config=False)
+    assert evaluate.main(["--checkpoint", str(run), "--split", "val"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --split val needs the run's config.yaml: config file {run / 'config.yaml'} "
+                          "does not exist") and err.count("\n") == 1
+    rows = [{"id": i, "body": f"hear me speak {i % 3}."} for i in range(40)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.yaml").write_text(f"data:\n  source: {tmp_path / 'rows.jsonl'}\n  text_field: body\n"
+                                     f"  tokenizer: char\n  cache_dir: {tmp_path / 'cache'}\n")
+    assert evaluate.main(["--checkpoint", str(run), "--split", "val", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["characters"] > 0
 
 
 def test_evaluate_counts_over_every_chunk_and_names_the_commonest_unknown_characters(tmp_path, capsys,
