@@ -563,6 +563,10 @@ def test_evaluate_reads_newlines_as_training_does_and_batches_16_windows(tmp_pat
         assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / name), "--json"]) == 0
         results.append(json.loads(capsys.readouterr().out))
     assert results[0] == results[1] and results[0]["characters"] == 300
+    import common.device
+    monkeypatch.setattr(common.device, "cpu_has_fast_bf16", lambda: True)  # bf16 would pay for training only
+    assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "unix.txt"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == results[0]  # scored in float32 all the same
     sizes, real_forward = [], GPT.forward
     monkeypatch.setattr(GPT, "forward", lambda self, idx, *a, **kw: (sizes.append(len(idx)),
                                                                      real_forward(self, idx, *a, **kw))[1])
