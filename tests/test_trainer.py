@@ -409,6 +409,7 @@ def test_a_checkpoint_without_a_recorded_setup_is_refused_by_name(tmp_path, micr
     """A trainer_state.pt of another program (or an older one) lacks the setup it trained
     with, or a part of it: the run stops with the one-line message, naming what is missing."""
     assert train.main(["--config", TINY, *micro("train.max_iters=2", "train.sample_tokens=0")]) == 0
+    capsys.readouterr()  # (the data preparation's lines, when this test is the first to use the corpus)
     state_file = tmp_path / "run" / "trainer_state.pt"
     state = torch.load(state_file, weights_only=True)
     for identity, named in ((None, "model.vocab_size: checkpoint None"), ({"model": state["identity"]["model"]},
