@@ -98,6 +98,8 @@ def test_an_export_computes_our_logits_with_our_settings(tmp_path, settings):
     learned = settings["pos_encoding"] == "learned"
     dropouts = ("resid_pdrop", "embd_pdrop", "attn_pdrop") if learned else ("hidden_dropout", "attention_dropout")
     assert all(getattr(hf.config, key) == 0.0 for key in dropouts)  # (transformers' defaults are 0.1)
+    context = hf.config.n_positions if learned else hf.config.max_position_embeddings
+    assert context == 16  # our block_size: transformers' default would claim 1,024 or 2,048 positions
 
 
 def test_a_bpe_export_ends_at_end_of_text(tmp_path, corpus):
@@ -419,7 +421,8 @@ def test_init_from_bad_input(gpt2_folder, tmp_path, corpus, monkeypatch, capsys)
     for name in ("model.safetensors", "tokenizer.json"):
         (llama / name).write_bytes((gpt2_folder / name).read_bytes())
     (llama / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    assert "model_type 'llama' is not supported" in fails(llama)
+    assert fails(llama) == (f"error: train.init_from={llama}: model_type 'llama' is not supported; init_from takes "
+                            "a run directory of this project or a GPT-2 family model (gpt2, distilgpt2, ...)\n")
     assert "model.n_layer=4 differs from train.init_from" in fails(gpt2_folder, "model.n_layer=4")
     untied = tmp_path / "untied"  # its own lm_head.weight: our model ties the head to the embedding
     config = transformers.GPT2Config.from_pretrained(gpt2_folder, tie_word_embeddings=False)
@@ -756,6 +759,6 @@ def test_a_gpt2_state_dict_loses_its_mask_buffers_and_its_tied_head():
                for name, t in hf_names.items() if name != "lm_head.weight"}
     extra = {"h.0.attn.bias": torch.ones(1, 1, 32, 32), "h.1.attn.masked_bias": torch.tensor(-1e4),
              "lm_head.weight": torch.zeros_like(hf_names["lm_head.weight"])}
-    state = state_from_transformers(config, {**tensors, **extra})
+    state = state_from_transformers(config, {**extra, **tensors})  # the buffers first, as in old files
     assert set(state) == set(hf_names) and torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])
     GPT(config).load_state_dict(state)  # strict: nothing missing, nothing unexpected

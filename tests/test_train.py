@@ -441,7 +441,9 @@ def test_the_peak_is_measured_on_square_matrices_in_the_dtype_asked_for(monkeypa
     monkeypatch.setattr(torch, "randn", lambda *shape, **kw: (made.append((shape, kw["dtype"], kw.get("device"))),
                                                               real_randn(*shape, **kw))[1])
     cpu = torch.device("cpu")
+    rng = torch.get_rng_state()
     assert measure_peak_flops(cpu, torch.bfloat16, size=64, seconds=0) > 0  # one round at least, however short
+    assert torch.equal(torch.get_rng_state(), rng)  # its own generator: a run's dropout masks stay as seeded
     assert made == [((64, 64), torch.bfloat16, cpu)] * 2
     # rounds of 4 products until `seconds` have passed, on a clock that moves 1 s a reading:
     # started at 0, 4 products, 1 s < 1.5 s, 4 more, 2 s: done at 3 s
