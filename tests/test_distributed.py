@@ -88,6 +88,20 @@ def test_a_missing_process_stops_the_join_in_bounded_time(agent_store, monkeypat
     assert time.monotonic() - start < 5
 
 
+def test_an_unreachable_agent_store_fails_within_the_join_time(monkeypatch):
+    """The store's connection waits JOIN_SECONDS too (TCPStore's own default is 300 s)."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setattr(distributed, "JOIN_SECONDS", 1)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError):
+        launch_store(Distributed(rank=0, world_size=2))
+    assert time.monotonic() - start < 10
+
+
 def test_setup_joins_the_group_torchrun_describes(agent_store, monkeypatch):
     """One process under torchrun: gloo on the CPU, through this launch's own prefix of
     the agent's store; close() leaves no group behind."""

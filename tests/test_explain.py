@@ -82,6 +82,29 @@ def test_explain_prints_the_table_and_trains_nothing(tmp_path, micro, capsys):
         assert all(line[c] == "[" and line[c - 2:c] == "  " for c in columns), line
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "explicit"])
+def test_the_report_lines_up_at_a_size_where_the_columns_differ(impl):
+    """At B=16, T=128, C=128 the shapes ([16, 4, 128, 128]) are wider than the symbolic
+    shapes: each column keeps its own width. Parameter lines are 63 columns; the memory
+    figures are MiB (2²⁰ bytes) and a path keeps at least its attention weights."""
+    from training.explain import WORDS, report
+
+    model = micro(block_size=128, n_layer=2, n_head=4, n_embd=128, attn_impl=impl)
+    idx = torch.randint(0, 37, (16, 128))
+    text = report(model, idx, idx, torch.float32)
+    table = text.split("\n\n")[1].splitlines()
+    columns = [table[0].index("shape"), table[0].index("symbolic"), table[0].index("meaning")]
+    for line in table[2:]:
+        assert [line[c - 2:c + 1] for c in columns[:2]] == ["  ["] * 2 and line[columns[2] - 2:columns[2]] == "  ", line
+    parameters = text.split("\n\n")[2].splitlines()[1:]
+    assert parameters and all(len(line) == 63 and line[50] == " " for line in parameters), parameters
+    kept = re.findall(r"(\w+) path ([\d.]+) MiB, of which \[B, H, T, T\] weights ([\d.]+) MiB", text)
+    assert {name for name, _, _ in kept} == {"sdpa", "explicit"} if impl == "sdpa" else {"explicit"}
+    explicit = [(float(total), float(weights)) for name, total, weights in kept if name == "explicit"][0]
+    assert explicit[0] >= explicit[1] >= 2 * 16 * 4 * 128 * 128 * 4 / 2**20  # 2 layers of [16, 4, 128, 128] floats
+    assert (WORDS["en"]["sdpa"] in text) == (impl == "sdpa")
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_memory_kept_for_the_backward_pass_is_measured(dropout):
     """The explicit path keeps the attention weights of every layer ([B, H, T, T], at least

@@ -430,10 +430,37 @@ def test_init_from_bad_input(gpt2_folder, tmp_path, corpus, monkeypatch, capsys)
     (untied / "tokenizer.json").write_bytes((gpt2_folder / "tokenizer.json").read_bytes())
     capsys.readouterr()  # transformers' progress bar
     assert "gpt2 with tie_word_embeddings=False is not supported" in fails(untied)
+    (pickled / "pytorch_model.bin").rename(pickled / "model.bin")  # the other name transformers saves pickles as
+    assert "holds only pytorch_model.bin, a pickle" in fails(pickled)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: False)
-    err = fails("someone/some-model")
-    assert "cannot be reached" in err and "train.init_from=path/to/folder" in err
+    assert fails("someone/some-model") == (
+        "error: train.init_from=someone/some-model is not a folder here, and the Hugging Face hub cannot be reached "
+        "to download it; download it elsewhere and give its folder (config.json, model.safetensors, "
+        "tokenizer.json): train.init_from=path/to/folder\n")
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_init_from_a_hub_id_downloads_the_three_files(gpt2_folder, tmp_path, corpus, monkeypatch, capsys, offline):
+    """A hub id goes to huggingface_hub's snapshot_download (replaced here: nothing leaves
+    the machine), for the config, weights and tokenizer only; offline, from its cache only."""
+    import huggingface_hub
+
+    from data import sources
+    from training.init_from import DOWNLOAD
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo_id, **kw: (asked.append((repo_id, kw)), str(gpt2_folder))[1])
+    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: True)
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert train.main(micro_finetune(corpus, tmp_path, "someone/some-model", "model.block_size=32",
+                                     "train.max_iters=2")) == 0
+    assert asked == [("someone/some-model", {"allow_patterns": DOWNLOAD, "local_files_only": offline})]
+    assert DOWNLOAD == ["config.json", "model.safetensors", "tokenizer.json"]
 
 
 # ---- evaluate.py -------------------------------------------------------------------

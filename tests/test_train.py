@@ -150,7 +150,8 @@ def test_weight_decay_skips_norms_biases_embeddings():
     from model import GPTConfig
 
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
-    opt = make_optimizers(model, TrainConfig(), torch.device("cpu"))[-1]  # AdamW alone
+    opt = make_optimizers(model, TrainConfig(beta2=0.95), torch.device("cpu"))[-1]  # AdamW alone
+    assert opt.defaults["betas"] == (0.9, 0.95)  # the run's betas (torch's default beta2 is 0.999)
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     names = {n for n, p in model.named_parameters() if id(p) in decayed}
     assert names == {"transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.weight",
@@ -166,6 +167,7 @@ def test_weight_decay_skips_norms_biases_embeddings():
     ("model: [1, 2\n", [], "not valid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>'"),
     ("model:\n  n_layer: 2\x07\n", [], "not valid YAML: unacceptable character #x0007: special characters are not allowed"),
     ("train: 5\n", [], "train: must be a mapping of keys to values, not 5"),
+    ("train: 5\n", ["train.lr=1"], "bad.yaml: section train: must be a mapping"),
     ("", [], "is empty"),
     ("- a\n- b\n", [], "must be a mapping"),
     ("modle:\n  n_layer: 2\n", [], "unknown key 'modle'; did you mean 'model'"),

@@ -14,6 +14,7 @@ from common import checkpoint
 from common.device import resolve_dtype
 from data.tokenizer import UNK
 from conftest import ROOT, favour_token
+from model import GPT
 from training.config import TrainConfig, load_config
 from training.distributed import Distributed
 from training.optim import Muon, learning_rate, lr_factor, muon_momentum, orthogonalize
@@ -105,10 +106,10 @@ def test_the_step_uses_the_schedule(micro):
 
 
 def test_learning_rate_schedule_exact_values():
-    cfg = TrainConfig(max_iters=100, lr=1.0, min_lr=0.1, warmup_iters=10)
-    assert [learning_rate(i, cfg) for i in (0, 9, 10)] == pytest.approx([1 / 11, 10 / 11, 1.0])
-    assert learning_rate(55, cfg) == pytest.approx(0.55)  # half way: cos(π/2) = 0
-    assert learning_rate(100, cfg) == learning_rate(150, cfg) == 0.1
+    cfg = TrainConfig(max_iters=100, lr=2.0, min_lr=0.2, warmup_iters=10)
+    assert [learning_rate(i, cfg) for i in (0, 9, 10)] == pytest.approx([2 / 11, 20 / 11, 2.0])
+    assert learning_rate(55, cfg) == pytest.approx(1.1)  # half way: cos(π/2) = 0
+    assert learning_rate(100, cfg) == learning_rate(150, cfg) == pytest.approx(0.2)
     early = TrainConfig(max_iters=100, lr=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=50)
     assert learning_rate(30, early) == pytest.approx(0.55)
     assert learning_rate(50, early) == learning_rate(80, early) == 0.1
@@ -262,7 +263,13 @@ def test_time_budget_sets_max_iters_once(tmp_path, micro, capsys, monkeypatch):
     out = capsys.readouterr().out
     state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)
     assert 12 < state["max_iters"] == state["iter"] < 1000000
-    assert "training to iteration" in out and f"done: {state['iter']} iterations" in out
+    # the first estimate, at iteration 12: 10 steps and the evaluation at 10 took 15 s since
+    # iteration 2 (1.5 s an iteration), plus an evaluation's 5 s shared by the 10 iterations
+    # between evaluations: 2 s an iteration; 22 s are spent and 5 s kept for the last
+    # evaluation, so 33 s buy 16 more iterations
+    assert ("time budget 1 min: 1500 ms per iteration, 5.0 s per evaluation and checkpoint; training to "
+            "iteration 28\n") in out
+    assert f"done: {state['iter']} iterations" in out
     assert train.main(["--config", TINY, *micro(*settings)]) == 0  # the measured max_iters is kept
     assert f"already holds a finished run of {state['iter']} iterations" in capsys.readouterr().out
 
@@ -336,6 +343,32 @@ def test_a_resume_whose_budget_is_spent_trains_no_more(tmp_path, micro, monkeypa
     assert make_trainer(micro, *settings).fit() == 0
     assert checkpoint.load_state(tmp_path / "run")["iter"] == 30
     assert "raise train.max_minutes to continue" in capsys.readouterr().out
+
+
+def test_training_samples_are_drawn_at_temperature_0_8_in_the_runs_dtype(micro, monkeypatch):
+    trainer = make_trainer(micro, dtype=torch.bfloat16)
+    seen, real_generate = [], GPT.generate
+    monkeypatch.setattr(GPT, "generate", lambda self, idx, n, **kw: (
+        seen.append((kw["temperature"], torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu"))),
+        real_generate(self, idx, n, **kw))[1])
+    trainer.sample_text()
+    assert seen == [(0.8, torch.bfloat16)]
+
+
+def test_a_resume_may_keep_its_token_files_elsewhere(tmp_path, micro, capsys):
+    """data.cache_dir says where the token files are kept, not what they hold: moving them
+    does not make another run."""
+    assert train.main(["--config", TINY, *micro("train.max_iters=4", "train.sample_tokens=0")]) == 0
+    moved = micro("train.max_iters=6", "train.sample_tokens=0", f"data.cache_dir={tmp_path / 'elsewhere'}")
+    assert train.main(["--config", TINY, *moved]) == 0
+    assert "resuming at iteration 4" in capsys.readouterr().out
+
+
+def test_train_compile_compiles_the_model_it_trains(micro, monkeypatch):
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda model: (compiled.append(model), model)[1])  # (compiling takes 10 s)
+    trainer = make_trainer(micro, "train.compile=true")
+    assert compiled == [trainer.model]
 
 
 def test_training_samples_never_show_unk(micro):
