@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from bench.common import ROOT, machine, save, table
 
-MICRO = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.batch_size=4",
+MICRO = ["data.tokenizer=char", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.batch_size=4",
          "train.max_iters=60", "train.eval_interval=10", "train.eval_iters=2", "train.checkpoint_interval=10",
          "train.sample_tokens=0", "train.dtype=float32", "train.threads=1", "train.max_minutes=null"]
 

@@ -104,7 +104,8 @@ def step_speed(recipes: list[str], common: list[str], tmp: str, rounds: int, ste
         dtype = resolve_dtype(cfg.train.dtype, device, training=True)
         trainers[recipe] = trainer = Trainer(cfg, device, dtype)
         trainer.step()  # (the first step allocates the optimizers' state)
-        peaks[recipe] = measure_peak_flops(device, dtype, size=512 if steps == 1 else 2048)
+        if (device, dtype) not in peaks:  # one peak per dtype, so the MFU ratio is the ratio of FLOP/s
+            peaks[device, dtype] = measure_peak_flops(device, dtype, size=512 if steps == 1 else 2048)
 
     def measure(trainer) -> float:  # tokens per second
         tokens = trainer.tc.batch_size * trainer.tc.grad_accum * trainer.model_config.block_size
@@ -113,7 +114,8 @@ def step_speed(recipes: list[str], common: list[str], tmp: str, rounds: int, ste
     medians = alternate({recipe: lambda t=trainer: measure(t) for recipe, trainer in trainers.items()}, rounds)
     results = []
     for recipe, trainer in trainers.items():
-        mfu = trainer.model.flops_per_token(trainer.model_config.block_size) * medians[recipe] / peaks[recipe]
+        peak = peaks[trainer.device, trainer.dtype]
+        mfu = trainer.model.flops_per_token(trainer.model_config.block_size) * medians[recipe] / peak
         results.append({"recipe": recipe, "dtype": str(trainer.dtype).removeprefix("torch."),
                         "tokens_per_sec": medians[recipe], "mfu": mfu})
     for r in results:

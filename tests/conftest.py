@@ -25,13 +25,14 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def micro(tmp_path, corpus):
-    """Overrides for a micro run into tmp_path/run; pass extra 'key=value' strings."""
+    """Overrides for a micro run into tmp_path/run, with a char tokenizer (tests read its
+    tokens as characters); pass extra 'key=value' strings."""
     cache = tmp_path.parent / "token-cache"  # shared by the runs of one test
 
     def overrides(*extra: str, out: str = "run") -> list[str]:
         return [
             f"data.source={corpus}", f"data.cache_dir={cache}", f"out_dir={tmp_path / out}",
-            "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+            "data.tokenizer=char", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
             "train.batch_size=8", "train.max_iters=30", "train.eval_interval=10", "train.eval_iters=2",
             "train.warmup_iters=5", "train.log_interval=5", "train.sample_tokens=20",
             "train.dtype=float32", "train.threads=1", "train.max_minutes=null", *extra,

@@ -14,7 +14,7 @@ import train
 from conftest import ROOT
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
-MICRO = ["model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=16", "train.max_iters=4",
+MICRO = ["data.tokenizer=char", "model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=16", "train.max_iters=4",
          "train.eval_interval=4", "train.eval_iters=1", "train.batch_size=2", "train.sample_tokens=0",
          "train.dtype=float32", "train.threads=1"]
 

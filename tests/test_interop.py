@@ -34,7 +34,7 @@ VARIANTS = {"learned-gelu": ["model.pos_encoding=learned", "model.activation=gel
 def runs(tmp_path_factory, corpus):
     """Briefly trained micro runs: {variant: run directory}."""
     tmp = tmp_path_factory.mktemp("runs")
-    base = [f"data.source={corpus}", f"data.cache_dir={tmp / 'cache'}", "model.n_layer=2", "model.n_head=2",
+    base = [f"data.source={corpus}", f"data.cache_dir={tmp / 'cache'}", "data.tokenizer=char", "model.n_layer=2", "model.n_head=2",
             "model.n_embd=32", "model.block_size=48", "train.batch_size=8", "train.max_iters=80",
             "train.eval_interval=80", "train.eval_iters=4", "train.sample_tokens=0", "train.dtype=float32",
             "train.threads=1", "train.lr=0.01"]

@@ -27,7 +27,7 @@ class Payload:
 def run_dir(tmp_path_factory, corpus):
     tmp = tmp_path_factory.mktemp("secure")
     overrides = [f"data.source={corpus}", f"data.cache_dir={tmp / 'cache'}", f"out_dir={tmp / 'run'}",
-                 "model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=16",
+                 "data.tokenizer=char", "model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=16",
                  "train.max_iters=4", "train.eval_interval=4", "train.eval_iters=1", "train.batch_size=2",
                  "train.sample_tokens=0", "train.dtype=float32", "train.threads=1"]
     assert train.main(["--config", TINY, *overrides]) == 0
