@@ -142,6 +142,7 @@ def test_local_text_file_split_like_nanogpt(tmp_path):
     assert sorted(p.name for p in data.directory.iterdir()) == ["meta.json", "tokenizer.json", "train.bin", "val.bin"]
     meta = json.loads((data.directory / "meta.json").read_text())
     assert meta["train_tokens"] == len(data.train) and meta["vocab_size"] == data.vocab_size
+    assert meta["source"]["source"] == "local" and meta["source"]["val_fraction"] == 0.1  # where the tokens came from
 
 
 def test_jsonl_rows_without_the_field_are_empty_documents(tmp_path):

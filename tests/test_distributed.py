@@ -112,6 +112,9 @@ def test_setup_joins_the_group_torchrun_describes(agent_store, monkeypatch):
         assert d == Distributed(rank=0, local_rank=0, world_size=1)
         assert dist.is_initialized() and dist.get_backend() == "gloo"
         assert agent_store.check(["workers/0/claim0", "workers/0/ready0"])
+        monkeypatch.setattr(Distributed, "enabled", property(lambda self: True))  # through the group, not around it
+        assert d.gather({"iter": 7}) == [{"iter": 7}]  # one rank, one value
+        assert d.sum([1.5, 2.0], torch.device("cpu")) == [1.5, 2.0]
     finally:
         d.close()
     assert not dist.is_initialized()

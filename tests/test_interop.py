@@ -600,11 +600,15 @@ def test_evaluate_reads_newlines_as_training_does_and_batches_16_windows(tmp_pat
     sizes, real_forward = [], GPT.forward
     monkeypatch.setattr(GPT, "forward", lambda self, idx, *a, **kw: (sizes.append(len(idx)),
                                                                      real_forward(self, idx, *a, **kw))[1])
-    clock = iter([10.0, 14.0])  # scoring started at 10 s and ended at 14 s
+    clock = iter([10.0, 10.5])  # scoring started at 10 s and ended half a second later
     monkeypatch.setattr(evaluate, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "unix.txt")]) == 0
     assert sizes == [16, 16, 4, 1]  # 36 full windows, then the shorter last one alone
-    assert f"299 tokens scored (300 characters, 300 bytes) in 4.0 s, 75 tokens/s;" in capsys.readouterr().out
+    assert f"299 tokens scored (300 characters, 300 bytes) in 0.5 s, 598 tokens/s;" in capsys.readouterr().out
+    monkeypatch.setattr(evaluate, "CHUNK", 128)  # a long text is read a bounded piece at a time
+    counts = {"characters": 0, "bytes": 0}
+    assert list(evaluate.text_chunks(tmp_path / "windows.txt", counts)) == [text[:128], text[128:256], text[256:]]
+    assert counts == {"characters": 300, "bytes": 300}
 
 
 def test_evaluate_split_val_reads_the_runs_data_settings(tmp_path, capsys):

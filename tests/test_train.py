@@ -72,7 +72,8 @@ def test_rerun_of_finished_run_exits_at_once(tmp_path, micro, capsys):
     before = (tmp_path / "run" / "model.safetensors").read_bytes()
     capsys.readouterr()
     assert train.main(["--config", TINY, *micro("train.max_iters=10")]) == 0
-    assert "already holds a finished run of 10 iterations" in capsys.readouterr().out
+    assert (f"{tmp_path / 'run'} already holds a finished run of 10 iterations; add --fresh to start over "
+            "or raise train.max_iters to continue\n") in capsys.readouterr().out
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
     # raising max_iters continues the same run
     assert train.main(["--config", TINY, *micro("train.max_iters=20")]) == 0
@@ -431,7 +432,8 @@ def test_log_lines_reach_a_pipe_at_once_and_text_keeps_its_layout(tmp_path, monk
     assert flushed[:2] == ["model: ...\n", "model: ...\niter 5 | loss 2.5000 | lr 1.00e-03 | 1,234 tok/s\n"]
     events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
     events.Reload()
-    assert events.Tensors("samples/text_summary")[0].tensor_proto.string_val == [b"```\nROMEO:\n  But soft\n```"]
+    sample = events.Tensors("samples/text_summary")[0]
+    assert sample.tensor_proto.string_val == [b"```\nROMEO:\n  But soft\n```"] and sample.step == 5
 
 
 def test_the_peak_is_measured_on_square_matrices_in_the_dtype_asked_for(monkeypatch):

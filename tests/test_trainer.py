@@ -2,6 +2,7 @@
 autocast, compile, the learning-rate schedule, and a fast bit-identical resume."""
 
 import signal
+import sys
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -274,6 +275,15 @@ def test_time_budget_sets_max_iters_once(tmp_path, micro, capsys, monkeypatch):
     assert f"already holds a finished run of {state['iter']} iterations" in capsys.readouterr().out
 
 
+def test_a_terminals_progress_bar_ends_at_the_iterations_the_budget_allows(tmp_path, micro, capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    FakeClock(monkeypatch)  # 1 s a step, 5 s an evaluation
+    settings = ["train.max_minutes=1", "train.max_iters=1000000", "train.sample_tokens=0"]
+    assert train.main(["--config", TINY, *micro(*settings)]) == 0
+    done = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["iter"]
+    assert f" {done}/{done} [" in capsys.readouterr().err  # not 1000000, not a bar without an end
+
+
 class FakeClock:
     """The trainer's clock, advanced by the work done instead of by wall time: each
     optimizer step takes 1 s and each evaluation 5 s, on any machine."""
@@ -424,6 +434,20 @@ def test_throughput_and_mfu_count_every_process_since_the_last_report(micro, mon
     assert logged[0]["train/tokens_per_sec"] == tokens_per_sec
     assert logged[0]["train/mfu"] == pytest.approx(trainer.model.flops_per_token(32) * tokens_per_sec / 2 / 1e9)
     assert trainer.tick == (105.0, 20)
+
+
+def test_only_the_main_process_measures_the_peak_that_mfu_divides_by(micro, monkeypatch):
+    import training.trainer
+
+    monkeypatch.setattr(training.trainer, "peak_flops", lambda device, dtype, threads: 4.2e9)
+    trainer = make_trainer(micro)
+    trainer.log = SimpleNamespace(text=lambda *args: None, message=lambda line: None)
+    trainer.out_dir.mkdir(parents=True)
+    trainer.start()
+    assert trainer.peak_flops == 4.2e9
+    trainer.dist = Distributed(rank=1, world_size=2)  # the others log no MFU and need no measurement
+    trainer.start()
+    assert trainer.peak_flops == 1.0
 
 
 def test_every_process_takes_rank_0s_target(micro, monkeypatch):
