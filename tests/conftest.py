@@ -26,7 +26,8 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture
 def micro(tmp_path, corpus):
     """Overrides for a micro run into tmp_path/run, with a char tokenizer (tests read its
-    tokens as characters); pass extra 'key=value' strings."""
+    tokens as characters) and no average of the weights (after 30 steps tiny.yaml's would
+    still be mostly the initial model); pass extra 'key=value' strings."""
     cache = tmp_path.parent / "token-cache"  # shared by the runs of one test
 
     def overrides(*extra: str, out: str = "run") -> list[str]:
@@ -35,7 +36,7 @@ def micro(tmp_path, corpus):
             "data.tokenizer=char", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
             "train.batch_size=8", "train.max_iters=30", "train.eval_interval=10", "train.eval_iters=2",
             "train.warmup_iters=5", "train.log_interval=5", "train.sample_tokens=20",
-            "train.dtype=float32", "train.threads=1", "train.max_minutes=null", *extra,
+            "train.dtype=float32", "train.threads=1", "train.max_minutes=null", "train.ema=0", *extra,
         ]
 
     return overrides
