@@ -21,6 +21,7 @@ from common.checkpoint import RUN_CONFIG_FILE, load_run, load_state
 from common.cli import OneLineParser, UserError, run_main
 from common.hf import Unsupported, to_transformers
 from data.tokenizer import EOT, UNK, end_of_text_id, suppressed_ids
+from model.files import safetensors_bytes
 from training.config import ConfigError, load_config
 
 
@@ -89,10 +90,8 @@ def export(checkpoint: Path, out: Path) -> None:
         hf_config, tensors = to_transformers(model.config, model.state_dict(), end_of_text_id(tokenizer))
     except Unsupported as e:
         raise UserError(f"{checkpoint} cannot be exported: {e}") from None
-    from safetensors.torch import save
-
     files = {"config.json": json.dumps(hf_config, indent=2) + "\n",
-             "model.safetensors": save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt"}),
+             "model.safetensors": safetensors_bytes(tensors, metadata={"format": "pt"}),
              "tokenizer.json": tokenizer.to_str(),
              "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size), indent=2),
              "generation_config.json": json.dumps(generation_config(tokenizer), indent=2),

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+
+import torch
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -35,3 +38,19 @@ def fsync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """safetensors' `save`, with the header's metadata in sorted key order. The library
+    writes the metadata from a hash map, whose order changes from process to process, so
+    the same weights would give files of different bytes (and checksums)."""
+    from safetensors.torch import save
+
+    data = save({name: t.contiguous() for name, t in tensors.items()}, metadata=metadata)
+    size = int.from_bytes(data[:8], "little")  # the file: [header size][JSON header][tensor bytes]
+    header = json.loads(data[8:8 + size])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(text) != len(data[8:8 + size].rstrip(b" ")):  # the same keys and values take the same bytes
+        raise ValueError("safetensors wrote a header this function cannot reorder")
+    return data[:8] + text.ljust(size) + data[8 + size:]  # (the library pads the header with spaces)

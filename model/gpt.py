@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .attention import AttentionTrace, KVCache
 from .block import Block, make_norm
 from .config import GPTConfig
-from .files import write_atomic
+from .files import safetensors_bytes, write_atomic
 from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .sampling import Sampling, sample_next
 
@@ -240,13 +240,10 @@ class GPT(nn.Module):
     def pretrained_files(self) -> dict[str, bytes]:
         """{file name: contents} of what save_pretrained writes. The embedding and the LM
         head are one tensor (tied), stored once as lm_head.weight; the metadata says so,
-        as safetensors' save_model would."""
-        from safetensors.torch import save
-
+        as safetensors' save_model would. The same weights always give the same bytes."""
         state = self.state_dict()
         del state["transformer.wte.weight"]
-        weights = save({name: t.contiguous() for name, t in state.items()},
-                       metadata={"format": "pt", "transformer.wte.weight": "lm_head.weight"})
+        weights = safetensors_bytes(state, metadata={"format": "pt", "transformer.wte.weight": "lm_head.weight"})
         config = json.dumps(self.config.to_dict(), indent=2) + "\n"
         return {CONFIG_FILE: config.encode(), WEIGHTS_FILE: weights}
 

@@ -382,6 +382,38 @@ def test_save_and_load_round_trip(tmp_path):
         assert sorted(p.name for p in (tmp_path / pos).iterdir()) == ["config.json", "model.safetensors"]
 
 
+def header(data: bytes) -> dict:
+    size = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + size])
+
+
+def test_the_same_weights_give_the_same_file_bytes(monkeypatch):
+    """safetensors writes its metadata from a hash map, in an order that changes from
+    process to process; here it is made to write the reverse order every time, and the
+    file still has its keys sorted, and so the same bytes as before."""
+    import safetensors.torch
+
+    model = tiny()
+    before = model.pretrained_files()["model.safetensors"]
+    metadata = header(before)["__metadata__"]
+    assert list(metadata) == sorted(metadata) == ["format", "transformer.wte.weight"]
+    real_save = safetensors.torch.save
+
+    def reversed_save(tensors, metadata=None):
+        data = real_save(tensors, metadata=metadata)
+        size = int.from_bytes(data[:8], "little")
+        h = header(data)
+        h["__metadata__"] = dict(reversed(sorted(h["__metadata__"].items())))
+        text = json.dumps(h, separators=(",", ":")).encode()
+        return data[:8] + text.ljust(size) + data[8 + size:]
+
+    monkeypatch.setattr(safetensors.torch, "save", reversed_save)
+    assert list(header(reversed_save({"x": torch.zeros(1)}, metadata))["__metadata__"]) != sorted(metadata)
+    after = model.pretrained_files()["model.safetensors"]
+    assert after == before
+    assert safetensors.torch.load(after).keys() == safetensors.torch.load(before).keys()
+
+
 def test_load_errors_are_clear(tmp_path):
     tiny().save_pretrained(tmp_path)
     weights = (tmp_path / "model.safetensors").read_bytes()
