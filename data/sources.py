@@ -67,10 +67,8 @@ def local_source(source: str, text_field: str, val_fraction: float) -> Source:
     path = Path(source).expanduser()
     if not path.exists():
         raise DataError(f"data source {source!r} does not exist: give a .txt/.jsonl/.parquet/.csv "
-                        "file, a folder of .txt files, 'shakespeare' or 'hf:<dataset>'")
-    files = sorted(p for p in path.rglob("*.txt") if p.is_file()) if path.is_dir() else [path]
-    if not files:
-        raise DataError(f"folder {source!r} holds no .txt files")
+                        "file, a folder of them, 'shakespeare' or 'hf:<dataset>'")
+    files = folder_files(path, source) if path.is_dir() else [path]
     fmt = LOCAL_FORMATS.get(files[0].suffix.lower())
     if fmt is None:
         raise DataError(f"data source {source!r}: unknown file type {files[0].suffix!r}; "
@@ -89,8 +87,8 @@ def local_source(source: str, text_field: str, val_fraction: float) -> Source:
                         yield block
                 yield END
         else:  # each row is one document
-            rows = jsonl_rows(files[0], text_field) if files[0].suffix.lower() == ".jsonl" else \
-                load_rows(fmt, files, text_field)
+            rows = (text for f in files for text in jsonl_rows(f, text_field)) \
+                if files[0].suffix.lower() == ".jsonl" else load_rows(fmt, files, text_field)
             for text in rows:
                 yield text
                 yield END
@@ -100,6 +98,20 @@ def local_source(source: str, text_field: str, val_fraction: float) -> Source:
                 "val_fraction": val_fraction}
     name = path.stem if path.is_file() else path.name
     return split_by_characters(name, identity, documents, val_fraction, label=source)
+
+
+def folder_files(folder: Path, source: str) -> list[Path]:
+    """The files of a folder (and its subfolders) in sorted order, all of one supported
+    kind; files of other kinds (a README.md, a .lock) are left out."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in LOCAL_FORMATS)
+    kinds = sorted({p.suffix.lower() for p in files})
+    if not files:
+        raise DataError(f"folder {source!r} holds no {', '.join(LOCAL_FORMATS)} files")
+    if len(kinds) > 1:
+        counts = ", ".join(f"{sum(p.suffix.lower() == kind for p in files)} {kind}" for kind in kinds)
+        raise DataError(f"folder {source!r} mixes kinds of files ({counts}); a folder must hold one kind: "
+                        "move the others out, or give one file")
+    return files
 
 
 def hub_source(spec: str, text_field: str, val_fraction: float) -> Source:

@@ -180,6 +180,22 @@ def test_folder_jsonl_csv_parquet_and_hub_folder(tmp_path):
     assert len({d.directory for d in results}) == 4
 
 
+def test_a_folder_of_jsonl_shards_is_read_in_sorted_order(tmp_path):
+    """Shards in subfolders too, in the sorted order of their paths; a README beside them is no text."""
+    folder = tmp_path / "shards"
+    (folder / "b").mkdir(parents=True)
+    write(folder / "b" / "0.jsonl", '{"text": "third"}\n')
+    write(folder / "a-1.jsonl", '{"text": "second"}\n')
+    write(folder / "a-0.jsonl", '{"text": "first"}\n{"text": "more"}\n')
+    write(folder / "README.md", "not a shard")
+    source = sources.open_source(str(folder), "text", 0.5)
+    documents = [piece for piece in source.train() if piece is not sources.END]
+    documents += [piece for piece in source.val() if piece is not sources.END]
+    assert "".join(documents) == "firstmoresecondthird"
+    data = prepare(DataConfig(str(folder), cache_dir=tmp_path / "c", val_fraction=0.2), progress=False)
+    assert data.tokenizer.decode(data.train.tolist()).startswith("first\n\nmore\n\nsecond")
+
+
 def test_token_files_reused_and_rebuilt_on_change(tmp_path, capsys):
     path = write(tmp_path / "a.txt", SAMPLE)
     first = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=False)
@@ -243,7 +259,7 @@ def test_hub_unreachable_fails_fast_with_advice(tmp_path, monkeypatch):
 
 BAD = {
     "missing path": (lambda p: str(p / "nope.txt"), {}, "nope.txt' does not exist: give a .txt/.jsonl/.parquet/.csv "
-                     "file, a folder of .txt files, 'shakespeare' or 'hf:<dataset>'$"),
+                     "file, a folder of them, 'shakespeare' or 'hf:<dataset>'$"),
     "empty file": (lambda p: str(write(p / "e.txt", "")), {}, "is empty"),
     "not utf-8": (lambda p: _bytes(p / "l.txt", b"hello\n" * 10 + b"caf\xe9\n"), {}, r"not UTF-8 .*offset 63"),
     "binary": (lambda p: _bytes(p / "b.txt", b"ab\x00\x01" * 10), {}, r"looks binary \(a NUL byte at offset 2\)"),
@@ -263,7 +279,12 @@ BAD = {
     "bad fraction": (lambda p: "shakespeare", {"val_fraction": 1.5}, "val_fraction=1.5"),
     "no validation at all": (lambda p: "shakespeare", {"val_fraction": 0.0},
                              r"^data.val_fraction=0.0: must be between 0 and 1, e.g. 0.1$"),
-    "empty folder": (lambda p: str(p), {}, "holds no .txt files"),
+    "empty folder": (lambda p: str(p), {}, r"holds no .txt, .jsonl, .json, .parquet, .csv files$"),
+    "a folder of only other files": (lambda p: write(p / "README.md", "hi") and str(p), {}, "holds no .txt, .jsonl"),
+    "a folder of mixed kinds": (lambda p: write(p / "a.txt", "hi") and write(p / "b.jsonl", '{"text": "x"}\n')
+                                and write(p / "c.jsonl", '{"text": "y"}\n') and str(p), {},
+                                r"folder '.*in' mixes kinds of files \(2 .jsonl, 1 .txt\); a folder must hold one kind: move the "
+                                r"others out, or give one file$"),
     "not utf-8 past the first block": (lambda p: _bytes(p / "m.txt", b"a" * (1 << 20) + b"bc\xffd"), {},
                                        r"not UTF-8 text \(invalid byte at offset 1048578\)"),
     "not utf-8 after a character the block boundary cut": (  # é's two bytes at 1048575 and 1048576
