@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -27,8 +28,9 @@ from tqdm import tqdm
 from common.checkpoint import RUN_CONFIG_FILE, load_run
 from common.cli import OneLineParser, UserError, run_main
 from common.device import resolve_device, resolve_dtype
-from data import DataConfig, DataError, prepare, unknown_characters
-from data.sources import END, check_readable, open_source
+from data import DataConfig, DataError, unknown_characters
+from data.prepare import find_prepared, tokenize_split
+from data.sources import check_readable
 from data.tokenizer import Encoder
 from training.config import ConfigError, load_config
 
@@ -120,20 +122,23 @@ def text_source(path: Path, tokenizer, counts: dict) -> Iterator[np.ndarray]:
     bar.close()
 
 
-def val_source(checkpoint: Path, tokenizer, counts: dict) -> Iterator[np.ndarray]:
-    """The run's validation tokens, rebuilt from its config.yaml with its own tokenizer."""
+def val_source(checkpoint: Path, tokenizer, counts: dict, scratch: Path) -> Iterator[np.ndarray]:
+    """The run's validation tokens: its own token files where they are still in the cache
+    (config.yaml says where), else the validation text alone, encoded into `scratch`."""
     try:
         data_config: DataConfig = load_config(checkpoint / RUN_CONFIG_FILE).data
     except ConfigError as e:
         raise UserError(f"--split val needs the run's {RUN_CONFIG_FILE}: {e}") from None
-    data = prepare(data_config, progress=True, tokenizer=tokenizer)
-    src = open_source(data_config.source, data_config.text_field, data_config.val_fraction)
-    for piece in src.val():
-        if piece is not END:
-            counts["characters"] += len(piece)
-            counts["bytes"] += len(piece.encode("utf-8"))
-    for start in range(0, len(data.val), CHUNK):
-        yield data.val[start:start + CHUNK]  # (windows gathers them into int64)
+    data = find_prepared(data_config, tokenizer)
+    if data is not None and "val_bytes" in data.meta:
+        tokens, counts["characters"], counts["bytes"] = data.val, data.meta["val_characters"], data.meta["val_bytes"]
+    else:
+        print(f"encoding the validation text of {data_config.source} with the run's tokenizer "
+              "(the run's token files are not in the cache)", file=sys.stderr)
+        tokens, sizes = tokenize_split(data_config, tokenizer, "val", scratch / "val.bin")
+        counts["characters"], counts["bytes"] = sizes["characters"], sizes["bytes"]
+    for start in range(0, len(tokens), CHUNK):
+        yield tokens[start:start + CHUNK]  # (windows gathers them into int64)
 
 
 def evaluate(args) -> dict:
@@ -145,10 +150,13 @@ def evaluate(args) -> dict:
     if not 1 <= stride <= block:
         raise UserError(f"--stride={stride}: must be between 1 and block_size={block}")
     counts = {"characters": 0, "bytes": 0}
-    chunks = val_source(args.checkpoint, tokenizer, counts) if args.split else \
-        text_source(args.text, tokenizer, counts)
-    start = time.perf_counter()
-    nll, tokens = score(model, windows(chunks, block, stride), args.batch_size, device)
+    # (a memory-mapped file that Windows may still hold open when the folder goes: ignore_cleanup_errors)
+    with tempfile.TemporaryDirectory(prefix="evaluate-", ignore_cleanup_errors=True) as scratch:
+        chunks = val_source(args.checkpoint, tokenizer, counts, Path(scratch)) if args.split else \
+            text_source(args.text, tokenizer, counts)
+        start = time.perf_counter()
+        nll, tokens = score(model, windows(chunks, block, stride), args.batch_size, device)
+        chunks.close()  # lets go of the tokens' file
     if tokens == 0:
         raise UserError(f"{args.text or 'the validation split'} is too short to score: it needs at least 2 tokens")
     loss = nll / tokens

@@ -62,6 +62,15 @@ class TokenData:
 def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | None = None) -> TokenData:
     """Token files for (source, tokenizer settings): reused if present, else built.
     A given tokenizer (a model's own, when fine-tuning) is used instead of training one."""
+    src, settings, fingerprint, directory = locate(config, tokenizer)
+    if not (directory / "meta.json").is_file():
+        build(src, settings, fingerprint, directory, progress, tokenizer)
+    return load(directory)
+
+
+def locate(config: DataConfig, tokenizer: Tokenizer | None = None):
+    """(source, tokenizer settings, fingerprint, folder) of the token files for config:
+    with a tokenizer trained on the source, or with the one given."""
     src = open_source(config.source, config.text_field, config.val_fraction)
     settings = {"tokenizer": config.tokenizer, "vocab_size": config.vocab_size if config.tokenizer == "bpe" else None,
                 "format": FORMAT_VERSION}
@@ -72,10 +81,29 @@ def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | No
         json.dumps({"source": src.identity, "settings": settings}, sort_keys=True).encode()
     ).hexdigest()[:16]
     cache = Path(config.cache_dir) if config.cache_dir is not None else DEFAULT_CACHE
-    directory = cache / f"{src.name}-{settings['tokenizer']}-{fingerprint}"
-    if not (directory / "meta.json").is_file():
-        build(src, settings, fingerprint, directory, progress, tokenizer)
-    return load(directory)
+    return src, settings, fingerprint, cache / f"{src.name}-{settings['tokenizer']}-{fingerprint}"
+
+
+def find_prepared(config: DataConfig, tokenizer: Tokenizer) -> TokenData | None:
+    """The token files a run made for config, if they are still there and were encoded by
+    `tokenizer` (the run's): trained for these settings, or given (train.init_from)."""
+    for given in (None, tokenizer):
+        directory = locate(config, given)[3]
+        if (directory / "meta.json").is_file():
+            data = load(directory)
+            if data.tokenizer.to_str() == tokenizer.to_str():
+                return data
+    return None
+
+
+def tokenize_split(config: DataConfig, tokenizer: Tokenizer, split: str, path: Path) -> tuple[np.ndarray, dict]:
+    """One split of config's text encoded by `tokenizer` into the file `path`, as `prepare`
+    writes it, without a cache folder: (its tokens, their counts)."""
+    src = open_source(config.source, config.text_field, config.val_fraction)
+    dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
+    sizes = write_tokens(chunked(src.train() if split == "train" else src.val()), tokenizer, path, dtype)
+    tokens = np.memmap(path, dtype=dtype, mode="r") if sizes["tokens"] else np.empty(0, dtype=dtype)
+    return tokens, sizes
 
 
 def load(directory: Path) -> TokenData:
@@ -138,7 +166,7 @@ def build_in(tmp: Path, src, settings: dict, fingerprint: str, directory: Path, 
     meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings,
             "vocab_size": vocab, "dtype": np.dtype(dtype).name,
             **{f"{split}_{key}": sizes[split][key] for split in ("train", "val")
-               for key in ("tokens", "characters", "unknown")}}
+               for key in ("tokens", "characters", "bytes", "unknown")}}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -167,10 +195,11 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
     separated by <|endoftext|> where the tokenizer has it, else by a blank line. Documents
     that arrive whole (one chunk, then END: rows of a .jsonl file) are queued and encoded
     many at a time (Encoder.many: one call over the cores); longer ones stream through feed
-    and flush. Unknown characters are counted; advance(bytes) follows each chunk's UTF-8 size."""
+    and flush. Unknown characters are counted; advance(bytes) follows each chunk's UTF-8 size.
+    Returns the counts of tokens, characters, UTF-8 bytes and unknown characters."""
     eot = end_of_text_id(tokenizer)
     encode = Encoder(tokenizer)
-    tokens = characters = unknown = 0
+    tokens = characters = size = unknown = 0
     tail = ""  # end of the text read so far, to place blank lines between documents
     queue: list[str | list[int]] = []  # whole documents and separators (text, or ids), in file order
     with open(path, "wb") as f:
@@ -214,10 +243,11 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
                     held = None
                 write(encode.feed(chunk))
             characters += len(chunk)
+            size += (nbytes := len(chunk.encode("utf-8")))
             tail = (tail + chunk)[-2:]
-            advance(len(chunk.encode("utf-8")))
+            advance(nbytes)
         if held is not None:
             queue.append(held)
         drain()
         write(encode.flush())
-    return {"tokens": tokens, "characters": characters, "unknown": unknown}
+    return {"tokens": tokens, "characters": characters, "bytes": size, "unknown": unknown}

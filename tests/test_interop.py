@@ -5,12 +5,15 @@ import math
 from dataclasses import replace as dataclass_replace
 import os
 import re
+import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from safetensors.torch import load_file
 
 import evaluate
@@ -557,6 +560,25 @@ def test_evaluate_split_val_agrees_with_training(runs, capsys):
     assert "tokens/s" in out and "bits/byte" in out
 
 
+def test_evaluate_split_val_reads_the_runs_own_token_files(runs, tmp_path, capsys):
+    """The run's validation tokens come from the token files it trained on: no second cache
+    folder, nothing encoded again. Where they are gone, the validation text alone is
+    encoded, and the figure is the same."""
+    cache = yaml.safe_load((runs["rope"] / "config.yaml").read_text())["data"]["cache_dir"]
+    before = sorted(p.name for p in Path(cache).iterdir())
+    assert evaluate.main(["--checkpoint", str(runs["rope"]), "--split", "val", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert sorted(p.name for p in Path(cache).iterdir()) == before and err == ""
+    moved = shutil.copytree(runs["rope"], tmp_path / "run")
+    settings = yaml.safe_load((moved / "config.yaml").read_text())
+    settings["data"]["cache_dir"] = str(tmp_path / "empty-cache")
+    (moved / "config.yaml").write_text(yaml.safe_dump(settings))
+    assert evaluate.main(["--checkpoint", str(moved), "--split", "val", "--json"]) == 0
+    again, err = capsys.readouterr()
+    assert "encoding the validation text of" in err and not (tmp_path / "empty-cache").exists()
+    assert json.loads(again) == json.loads(out)
+
+
 def test_evaluate_split_val_scores_the_validation_text_as_a_file_would(tmp_path, capsys):
     """--split val rebuilds the run's validation tokens with the run's own tokenizer (a
     tokenizer trained on this corpus would number the characters differently) and its
@@ -576,7 +598,8 @@ def test_evaluate_split_val_scores_the_validation_text_as_a_file_would(tmp_path,
         assert evaluate.main(["--checkpoint", str(run), *argv, "--json"]) == 0
         out, err = capsys.readouterr()
         results.append(json.loads(out))
-        assert ("preparing data: corpus, given tokenizer" in err) == (argv[0] == "--split")  # a first build shows
+        assert ("encoding the validation text of" in err) == (argv[0] == "--split")  # no token files of the run
+    assert not (tmp_path / "cache").exists()  # the validation text alone, and no cache folder
     assert results[0] == pytest.approx(results[1], rel=1e-6)
     assert results[0]["characters"] == len(val_text) and results[0]["tokens"] == len(val_text) - 1
 
