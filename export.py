@@ -77,9 +77,20 @@ print(pipeline("text-generation", model={str(out)!r})("ROMEO:", max_new_tokens=1
 - **Measured**: {measured}.
 - **Reproduce**: `python train.py --config {checkpoint / RUN_CONFIG_FILE}` in the project's repository.
 - **Licence of the corpus**: {licence}.
+- **Context**: trained on windows of {c.block_size} tokens, within which transformers and the project's
+  `generate.py` compute the same logits. Past them they part ways: `generate.py` slides its window (the
+  model always sees the last {c.block_size} tokens), while transformers keeps counting positions
+  ({past_context(c)}). Keep the prompt and the new tokens within {c.block_size} to get the same text.
 - Text that spells a special token (`<unk>`, `<|endoftext|>`) is read as that token by transformers,
   as characters by the project's own tokenizer; other text is encoded identically.
 """
+
+
+def past_context(c) -> str:
+    """What transformers does with this kind of model past block_size tokens."""
+    if c.pos_encoding == "rope":
+        return f"rotary positions past {c.block_size}, which the model never saw in training"
+    return f"a GPT-2 model has no position embedding past {c.block_size}, and transformers stops with an IndexError"
 
 
 def export(checkpoint: Path, out: Path) -> None:

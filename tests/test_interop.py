@@ -172,6 +172,9 @@ def test_model_card(runs, exported):
     assert "GPTNeoXForCausalLM" in card and f"{state['val_loss']:.4f} nats per token" in card
     assert state["data_fingerprint"] in card and f"python train.py --config {runs['rope']}/config.yaml" in card
     assert "2 layers, 2 heads, 32 dimensions" in card
+    assert "trained on windows of 48 tokens" in card and "rotary positions past 48, which the model never saw" in card
+    learned = (exported["learned-gelu"] / "README.md").read_text()
+    assert "a GPT-2 model has no position embedding past 48, and transformers stops with an IndexError" in learned
 
 
 @pytest.mark.parametrize("setting, message", [
