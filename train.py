@@ -25,7 +25,7 @@ from common.device import resolve_device, resolve_dtype
 from data import DataError
 from training.config import load_config
 from training.distributed import JoinError, setup
-from training.init_from import model_config, open_source
+from training.setup import prepare_run
 from training.trainer import Trainer, TrainingError
 
 
@@ -45,14 +45,10 @@ def train(args) -> int:
     cfg = load_config(args.config, args.overrides)
     device = resolve_device(cfg.train.device)
     dtype = resolve_dtype(cfg.train.dtype, device, training=True)
-    source = None
-    if cfg.train.init_from:  # find it and check the model settings before anything is written
-        source = open_source(cfg.train.init_from)
-        model_config(source, cfg.model, cfg.model_keys)
     if args.explain:
         from training.explain import explain
 
-        print(explain(cfg, dtype, args.lang or locale_language(), source))
+        print(explain(prepare_run(cfg, use_out_dir=False), dtype, args.lang or locale_language()))
         return 0
     if args.fresh and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
         raise UserError("--fresh under torchrun --max-restarts would start the run over at every restart; "
@@ -62,13 +58,17 @@ def train(args) -> int:
         device = torch.device("cuda", dist.local_rank)  # one GPU per process
     out_dir = Path(cfg.out_dir)
     lock = RunLock(out_dir)
-    try:
+
+    def claim() -> None:
+        """out_dir writable and ours alone (the main process writes it)."""
         if dist.is_main:
             check_out_dir(out_dir)
             if not lock.acquire():
                 raise UserError(f"out_dir {out_dir} is in use by another training run (pid {lock.holder()}); "
                                 "wait for it to finish or set out_dir=PATH")
-        return Trainer(cfg, device, dtype, dist, args.fresh, source).fit()
+
+    try:
+        return Trainer(prepare_run(cfg, dist, args.fresh, claim), device, dtype, dist).fit()
     finally:
         lock.release()
         dist.close()

@@ -59,7 +59,7 @@ def iterations_for(tflops: float, config: Path, overrides: list[str]) -> tuple[i
     cfg = load_config(config, overrides)
     data = prepare(cfg.data, progress=False)
     with torch.device("meta"):  # sizes only: no memory, no initialisation
-        model = GPT(cfg.model_config(data.vocab_size))
+        model = GPT(cfg.model_with_vocab(data.vocab_size))
     per_token = model.flops_per_token(cfg.model.block_size)
     tokens = cfg.train.batch_size * cfg.train.grad_accum * cfg.model.block_size
     return max(1, round(tflops * 1e12 / (per_token * tokens))), per_token, tokens
@@ -94,6 +94,7 @@ def train_and_score(config: Path, overrides: list[str], iters: int, run_dir: str
 def step_speed(recipes: list[str], common: list[str], tmp: str, rounds: int, steps: int) -> list[dict]:
     """Tokens/s and MFU of each recipe's training step, alternating rounds; medians."""
     from common.device import measure_peak_flops, resolve_device, resolve_dtype
+    from training.setup import prepare_run
     from training.trainer import Trainer
 
     trainers, peaks = {}, {}
@@ -102,13 +103,13 @@ def step_speed(recipes: list[str], common: list[str], tmp: str, rounds: int, ste
         cfg = load_config(config, [*common, *overrides, f"out_dir={tmp}/speed-{i}"])
         device = resolve_device(cfg.train.device)
         dtype = resolve_dtype(cfg.train.dtype, device, training=True)
-        trainers[recipe] = trainer = Trainer(cfg, device, dtype)
+        trainers[recipe] = trainer = Trainer(prepare_run(cfg), device, dtype)
         trainer.step()  # (the first step allocates the optimizers' state)
         if (device, dtype) not in peaks:  # one peak per dtype, so the MFU ratio is the ratio of FLOP/s
             peaks[device, dtype] = measure_peak_flops(device, dtype, size=512 if steps == 1 else 2048)
 
     def measure(trainer) -> float:  # tokens per second
-        tokens = trainer.tc.batch_size * trainer.tc.grad_accum * trainer.model_config.block_size
+        tokens = trainer.global_batch() * trainer.model_config.block_size
         return steps * tokens / timed(lambda: [trainer.step() for _ in range(steps)])
 
     medians = alternate({recipe: lambda t=trainer: measure(t) for recipe, trainer in trainers.items()}, rounds)

@@ -1,10 +1,10 @@
 """Data: corpora, tokenizers, token files and batches. Knows nothing of the model."""
 
-from .batches import BatchSampler, fixed_batches
+from .batches import BatchSampler, fixed_windows
 from .config import DataConfig
 from .prepare import TokenData, content_digest, prepare
 from .sources import DataError
 from .tokenizer import load_tokenizer, unknown_characters
 
-__all__ = ["BatchSampler", "DataConfig", "DataError", "TokenData", "content_digest", "fixed_batches",
+__all__ = ["BatchSampler", "DataConfig", "DataError", "TokenData", "content_digest", "fixed_windows",
            "load_tokenizer", "prepare", "unknown_characters"]

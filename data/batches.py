@@ -51,10 +51,10 @@ class BatchSampler:
         self.generator.set_state(state["generator"])
 
 
-def fixed_batches(tokens: np.ndarray, block_size: int, batch_size: int, n_batches: int,
-                  seed: int, split: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The same n_batches windows every time, so evaluations are comparable over a run."""
+def fixed_windows(tokens: np.ndarray, block_size: int, count: int, seed: int,
+                  split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same `count` windows every time, so evaluations are comparable over a run, and
+    the same whatever the batches they are cut into: x, y [count, T]."""
     check_length(tokens, block_size, split)
     g = torch.Generator().manual_seed(seed)
-    return [windows(tokens, torch.randint(len(tokens) - block_size, (batch_size,), generator=g), block_size)
-            for _ in range(n_batches)]
+    return windows(tokens, torch.randint(len(tokens) - block_size, (count,), generator=g), block_size)

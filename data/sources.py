@@ -156,8 +156,8 @@ def load_rows(builder: str, files: list[Path] | None, text_field: str, **kwargs)
     import pyarrow.dataset
 
     datasets.disable_progress_bars()
-    # Arrow's default allocator (mimalloc) keeps freed memory: 252-303 MB preparing a Parquet
-    # file here, against 226-256 MB with the system's (docs/scaling.md)
+    # Arrow's default allocator (mimalloc) keeps freed memory; the system's keeps less
+    # (measured in docs/scaling.md)
     pyarrow.set_memory_pool(pyarrow.system_memory_pool())
     data_files = [str(f) for f in files] if files else None
     try:

@@ -121,6 +121,29 @@ def unknown_characters(tokenizer: Tokenizer, text: str) -> list[str]:
     return sorted({ch for ch in set(text) if tokenizer.token_to_id(ch) is None})
 
 
+PROMPT_CHARACTERS = 40  # the longest prompt suggest_prompt gives
+UNQUOTABLE = set('"$`\\!')  # characters a shell reads inside double quotes
+
+
+def suggest_prompt(tokenizer: Tokenizer, sample_prompt: str, text: str) -> str:
+    """A short prompt for this tokenizer's model, to show how to try it: the run's
+    train.sample_prompt if it has words, else the first whole line of `text` (the start of
+    the validation split; its first line may be cut off, so the next one). Cut before any
+    character the tokenizer never saw and any a shell reads inside double quotes, and at a
+    word within PROMPT_CHARACTERS. A newline if nothing is left."""
+    lines = [sample_prompt, *(text.split("\n")[1:] or [text])]
+    unknown = set(unknown_characters(tokenizer, text + sample_prompt)) | UNQUOTABLE
+    for line in lines:
+        line = line.strip()
+        cut = next((i for i, ch in enumerate(line) if ch in unknown), len(line))
+        line = line[:cut].strip()
+        if len(line) > PROMPT_CHARACTERS:
+            line = line[:PROMPT_CHARACTERS].rsplit(" ", 1)[0] if " " in line[:PROMPT_CHARACTERS] else line[:PROMPT_CHARACTERS]
+        if line:
+            return line
+    return "\n"
+
+
 # Unicode's White_Space characters: what \s matches in the regex of byte-level BPE
 WHITE_SPACE = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000"
                         + "".join(chr(c) for c in range(0x2000, 0x200B)))

@@ -11,6 +11,7 @@ import json
 import math
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -26,6 +27,17 @@ from .sampling import Sampling, sample_next
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+
+
+@contextmanager
+def evaluating(module: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode (dropout off) inside the block, the module's own mode restored after it."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
 class GPT(nn.Module):
@@ -190,12 +202,8 @@ class GPT(nn.Module):
         """
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens}: must be 0 or more")
-        was_training = self.training
-        self.eval()
-        try:
+        with evaluating(self):
             yield from self._sampling_loop(idx, max_new_tokens, sampling, use_cache, attention_mask, generator)
-        finally:
-            self.train(was_training)
 
     def _sampling_loop(self, idx, max_new_tokens, sampling, use_cache, attention_mask,
                        generator) -> Iterator[torch.Tensor]:

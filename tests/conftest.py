@@ -60,3 +60,14 @@ def favour_token(model, token: int) -> None:
         ln_f.weight.zero_()
         ln_f.bias.copy_(torch.linspace(-1, 1, ln_f.bias.numel()))
         wte[token] = 10 * ln_f.bias
+
+
+def make_trainer(overrides: list[str], dtype=None, config: str = "configs/tiny.yaml"):
+    """A Trainer for a config file (tiny.yaml) and overrides, set up as train.py sets it up."""
+    import torch
+
+    from training.config import load_config
+    from training.setup import prepare_run
+    from training.trainer import Trainer
+
+    return Trainer(prepare_run(load_config(ROOT / config, overrides)), torch.device("cpu"), dtype or torch.float32)

@@ -16,6 +16,7 @@ from common import checkpoint
 from conftest import ROOT, run_cli
 from model import GPT, GPTConfig
 from training.config import load_config
+from training.setup import prepare_run
 from training.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -24,13 +25,13 @@ CUDA = torch.device("cuda")
 
 
 def cuda_trainer(micro, dtype, *extra) -> Trainer:
-    return Trainer(load_config(TINY, micro("train.device=cuda", *extra)), CUDA, dtype)
+    return Trainer(prepare_run(load_config(TINY, micro("train.device=cuda", *extra))), CUDA, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_training_in_half_precision(micro, dtype):
     trainer = cuda_trainer(micro, dtype)
-    losses = [trainer.step()[0] for _ in range(25)]
+    losses = [trainer.step()[0].item() for _ in range(25)]
     assert losses[-1] < losses[0] - 0.5
     assert trainer.scaler.is_enabled() == (dtype == torch.float16)
 
@@ -42,7 +43,7 @@ def test_fp16_overflow_is_skipped_by_the_scaler_not_a_nan_stop(micro):
     trainer.step()  # no TrainingError: an overflow is the scaler's to handle
     assert trainer.scaler.get_scale() < 2.0**40
     assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())  # the step was skipped
-    losses = [trainer.step()[0] for _ in range(40)]
+    losses = [trainer.step()[0].item() for _ in range(40)]
     assert losses[-1] < losses[0]
 
 

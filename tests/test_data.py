@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data import BatchSampler, DataConfig, DataError, fixed_batches, load_tokenizer, prepare, unknown_characters
+from data import BatchSampler, DataConfig, DataError, fixed_windows, load_tokenizer, prepare, unknown_characters
 from data import shakespeare, sources
 from data.tokenizer import EOT, train_tokenizer
 
@@ -236,8 +236,10 @@ def test_batches_are_shifted_reproducible_and_resumable():
     rank1 = BatchSampler(tokens, 8, 2, seed=1, rank=1, world_size=2).next_batch()[0]
     assert not torch.equal(rank0, rank1)
     assert torch.equal(torch.cat([rank0, rank1]), x)
-    fixed = fixed_batches(tokens, 8, 4, 2, 0, "val")
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(fixed, fixed_batches(tokens, 8, 4, 2, 0, "val")))
+    fixed_x, fixed_y = fixed_windows(tokens, 8, 8, 0, "val")
+    again_x, again_y = fixed_windows(tokens, 8, 8, 0, "val")
+    assert fixed_x.shape == (8, 8) and torch.equal(fixed_x, again_x) and torch.equal(fixed_y, again_y)
+    assert torch.equal(fixed_y[:, :-1], fixed_x[:, 1:])  # targets are the inputs shifted by one
 
 
 def _roundtrip(state):
@@ -320,8 +322,8 @@ def half_made(cache) -> list:
 def test_validation_shorter_than_a_block_is_an_error():
     with pytest.raises(DataError, match="^the val split has 64 tokens, fewer than block_size \\+ 1 = 65; use a "
                                         "smaller model.block_size or more text$"):
-        fixed_batches(np.arange(64, dtype=np.uint16), 64, 4, 2, 0, "val")
-    x, y = fixed_batches(np.arange(65, dtype=np.uint16), 64, 4, 1, 0, "val")[0]  # one window: just enough
+        fixed_windows(np.arange(64, dtype=np.uint16), 64, 8, 0, "val")
+    x, y = fixed_windows(np.arange(65, dtype=np.uint16), 64, 4, 0, "val")  # one place for a window: just enough
     assert x[0].tolist() == list(range(64)) and y[0].tolist() == list(range(1, 65))
 
 

@@ -18,11 +18,11 @@ import torch.distributed as dist
 import train
 from bench import elastic
 from common.cli import UserError
-from conftest import ROOT
+from conftest import ROOT, make_trainer
 from data import content_digest
 from training import distributed
 from training.distributed import Distributed, JoinError, launch_store
-from training.trainer import check_same_data
+from training.setup import check_same_data
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="finds torchrun's workers with pgrep")
@@ -189,12 +189,10 @@ def test_a_node_with_other_token_files_is_named(tmp_path):
 
 
 def test_every_node_must_find_rank_0s_checkpoint(tmp_path):
-    from types import SimpleNamespace
-
-    from training.trainer import Trainer
+    from training.resume import check_same_checkpoint
 
     def check(state, *others):
-        Trainer.check_same_checkpoint(SimpleNamespace(dist=Gathered(*others), out_dir=tmp_path), state)
+        check_same_checkpoint(Gathered(*others), state, tmp_path)
 
     check({"iter": 10}, ("b", 10))
     check(None, ("b", None))
@@ -212,18 +210,14 @@ def test_every_node_must_find_rank_0s_checkpoint(tmp_path):
 def test_a_run_resumed_with_other_process_counts_keeps_its_global_batch(micro, tmp_path, capsys):
     """A checkpoint of 2 processes × grad_accum 1 resumed by one process: grad_accum 2,
     and the windows of the next step are those the two processes would have drawn."""
-    from training.config import load_config
-    from training.trainer import Trainer
-
     settings = ("train.max_iters=4", "train.eval_interval=4", "train.sample_tokens=0")
     assert train.main(["--config", TINY, *micro(*settings)]) == 0
     state_file = tmp_path / "run" / "trainer_state.pt"
     state = torch.load(state_file, weights_only=True)
     state["ranks"] = [state["ranks"][0], state["ranks"][0]]  # as two processes save it: the same sampler
     torch.save(state, state_file)
-    resumed = Trainer(load_config(TINY, micro(*settings[1:], "train.max_iters=8")), torch.device("cpu"),
-                      torch.float32)
-    assert resumed.tc.grad_accum == 2 and resumed.it == 4
+    resumed = make_trainer(micro(*settings[1:], "train.max_iters=8"))
+    assert resumed.grad_accum == 2 and resumed.it == 4
     assert "resuming a 2-process run with 1: train.grad_accum 1 -> 2 keeps the global batch of 16" \
         in capsys.readouterr().err
     two_ranks = [elastic_sampler(resumed, state, rank) for rank in (0, 1)]
@@ -231,9 +225,8 @@ def test_a_run_resumed_with_other_process_counts_keeps_its_global_batch(micro, t
     assert torch.equal(resumed.sampler.next_batch()[0], two_ranks[1])
     state["ranks"] = [state["ranks"][0]] * 3  # three processes, each with the saved grad_accum of 1
     torch.save(state, state_file)
-    three = Trainer(load_config(TINY, micro(*settings[1:], "train.max_iters=8", "train.grad_accum=2")),
-                    torch.device("cpu"), torch.float32)
-    assert three.tc.grad_accum == 3  # from the checkpoint's processes and grad_accum, not the config's 2
+    three = make_trainer(micro(*settings[1:], "train.max_iters=8", "train.grad_accum=2"))
+    assert three.grad_accum == 3  # from the checkpoint's processes and grad_accum, not the config's 2
 
 
 def elastic_sampler(trainer, state, rank):
@@ -246,20 +239,20 @@ def elastic_sampler(trainer, state, rank):
     return sampler.next_batch()[0]
 
 
-def test_uneven_process_counts_say_the_global_batch_changes(micro, capsys):
-    from training.config import load_config
-    from training.trainer import Trainer
+def test_uneven_process_counts_say_the_global_batch_changes(capsys):
+    from training.resume import grad_accum_for
 
-    trainer = Trainer(load_config(TINY, micro()), torch.device("cpu"), torch.float32)
-    trainer.dist = Distributed(rank=0, world_size=2)  # what rank 0 of 2 decides for a 3-process checkpoint
-    trainer.change_process_count(3, 1)
-    assert trainer.tc.grad_accum == 1
+    two = Distributed(rank=0, world_size=2)  # what rank 0 of 2 decides for a 3-process checkpoint
+    assert grad_accum_for({"ranks": [{}] * 3, "grad_accum": 1}, two, batch_size=8, grad_accum=1) == 1
     assert "resuming a 3-process run with 2: its 3 micro-batches per step do not split evenly over 2 " \
            "processes, so the global batch becomes 16 sequences" in capsys.readouterr().err
-    trainer.change_process_count(4, 1)  # 4 processes' micro-batches, 2 for each of these 2
-    assert trainer.tc.grad_accum == 2
+    # 4 processes' micro-batches, 2 for each of these 2
+    assert grad_accum_for({"ranks": [{}] * 4, "grad_accum": 1}, two, batch_size=8, grad_accum=1) == 2
     assert "resuming a 4-process run with 2: train.grad_accum 1 -> 2 keeps the global batch of 32 sequences" \
         in capsys.readouterr().err
+    assert grad_accum_for({"ranks": [{}] * 4}, Distributed(rank=1, world_size=2), batch_size=8, grad_accum=2) == 4
+    assert capsys.readouterr().err == ""  # (an older checkpoint records no grad_accum: the config's); rank 1 says nothing
+    assert grad_accum_for({"ranks": [{}] * 2, "grad_accum": 5}, two, batch_size=8, grad_accum=3) == 3  # the same count
 
 
 # ---- torchrun (slow) ---------------------------------------------------------
@@ -365,16 +358,16 @@ def test_only_each_nodes_first_process_prepares_the_data(micro, monkeypatch):
     """The others wait at the barrier, then open what it wrote: one progress bar a node."""
     from types import SimpleNamespace
 
-    from training import trainer
+    from training import setup
     from training.config import load_config
 
-    calls, real_prepare = [], trainer.prepare
-    monkeypatch.setattr(trainer, "prepare", lambda *a, progress, **kw: (calls.append(progress),
-                                                                        real_prepare(*a, progress=progress, **kw))[1])
+    calls, real_prepare = [], setup.prepare
+    monkeypatch.setattr(setup, "prepare", lambda *a, progress, **kw: (calls.append(progress),
+                                                                      real_prepare(*a, progress=progress, **kw))[1])
     cfg = load_config(TINY, micro())
     for local_rank in (0, 1):
         node = SimpleNamespace(local_rank=local_rank, nodes=1, barrier=lambda: calls.append("barrier"))
-        data, _ = trainer.load_data(cfg, node, None)
+        data, _ = setup.load_data(cfg, node, None)
         assert data.vocab_size > 0
     assert calls == [True, "barrier", "barrier", False]
 
@@ -384,15 +377,14 @@ def test_ddp_wraps_the_model_on_the_cpu(micro):
     a CPU); a group of one process stands in for the others here."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from training.config import load_config
-    from training.trainer import Trainer
-
-    trainer = Trainer(load_config(TINY, micro()), torch.device("cpu"), torch.float32)
+    trainer = make_trainer(micro())
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         trainer.dist = Distributed(rank=0, world_size=2)
-        wrapped = trainer.wrap(trainer.model)
+        from training.setup import wrap
+
+        wrapped = wrap(trainer.model, False, trainer.dist, trainer.device)
         assert isinstance(wrapped, DistributedDataParallel) and wrapped.module is trainer.model
     finally:
         dist.destroy_process_group()

@@ -331,11 +331,11 @@ def initial_weights(run_dir):
     import dataclasses
 
     from training.config import load_config
-    from training.init_from import open_source
+    from training.setup import prepare_run
     from training.trainer import Trainer
 
     cfg = dataclasses.replace(load_config(run_dir / "config.yaml"), out_dir=str(run_dir.parent / "again"))
-    return Trainer(cfg, torch.device("cpu"), torch.float32, source=open_source(cfg.train.init_from)).model
+    return Trainer(prepare_run(cfg), torch.device("cpu"), torch.float32).model
 
 
 def test_init_from_a_run_directory(runs, tmp_path, corpus):
@@ -353,10 +353,10 @@ def test_init_from_a_run_directory(runs, tmp_path, corpus):
 
 @pytest.mark.parametrize("name", ["rope", "learned-tanh"])
 def test_an_exported_model_comes_back_unchanged(runs, exported, name):
-    from training.init_from import open_source
+    from training.init_from import open_base_model
 
     ours, _ = load_run(runs[name])
-    source = open_source(str(exported[name]))
+    source = open_base_model(str(exported[name]))
     back = GPT(source.config)
     back.load_state_dict(source.state_dict(source.config))
     assert source.config == dataclass_replace(ours.config, bias=True, attn_impl="sdpa")  # zero biases were written
@@ -380,9 +380,9 @@ def gpt2_folder(tmp_path_factory, corpus):
 
 
 def test_init_from_a_gpt2_folder_gives_its_logits(gpt2_folder):
-    from training.init_from import open_source
+    from training.init_from import open_base_model
 
-    source = open_source(str(gpt2_folder))
+    source = open_base_model(str(gpt2_folder))
     model = GPT(source.config)
     model.load_state_dict(source.state_dict(source.config))
     hf = transformers.GPT2LMHeadModel.from_pretrained(gpt2_folder).eval()

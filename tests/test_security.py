@@ -75,7 +75,7 @@ def test_shipped_configs_load():
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         cfg = load_config(path)
         assert cfg.out_dir == f"out/{path.stem}"
-        cfg.model_config(vocab_size=100)  # a valid model
+        cfg.model_with_vocab(vocab_size=100)  # a valid model
 
 
 def test_a_trainer_state_that_is_not_plain_data_is_named_with_the_first_line_of_the_reason(tmp_path):

@@ -18,7 +18,7 @@ import train
 from conftest import ROOT, run_cli
 from model import GPT
 from training.config import ConfigError, TrainConfig, load_config
-from training.optim import learning_rate, make_optimizers
+from training.optim import make_optimizers
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 
@@ -138,15 +138,6 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, micro, monkey
     assert {k: v for k, v in after.items() if k != "config.yaml"} == {k: v for k, v in before.items() if k != "config.yaml"}
 
 
-def test_learning_rate_schedule():
-    cfg = TrainConfig(max_iters=100, lr=1.0, min_lr=0.1, warmup_iters=10)
-    lrs = [learning_rate(i, cfg) for i in range(120)]
-    assert lrs[0] < lrs[5] < lrs[9] < 1.0  # warmup
-    assert max(lrs) == pytest.approx(1.0, abs=0.01)
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # then only down
-    assert lrs[100] == lrs[119] == 0.1
-
-
 def test_weight_decay_skips_norms_biases_embeddings():
     from model import GPTConfig
 
@@ -208,6 +199,7 @@ TRAIN_LIMITS = [
     ("grad_clip", [-1.0], 0.0, "must be 0 (off) or more"),
     ("eval_interval", [0], 1, "must be at least 1"),
     ("eval_iters", [0], 1, "must be at least 1"),
+    ("eval_windows", [0], 1, "must be at least 1 (or unset)"),
     ("checkpoint_interval", [0], 1, "must be at least 1 (or unset)"),
     ("log_interval", [0], 1, "must be at least 1"),
     ("sample_tokens", [-1], 0, "must be 0 or more"),
@@ -291,6 +283,8 @@ def test_ddp_two_processes_matches_one_process_global_batch(tmp_path, micro, opt
     a, b = scalars(tmp_path / "single", "train/loss"), scalars(tmp_path / "ddp", "train/loss")
     assert a[1] == pytest.approx(b[1], abs=1e-5)
     assert a[3] == pytest.approx(b[3], abs=1e-4)
+    # the same validation windows, split over the two processes: the same figure
+    assert scalars(tmp_path / "single", "val/loss")[3] == pytest.approx(scalars(tmp_path / "ddp", "val/loss")[3], abs=1e-5)
     wa, wb = weights(tmp_path / "single"), weights(tmp_path / "ddp")
     # the two ways of averaging gradients differ in the last bits: 1.2e-7 at most after 3
     # steps, with AdamW and with Muon (whose Newton-Schulz runs in the weights' float32)

@@ -51,7 +51,8 @@ class TrainConfig:
     ema: float = 0.0  # evaluate and save an exponential moving average of the weights with this decay (0: off)
     grad_clip: float = 1.0  # 0 disables clipping
     eval_interval: int = 250
-    eval_iters: int = 20  # fixed batches per evaluation
+    eval_iters: int = 20  # fixed batches per evaluation: eval_iters × the global batch windows
+    eval_windows: int | None = None  # or this many windows (however the batch is laid out)
     checkpoint_interval: int | None = None  # default: eval_interval
     log_interval: int = 10
     sample_tokens: int = 200  # generated at each evaluation (0: none)
@@ -87,6 +88,7 @@ class TrainConfig:
             ("grad_clip", self.grad_clip >= 0, "must be 0 (off) or more"),
             ("eval_interval", self.eval_interval >= 1, "must be at least 1"),
             ("eval_iters", self.eval_iters >= 1, "must be at least 1"),
+            ("eval_windows", self.eval_windows is None or self.eval_windows >= 1, "must be at least 1 (or unset)"),
             ("checkpoint_interval", self.checkpoint_interval is None or self.checkpoint_interval >= 1,
              "must be at least 1 (or unset)"),
             ("log_interval", self.log_interval >= 1, "must be at least 1"),
@@ -105,13 +107,13 @@ MODEL_SET_BY_DATA = ("vocab_size",)
 
 @dataclass
 class RunConfig:
-    model: GPTConfig  # vocab_size is a placeholder: the tokenizer sets it (model_config)
+    model: GPTConfig  # vocab_size is a placeholder: the tokenizer sets it (model_with_vocab)
     data: DataConfig
     train: TrainConfig
     out_dir: str
     model_keys: tuple[str, ...] = ()  # the model fields the file or the overrides set
 
-    def model_config(self, vocab_size: int) -> GPTConfig:
+    def model_with_vocab(self, vocab_size: int) -> GPTConfig:
         return dataclasses.replace(self.model, vocab_size=vocab_size)
 
     def to_dict(self, model: GPTConfig | None = None) -> dict[str, Any]:

@@ -22,10 +22,10 @@ import torch
 
 import model.attention as attention_module
 from common.device import autocast
+from data import fixed_windows
 from model import GPT
 
-from .config import RunConfig
-from .distributed import Distributed
+from .setup import Run
 
 WRAPPED = ("apply_rotary", "scaled_dot_product_attention")  # functions of model/attention.py
 
@@ -370,17 +370,11 @@ def saved_for_backward(model: GPT, idx: torch.Tensor, targets: torch.Tensor, dty
     return sum(n for n, _ in kept.values()), sum(n for n, weights in kept.values() if weights)
 
 
-def explain(cfg: RunConfig, dtype: torch.dtype, lang: str = "en", source=None) -> str:
-    """The report for a run config's model (or train.init_from's: `source`) on one batch
-    of its training data. Nothing is trained."""
-    from data import fixed_batches
-
-    from .trainer import load_data
-
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    data, config = load_data(cfg, Distributed(), source)
-    torch.manual_seed(cfg.train.seed)
+def explain(run: Run, dtype: torch.dtype, lang: str = "en") -> str:
+    """The report for a run's model (train.init_from's settings, if any), at its
+    initialisation, on one batch of its training data. Nothing is trained."""
+    config, train = run.model_config, run.cfg.train
+    torch.manual_seed(train.seed)
     model = GPT(config)
-    x, y = fixed_batches(data.train, config.block_size, cfg.train.batch_size, 1, cfg.train.seed, "train")[0]
+    x, y = fixed_windows(run.data.train, config.block_size, train.batch_size, train.seed, "train")
     return report(model, x, y, dtype, lang)

@@ -29,8 +29,8 @@ DOWNLOAD = [CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE]
 
 
 @dataclass
-class Source:
-    """A model to start from: its settings, its tokenizer, and a way to read its weights."""
+class BaseModel:
+    """The model a run starts from: its settings, its tokenizer, and a way to read its weights."""
 
     name: str
     folder: Path
@@ -62,7 +62,7 @@ def read_json(path: Path) -> dict:
         raise UserError(f"{path} is not a readable JSON file ({e})") from None
 
 
-def open_source(init_from: str) -> Source:
+def open_base_model(init_from: str) -> BaseModel:
     """Find the source (a folder, else a hub id) and read its settings."""
     folder = Path(init_from).expanduser()
     if not folder.is_dir():
@@ -87,7 +87,7 @@ def open_source(init_from: str) -> Source:
             config = GPTConfig.from_dict(settings)
     except (Unsupported, ValueError, KeyError) as e:
         raise UserError(f"train.init_from={init_from}: {e}") from None
-    return Source(init_from, folder, config)
+    return BaseModel(init_from, folder, config)
 
 
 def download(repo_id: str) -> Path:
@@ -108,17 +108,18 @@ def download(repo_id: str) -> Path:
                         f"{str(e).splitlines()[0] if str(e) else ''}); give a local folder instead") from None
 
 
-def model_config(source: Source, wanted: GPTConfig, keys: tuple[str, ...]) -> GPTConfig:
-    """The source's settings with the run's allowed changes; a one-line error for any other."""
+def config_for(base: BaseModel, wanted: GPTConfig, keys: tuple[str, ...]) -> GPTConfig:
+    """The base model's settings with the run's allowed changes (`keys`: the model fields
+    the run config sets); a one-line error for any other."""
     changes = {}
     for key in keys:
-        ours, theirs = getattr(wanted, key), getattr(source.config, key)
+        ours, theirs = getattr(wanted, key), getattr(base.config, key)
         if ours == theirs:
             continue
         if key in OVERRIDABLE or (key == "block_size" and ours < theirs):
             changes[key] = ours
             continue
         allowed = "only model.dropout, model.attn_impl and a smaller model.block_size may differ"
-        raise UserError(f"model.{key}={ours!r} differs from train.init_from={source.name}, which has "
+        raise UserError(f"model.{key}={ours!r} differs from train.init_from={base.name}, which has "
                         f"{key}={theirs!r}; remove it from the config ({allowed})")
-    return dataclasses.replace(source.config, **changes)
+    return dataclasses.replace(base.config, **changes)

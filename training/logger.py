@@ -10,6 +10,31 @@ from typing import Any
 from tqdm import tqdm
 
 
+def header(model, data, device, dtype, processes: int, resumed_at: int) -> str:
+    """The run's first line: the model, the data, where and how it trains."""
+    import torch
+
+    c = model.config
+    return (f"model: {model.num_parameters():,} parameters, {c.n_layer} layers, {c.pos_encoding} positions | "
+            f"data: {len(data.train):,} train / {len(data.val):,} val tokens, vocab {data.vocab_size} | {device}, "
+            f"{str(dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads, {processes} process(es)"
+            + (f" | resuming at iteration {resumed_at}" if resumed_at else ""))
+
+
+def continuation_message(old_end: int, new_end: int, lr: float) -> str:
+    return (f"continuing: the learning rate's decay now ends at iteration {new_end} (it ended at {old_end}); it "
+            f"goes on from {lr:.2e} along the rest of its curve, so it does not jump (docs/usage.md)")
+
+
+def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, prompt: str) -> str:
+    """The last lines: iterations, the run's whole time (and this process's part, after a
+    resume), the loss, and a prompt the run's tokenizer can encode to try the model."""
+    part = f", {mine / 60:.1f} min ({mine:.0f} s) of them in this process" if total > mine + 0.5 else ""
+    return (f"done: {it} iterations in {total / 60:.1f} min ({total:.0f} s){part}; val loss {val_loss:.4f} "
+            f"(best {best:.4f}); model in {out_dir}\n"
+            f"try it: python generate.py --checkpoint {out_dir} --prompt \"{prompt}\"")
+
+
 class RunLogger:
     """Only rank 0 logs; on other ranks every method does nothing."""
 
@@ -64,6 +89,12 @@ class RunLogger:
                 for k, v in values.items()}
         for summary in hparams(flat, metrics):
             self.writer.file_writer.add_summary(summary)
+
+    def advance(self, it: int) -> None:
+        """Move the bar to iteration `it` (its loss and speed change at the next progress)."""
+        if self.bar is not None:
+            self.bar.n = it
+            self.bar.refresh()
 
     def progress(self, it: int, loss: float, lr: float, tokens_per_sec: float) -> None:
         if not self.enabled:

@@ -9,7 +9,9 @@ biases stay with AdamW, as in the modded-nanogpt speedruns and nanochat.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -18,23 +20,75 @@ from model import GPT
 from .config import TrainConfig
 
 
-def lr_factor(it: int, cfg: TrainConfig) -> float:
-    """Linear warmup to 1, then down to min_lr / lr at lr_decay_iters, then flat. Down is a
-    cosine over the whole rest (lr_schedule: cosine), or (wsd: warmup-stable-decay) flat at
-    1 until the last `cooldown` share of the iterations, then a straight line.
-    Every parameter group's learning rate is its peak rate times this factor."""
-    decay_iters = cfg.lr_decay_iters or cfg.max_iters
-    floor = cfg.min_lr / cfg.lr
-    if it < cfg.warmup_iters:
-        return (it + 1) / (cfg.warmup_iters + 1)
-    if it >= decay_iters:
-        return floor
-    if cfg.lr_schedule == "wsd":
-        cooldown_start = max(cfg.warmup_iters, decay_iters - round(cfg.cooldown * decay_iters))
-        progress = max(0, it - cooldown_start) / max(1, decay_iters - cooldown_start)
-        return 1.0 - progress * (1.0 - floor)
-    progress = (it - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
-    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - floor)
+@dataclass(frozen=True)
+class Schedule:
+    """The learning-rate factor at each iteration; every group's rate is its peak times it.
+
+    Linear warmup to 1 over `warmup` iterations, then down to `floor` (min_lr / lr) at
+    `decay_iters`, then flat. Down is a curve of the progress p, from 0 at the end of the
+    warmup to 1 at decay_iters: a cosine (shape cosine), or flat at 1 until the last
+    `cooldown` share of the iterations, then a straight line (wsd: warmup-stable-decay).
+
+    When decay_iters changes in the middle of a run (train.max_minutes fits max_iters to
+    the measured speed; a finished run is given a larger max_iters), the rest of the curve
+    is stretched from where it stands: p goes on from its value at that iteration (the
+    anchor) to 1 at the new decay_iters, so the rate never jumps. A finished run that is
+    continued stays at the floor.
+    """
+
+    warmup: int
+    decay_iters: int
+    floor: float
+    shape: str = "cosine"
+    cooldown: float = 0.4
+    anchor: tuple[int, float, float] | None = None  # (iteration, its progress, the wsd cooldown's start)
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, max_iters: int) -> "Schedule":
+        return cls(cfg.warmup_iters, cfg.lr_decay_iters or max_iters, cfg.min_lr / cfg.lr, cfg.lr_schedule,
+                   cfg.cooldown)
+
+    def cooldown_start(self) -> float:
+        """wsd: the progress at which the straight line down begins."""
+        if self.anchor is not None:
+            return self.anchor[2]
+        start = max(self.warmup, self.decay_iters - round(self.cooldown * self.decay_iters))
+        return (start - self.warmup) / max(1, self.decay_iters - self.warmup)
+
+    def progress(self, it: int) -> float:
+        if it >= self.decay_iters:
+            return 1.0
+        if self.anchor is None:
+            return max(0.0, (it - self.warmup) / max(1, self.decay_iters - self.warmup))
+        at, progress, _ = self.anchor
+        return progress + (1.0 - progress) * max(0, it - at) / (self.decay_iters - at)
+
+    def factor(self, it: int) -> float:
+        if it < self.warmup:
+            return (it + 1) / (self.warmup + 1)
+        p = self.progress(it)
+        if self.shape == "wsd":
+            start = self.cooldown_start()
+            down = (p - start) / (1.0 - start) if p > start else 0.0
+            return 1.0 - down * (1.0 - self.floor)
+        return self.floor + 0.5 * (1.0 + math.cos(math.pi * p)) * (1.0 - self.floor)
+
+    def retarget(self, it: int, decay_iters: int) -> "Schedule":
+        """The schedule with its decay ending at decay_iters instead, going on from iteration it."""
+        if decay_iters == self.decay_iters:
+            return self
+        if it <= self.warmup:  # nothing has decayed yet: the new length from the start
+            return dataclasses.replace(self, decay_iters=decay_iters)
+        anchor = (it, self.progress(it), self.cooldown_start())
+        return dataclasses.replace(self, decay_iters=decay_iters, anchor=anchor)
+
+    def state_dict(self) -> dict:
+        return {"decay_iters": self.decay_iters, "anchor": None if self.anchor is None else list(self.anchor)}
+
+    def load_state_dict(self, state: dict) -> "Schedule":
+        anchor = state["anchor"]
+        return dataclasses.replace(self, decay_iters=state["decay_iters"],
+                                   anchor=None if anchor is None else (int(anchor[0]), *map(float, anchor[1:])))
 
 
 def muon_momentum(it: int, cfg: TrainConfig) -> float:
@@ -45,20 +99,14 @@ def muon_momentum(it: int, cfg: TrainConfig) -> float:
     return 0.85 + (cfg.muon_momentum - 0.85) * it / cfg.muon_momentum_warmup
 
 
-def learning_rate(it: int, cfg: TrainConfig) -> float:
-    """AdamW's learning rate at iteration it: lr after warmup, min_lr at the end."""
-    return cfg.lr * lr_factor(it, cfg)
-
-
 class Muon(torch.optim.Optimizer):
     """Muon (Keller Jordan, 2024) for 2-D weight matrices: SGD with Nesterov momentum,
     whose update is replaced by the nearest semi-orthogonal matrix before it is applied.
 
     The same algorithm as torch.optim.Muon with adjust_lr_fn="match_rms_adamw", but the
     Newton-Schulz iterations run in the matrix's own dtype. torch's always run in bfloat16,
-    which CPUs without bfloat16 units (AMX or AVX512-BF16) compute many times more slowly
-    than float32: on a 2-core AMD EPYC without them, a step of tiny.yaml's model at batch
-    32 took 1,366 ms with torch's Muon, 495 ms with this one and 421 ms with AdamW alone.
+    which CPUs without bfloat16 units (AMX or AVX512-BF16) compute several times more
+    slowly than float32 (measured in docs/performance.md, "Why our own Muon").
     """
 
     def __init__(self, params, lr: float, momentum: float, weight_decay: float):

@@ -1,0 +1,39 @@
+"""train.ema: an exponential moving average of the weights, the model that is evaluated,
+sampled and saved for generate.py; it sits lower in the valley than the last step's weights.
+
+After each optimizer step, average ← d · average + (1 − d) · weights. The average starts
+at the initial weights, and a fixed d would keep d^n of them after n steps (0.99^100 ≈
+37%): a short run would save a model worse than the one it trained. So d warms up with
+the number of updates n, d = min(ema, (1 + n) / (10 + n)), as common implementations do:
+the first updates move the average most of the way to the weights (d = 0.1, 0.18, ...),
+and d reaches ema after (10·ema − 1) / (1 − ema) updates (890 for 0.99).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from model import GPT
+
+
+def decay_after(ema: float, updates: int) -> float:
+    """The decay of the average's next update, after `updates` earlier ones."""
+    return min(ema, (1 + updates) / (10 + updates))
+
+
+class WeightAverage:
+    def __init__(self, model: GPT, ema: float, saved: dict | None = None):
+        """An average that starts at model's weights, or at `saved` (a resumed run's)."""
+        self.ema = ema
+        self.model = copy.deepcopy(model).requires_grad_(False)
+        if saved is not None:
+            self.model.load_state_dict(saved)
+
+    @torch.no_grad()
+    def update(self, model: GPT, updates: int) -> None:
+        """Move the average towards model's weights, after `updates` earlier updates."""
+        decay = decay_after(self.ema, updates)
+        for average, weight in zip(self.model.parameters(), model.parameters()):
+            average.lerp_(weight, 1.0 - decay)

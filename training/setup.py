@@ -1,0 +1,117 @@
+"""One place sets a run up: `prepare_run` opens and checks, once, everything a run starts
+from, and hands it to the Trainer (train.py) or to the shape trace (--explain):
+
+1. train.init_from's model, if any: a bad one is refused before anything is written;
+2. out_dir claimed (made writable and locked, on the main process: train.py's `claim`);
+3. the checkpoint to resume from, unless --fresh;
+4. the token files, encoded with init_from's tokenizer if there is one, and the model's
+   config (from the run config and the tokenizer, or from init_from's model);
+5. the checkpoint checked against them, on every process.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from common import checkpoint
+from common.cli import UserError
+from data import TokenData, content_digest, prepare
+from data.tokenizer import suggest_prompt
+from model import GPT, GPTConfig
+
+from . import resume
+from .config import RunConfig
+from .distributed import Distributed
+from .init_from import BaseModel, config_for, open_base_model
+
+
+@dataclass
+class Run:
+    """A run, set up: what the Trainer trains."""
+
+    cfg: RunConfig
+    data: TokenData
+    model_config: GPTConfig
+    base: BaseModel | None  # train.init_from's model: the weights a new run starts from
+    state: dict | None  # the checkpoint to resume from; None for a new run
+    identity: dict  # the model and data settings a resume must match
+    grad_accum: int  # train.grad_accum, or what keeps a resumed run's global batch
+    prompt: str = "\n"  # one to try the model with, that its tokenizer can encode
+    setup_seconds: float = 0.0  # what this took (data preparation), counted in the run's time
+
+
+def prepare_run(cfg: RunConfig, dist: Distributed = Distributed(), fresh: bool = False,
+                claim: Callable[[], None] = lambda: None, use_out_dir: bool = True) -> Run:
+    """The run of `cfg` for this process: a new one, or the one in out_dir to resume.
+    fresh: start over there. use_out_dir=False: a new run that never reads or changes out_dir
+    (--explain)."""
+    started = time.perf_counter()
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    base = open_base_model(cfg.train.init_from) if cfg.train.init_from else None
+    if base is not None:
+        config_for(base, cfg.model, cfg.model_keys)  # refuse a changed setting before anything is written
+    claim()
+    out_dir = Path(cfg.out_dir)
+    state = None if fresh or not use_out_dir else checkpoint.load_state(out_dir)
+    data, model_config = load_data(cfg, dist, base)
+    data_identity = {**{k: v for k, v in vars(cfg.data).items() if k != "cache_dir"}, "init_from": cfg.train.init_from}
+    identity = {"model": model_config.to_dict(), "data": data_identity}
+    grad_accum = cfg.train.grad_accum
+    if state is not None:
+        resume.check_resumable(state, identity, out_dir)
+        grad_accum = resume.grad_accum_for(state, dist, cfg.train.batch_size, grad_accum)
+    if dist.enabled:
+        resume.check_same_checkpoint(dist, state, out_dir)
+    if fresh and use_out_dir and dist.is_main:
+        checkpoint.start_over(out_dir)
+    prompt = suggest_prompt(data.tokenizer, cfg.train.sample_prompt, data.tokenizer.decode(data.val[:256].tolist()))
+    return Run(cfg, data, model_config, base, state, identity, grad_accum, prompt, time.perf_counter() - started)
+
+
+def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tuple[TokenData, GPTConfig]:
+    """The token files and the model's settings: from the run config, or with
+    train.init_from from the base model, whose tokenizer then encodes the data.
+    The first process of each node tokenizes (or finds) the token files; the others then
+    reuse them, and with several nodes every process checks that it holds rank 0's."""
+    tokenizer = base.tokenizer() if base else None
+    data = prepare(cfg.data, progress=True, tokenizer=tokenizer) if dist.local_rank == 0 else None
+    dist.barrier()
+    if data is None:
+        data = prepare(cfg.data, progress=False, tokenizer=tokenizer)
+    if dist.nodes > 1:
+        check_same_data(data, dist)
+    if base is None:
+        return data, cfg.model_with_vocab(data.vocab_size)
+    if data.vocab_size > base.config.vocab_size:
+        raise UserError(f"train.init_from={base.name}: its tokenizer has {data.vocab_size} tokens, more than "
+                        f"the model's {base.config.vocab_size}")
+    return data, config_for(base, cfg.model, cfg.model_keys)
+
+
+def check_same_data(data: TokenData, dist: Distributed) -> None:
+    """Every node prepared its own token files (paths and times differ between nodes, so
+    the hash is of their content and the tokenizer's): all must equal rank 0's."""
+    held = dist.gather((socket.gethostname(), content_digest(data.directory)))
+    for rank, (host, digest) in enumerate(held):
+        if digest != held[0][1]:
+            raise UserError(f"node {host} (rank {rank}) holds other token files than rank 0 on {held[0][0]} "
+                            f"(their content differs, in {data.directory}): give every node the same corpus "
+                            "and data settings, or put data.cache_dir on storage all nodes share")
+
+
+def wrap(model: GPT, compile: bool, dist: Distributed, device: torch.device) -> torch.nn.Module:
+    """The module the training step calls: compiled (train.compile) and/or DistributedDataParallel."""
+    if compile:
+        model = torch.compile(model)
+    if dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model
