@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,19 +27,69 @@ from explorer.page import render
 from model import Sampling
 
 
+def option(default, help: str, **argparse):
+    """A field of Settings that is also a command-line option (--name-with-dashes)."""
+    kind = {"default_factory": list} if isinstance(default, list) else {"default": default}
+    return field(**kind, metadata={"help": help, **argparse})
+
+
 @dataclass
 class Settings:
-    """What to generate, from the command line."""
+    """What to generate. Each field with a help text is a command-line option, declared
+    here once: parse_args makes the option, Settings checks its value."""
 
-    sampling: Sampling = Sampling(0.8)
-    max_new_tokens: int = 500
-    num_samples: int = 1  # per prompt
-    seed: int | None = None  # None: different samples every time
-    stop: list[str] = field(default_factory=list)  # end a sample at the first of these
-    use_cache: bool = True
-    stream: bool = False  # print one sample as it grows
-    stats: bool = False  # token counts and tokens/s to stderr
-    interactive: bool = False  # Ctrl-C ends the sample, not the program
+    max_new_tokens: int = option(500, "tokens to add to each sample (default 500)")
+    temperature: float = option(0.8, "0 = greedy (default 0.8)")
+    top_k: int | None = option(None, "sample among the k likeliest tokens")
+    top_p: float | None = option(None, "nucleus sampling: smallest set with mass p")
+    seed: int | None = option(None, "same seed, same samples")  # None: different samples every time
+    num_samples: int = option(1, "samples per prompt")
+    stop: list[str] = option([], "end a sample at this text (repeatable)", action="append")
+    device: str = option("auto", "auto, cpu, cuda or mps")
+    dtype: str = option("auto", "auto: bfloat16 on GPUs that have it, float32 on CPUs", choices=["auto", *DTYPES])
+    no_kv_cache: bool = option(False, "recompute the whole context every token")
+    stats: bool = option(False, "print token counts and tokens/s to stderr")
+    interactive: bool = option(False, "read prompts from the terminal")  # and Ctrl-C ends a sample, not the program
+    stream: bool = False  # print one sample as it grows (on a terminal)
+    suppress_tokens: tuple[int, ...] = ()  # never generated: the tokenizer's (data.tokenizer.suppressed_ids)
+
+    def __post_init__(self) -> None:
+        try:
+            self.sampling = Sampling(self.temperature, self.top_k, self.top_p, self.suppress_tokens)
+        except ValueError as e:
+            raise UserError(f"--{str(e).replace('_', '-')}") from None
+        for name, low in (("max_new_tokens", 0), ("num_samples", 1)):
+            if getattr(self, name) < low:
+                raise UserError(f"--{name.replace('_', '-')}={getattr(self, name)}: must be {low} or more")
+        if any(s == "" for s in self.stop):
+            raise UserError("--stop needs some text, e.g. --stop '\\n\\n'")
+
+    @property
+    def use_cache(self) -> bool:
+        return not self.no_kv_cache
+
+    @staticmethod
+    def add_options(parser) -> None:
+        hints = typing.get_type_hints(Settings)
+        for f in dataclasses.fields(Settings):
+            if "help" not in f.metadata:
+                continue
+            flag, kind = f"--{f.name.replace('_', '-')}", hints[f.name]
+            if kind is bool:
+                parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+            elif f.metadata.get("action") == "append":
+                parser.add_argument(flag, action="append", default=[], help=f.metadata["help"])
+            else:
+                types = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
+                parser.add_argument(flag, type=types[0], default=f.default, help=f.metadata["help"],
+                                    **({"choices": f.metadata["choices"]} if "choices" in f.metadata else {}))
+
+    @classmethod
+    def from_args(cls, args, **more) -> "Settings":
+        options = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if "help" in f.metadata}
+        # let a shell user type --stop '\n\n' for two newlines
+        options["stop"] = [s.replace("\\n", "\n").replace("\\t", "\t") for s in options["stop"]]
+        return cls(**options, **more)
 
 
 def load(checkpoint: Path, device: torch.device, dtype: torch.dtype):
@@ -165,20 +216,7 @@ def parse_args(argv):
     p.add_argument("--prompt", action="append", default=None,
                    help="text to continue; repeat for a batch of prompts")
     p.add_argument("--prompt-file", type=Path, help="read one prompt from a file")
-    p.add_argument("--max-new-tokens", type=int, default=500,
-                   help="tokens to add to each sample (default 500)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with mass p")
-    p.add_argument("--seed", type=int, default=None, help="same seed, same samples")
-    p.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
-    p.add_argument("--stop", action="append", default=[], help="end a sample at this text (repeatable)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                   help="auto: bfloat16 on GPUs that have it, float32 on CPUs")
-    p.add_argument("--no-kv-cache", action="store_true", help="recompute the whole context every token")
-    p.add_argument("--stats", action="store_true", help="print token counts and tokens/s to stderr")
-    p.add_argument("--interactive", action="store_true", help="read prompts from the terminal")
+    Settings.add_options(p)
     p.add_argument("--show-attention", type=Path, metavar="FILE.png|FILE.html",
                    help="for the first sample, prompt and generated text: every layer's attention maps "
                         "(rows: layers, columns: heads) as a PNG, or the attention explorer page of its "
@@ -199,25 +237,8 @@ def read_prompts(args) -> list[str]:
     return prompts
 
 
-def settings_from(args) -> Settings:
-    """The command line's sampling settings, each checked: a one-line error names the option."""
-    try:
-        sampling = Sampling(args.temperature, args.top_k, args.top_p)
-    except ValueError as e:
-        raise UserError(f"--{str(e).replace('_', '-')}") from None
-    for option, value, low in (("max-new-tokens", args.max_new_tokens, 0), ("num-samples", args.num_samples, 1)):
-        if value < low:
-            raise UserError(f"--{option}={value}: must be {low} or more")
-    if any(s == "" for s in args.stop):
-        raise UserError("--stop needs some text, e.g. --stop '\\n\\n'")
-    # let a shell user type --stop '\n\n' for two newlines
-    stop = [s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop]
-    return Settings(sampling, args.max_new_tokens, args.num_samples, args.seed, stop, not args.no_kv_cache,
-                    sys.stdout.isatty(), args.stats)
-
-
 def run(args) -> int:
-    settings = settings_from(args)
+    settings = Settings.from_args(args, stream=sys.stdout.isatty())  # (checked before any work)
     prompts = read_prompts(args)
     interactive_mode = args.interactive or (not prompts and sys.stdin.isatty())
     device = resolve_device(args.device)
@@ -225,7 +246,7 @@ def run(args) -> int:
     if args.show_attention is not None:
         check_attention_path(args.show_attention, interactive_mode)
     model, tokenizer = load(args.checkpoint, device, dtype)
-    settings.sampling = dataclasses.replace(settings.sampling, suppress_tokens=suppressed_ids(tokenizer))
+    settings = dataclasses.replace(settings, suppress_tokens=suppressed_ids(tokenizer))
     if interactive_mode:
         interactive(model, tokenizer, dataclasses.replace(settings, interactive=True), device)
     else:

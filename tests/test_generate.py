@@ -103,7 +103,7 @@ def test_stop_string_ends_the_sample(checkpoint, capsys):
     assert f"new tokens: {full.index(stop, 1) + len(stop) - 1} |" in err
     # "\n" and "\t" typed as two characters each (a shell's '\n') mean a newline and a tab
     args = generate.parse_args(["--stop", "a\\n\\tb", "--stop", "\\t"])
-    assert generate.settings_from(args).stop == ["a\n\tb", "\t"]
+    assert generate.Settings.from_args(args).stop == ["a\n\tb", "\t"]
     # a stop string in the prompt itself does not count
     assert run(checkpoint, capsys, "--prompt", "ROMEO:", "--stop", "O", "--max-new-tokens", "3")[1].startswith("ROMEO:")
 
@@ -274,7 +274,7 @@ def test_ctrl_c_ends_the_sample_in_interactive_mode_and_the_program_otherwise(ch
     clock = iter([100.0, 104.0, 0.0, 0.0])  # the first sample takes 4 s
     monkeypatch.setattr(generate, "time", type("Clock", (), {"perf_counter": lambda: next(clock)}))
     out = io.StringIO()
-    settings = generate.Settings(generate.Sampling(0), seed=0, use_cache=False, stats=True, interactive=True)
+    settings = generate.Settings(temperature=0, seed=0, no_kv_cache=True, stats=True, interactive=True)
     texts = generate.generate(model, tokenizer, ["ROMEO:"], settings, torch.device("cpu"), out=out)
     assert out.getvalue() == texts[0] + "\n" and texts[0].startswith("ROMEO:")
     assert capsys.readouterr().err == ("\n[stopped]\nprompt tokens: 6 | new tokens: 2 | 4.00 s | 0.5 tokens/s | "
