@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from common.attention_maps import attention_maps, heatmap_grid, png_bytes
+from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
 from common.checkpoint import DEFAULT_RUN, load_run
 from common.cli import OneLineParser, UserError, locale_language, run_main
 from common.prompt import encode_prompt

@@ -46,8 +46,6 @@ def train(args) -> int:
     device = resolve_device(cfg.train.device)
     dtype = resolve_dtype(cfg.train.dtype, device, training=True)
     if args.explain:
-        from training.explain import explain
-
         print(explain(prepare_run(cfg, use_out_dir=False), dtype, args.lang or locale_language()))
         return 0
     if args.fresh and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
@@ -72,6 +70,18 @@ def train(args) -> int:
     finally:
         lock.release()
         dist.close()
+
+
+def explain(run, dtype: torch.dtype, lang: str) -> str:
+    """The shape report of the run's model, at its initialisation, on one batch of its
+    training data (inspection/shapes.py). Nothing is trained or written."""
+    from data import fixed_windows
+    from inspection.shapes import report
+    from model import GPT
+
+    config, seed = run.model_config, run.cfg.train.seed
+    x, y = fixed_windows(run.data.train, config.block_size, run.cfg.train.batch_size, seed, "train")
+    return report(GPT.initialised(config, seed), x, y, dtype, lang)
 
 
 def parse_args(argv):

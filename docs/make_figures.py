@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 import torch  # noqa: E402
 
-from common.attention_maps import attention_maps, heatmap_grid, png_bytes  # noqa: E402
+from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes  # noqa: E402
+from inspection.words import words  # noqa: E402
 from common.checkpoint import load_run  # noqa: E402
 from model import GPT  # noqa: E402
 
@@ -34,12 +35,12 @@ WORDS = {
         "qkv_row": "c_attn(x): [B, T, 3C], one token's row (C = 8, H = 2, d_k = 4)",
         "qkv_view": "view(B, T, 3, H, d_k): the same numbers, counted as 3 × H blocks of d_k",
         "qkv_permute": "permute(2, 0, 3, 1, 4) → [3, B, H, T, d_k]: q, k, v, each split into heads",
-        "head": "head {h}", "maps_title": "Attention weights of layer 0 for the same {T} characters",
+        "head": "{head} {{h}}", "maps_title": "Attention weights of layer 0 for the same {{T}} characters",
         "init": "at initialisation (weights of std 0.02)", "trained": "after the quick start's training",
         "maps_note": "Row i is query i, column j is key j. At init row i is nearly uniform over its i + 1 keys: "
                      "the first row is one bright cell, the last spreads thin, so each map fades from top to bottom.",
-        "causal_title": "The causal mask lined up with the targets y[t] = x[t+1]",
-        "query": "query (input x[t])", "key": "key", "target": "target y[t]",
+        "causal_title": "The {causal_mask} lined up with the targets y[t] = x[t+1]",
+        "query": "{query} (input x[t])", "key": "{key}", "target": "target y[t]",
         "causal_note": "Grey cells are set to −∞ before the softmax: position t sees x[0..t] and must predict x[t+1].",
         "cache_title": "The KV cache with block_size = 6",
         "prefill": "prefill: the prompt in one pass", "step": "one new token per step",
@@ -53,12 +54,12 @@ WORDS = {
         "qkv_row": "c_attn(x)：[B, T, 3C]，一个 token 的那一行（C = 8，H = 2，d_k = 4）",
         "qkv_view": "view(B, T, 3, H, d_k)：同样的数，按 3 × H 个长为 d_k 的块来数",
         "qkv_permute": "permute(2, 0, 3, 1, 4) → [3, B, H, T, d_k]：q、k、v，各自拆成多个头",
-        "head": "头 {h}", "maps_title": "同样 {T} 个字符上，第 0 层的注意力权重",
+        "head": "{head} {{h}}", "maps_title": "同样 {{T}} 个字符上，第 0 层的{attention_weights}",
         "init": "初始化时（权重标准差 0.02）", "trained": "快速开始训练之后",
         "maps_note": "第 i 行是 query i，第 j 列是 key j。初始化时，第 i 行在它的 i + 1 个 key 上几乎均匀："
                      "第一行只有一个亮格，最后一行分得很散，所以每张图从上到下逐渐变暗。",
-        "causal_title": "因果掩码与目标 y[t] = x[t+1] 对齐",
-        "query": "query（输入 x[t]）", "key": "key", "target": "目标 y[t]",
+        "causal_title": "{causal_mask}与目标 y[t] = x[t+1] 对齐",
+        "query": "{query}（输入 x[t]）", "key": "{key}", "target": "目标 y[t]",
         "causal_note": "灰色的格子在 softmax 之前被设为 −∞：位置 t 只看到 x[0..t]，要预测 x[t+1]。",
         "cache_title": "block_size = 6 时的 KV 缓存",
         "prefill": "预填充：提示词一次送入", "step": "每一步一个新 token",
@@ -67,6 +68,9 @@ WORDS = {
         "cache_note": "蓝色：从缓存里读出的 key 和 value。橙色：这一步送进模型计算的 token。灰色：已经在窗口之外。",
     },
 }
+
+# the pieces' names come from the table --explain and the explorer read (inspection/words.json)
+WORDS = {lang: {key: text.format(**words(lang)["pieces"]) for key, text in table.items()} for lang, table in WORDS.items()}
 
 
 class Svg:

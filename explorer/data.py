@@ -11,7 +11,7 @@ import json
 
 import torch
 
-from common.attention_maps import VIRIDIS
+from inspection.attention_maps import VIRIDIS
 from data.tokenizer import suppressed_ids
 from model import GPT
 

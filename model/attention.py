@@ -8,8 +8,6 @@ keeps the keys and values of past tokens so generation does not recompute them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -56,32 +54,6 @@ def scaled_dot_product_attention(
     return output, weights
 
 
-@dataclass
-class AttentionTrace:
-    """What attention computed, head by head, handed back by return_attention=True so a
-    learner (or the attention explorer) can follow the five steps with real numbers.
-
-    From one MultiHeadAttention, each tensor has the shape on its right; from the GPT,
-    every layer's are stacked in front: [n_layer, B, H, ...].
-    q:       [B, H, T, d_k] the queries, after the rotation with RoPE
-    k, v:    [B, H, S, d_k] the keys (rotated with RoPE) and values, the cached ones included
-    weights: [B, H, T, S]   softmax(q kᵀ / √d_k) with the mask applied; each row sums to 1
-    heads:   [B, H, T, d_k] each head's output, weights @ v, before the heads are
-             concatenated and W_O (c_proj) mixes them
-    """
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    weights: torch.Tensor
-    heads: torch.Tensor
-
-    @classmethod
-    def stack(cls, traces: list["AttentionTrace"]) -> "AttentionTrace":
-        """One trace per layer -> one trace whose tensors are [n_layer, ...]."""
-        return cls(**{f.name: torch.stack([getattr(t, f.name) for t in traces]) for f in fields(cls)})
-
-
 class KVCache:
     """Keys and values of the tokens seen so far, for every layer, preallocated.
 
@@ -118,8 +90,8 @@ class MultiHeadAttention(nn.Module):
     W_Q, W_K, W_V are fused into one Linear (c_attn, GPT-2's name); splitting its
     output into H heads of d_k = n_embd / H lets each head attend in its own subspace.
     attn_impl 'explicit' runs the five-step function above; 'sdpa' runs torch's fused
-    kernel (flash attention on GPUs, where it can). Both compute the same thing; a call
-    with return_attention=True always takes the five steps, to hand back an AttentionTrace.
+    kernel (flash attention on GPUs, where it can). Both compute the same thing; a traced
+    call (a `record` to fill) always takes the five steps, to hand back their weights.
     """
 
     def __init__(self, config: GPTConfig, layer: int):
@@ -134,10 +106,12 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
-                return_attention: bool = False) -> tuple[torch.Tensor, AttentionTrace | None]:
-        """x [B, T, C]. mask [B, 1, T, S] (True = may attend), or None for plain causal
-        attention over x itself. rope: (cos, sin) for rotary positions. cache: past keys
-        and values. Returns (output [B, T, C], an AttentionTrace if return_attention)."""
+                record: dict | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, C] -> [B, T, C]. mask [B, 1, T, S] (True = may attend), or None for plain
+        causal attention over x itself. rope: (cos, sin) for rotary positions. cache: past
+        keys and values. record: a dict to fill with q, k, v, weights and heads (then the
+        five steps run, whatever attn_impl is). head_mask [H] or [B, H]: 0 switches a head
+        off (its output is zeroed before W_O), 1 leaves it as it is."""
         B, T, C = x.shape
         qkv = self.c_attn(x)  # [B, T, 3C]: X W_Q, X W_K, X W_V side by side
         # split into q, k, v and C into H heads of d_k = C / H:
@@ -152,14 +126,17 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
 
         weights = None
-        if self.explicit or return_attention:
+        if self.explicit or record is not None:
             if causal:
                 mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # [T, T]
             y, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # [B, H, T, d_k]
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                                is_causal=causal)  # [B, H, T, d_k]
-        trace = AttentionTrace(q, k, v, weights, y) if return_attention else None
+        if head_mask is not None:
+            y = y * head_mask.view(-1, self.n_head, 1, 1).to(y.dtype)  # [B or 1, H, 1, 1]
+        if record is not None:
+            record.update(q=q, k=k, v=v, weights=weights, heads=y)
         # merge heads: [B, H, T, d_k] -> [B, T, H, d_k] -> [B, T, C]
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y)), trace  # W_O
+        return self.resid_dropout(self.c_proj(y))  # W_O

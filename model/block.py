@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .attention import AttentionTrace, KVCache, MultiHeadAttention
+from .attention import KVCache, MultiHeadAttention
 from .config import GPTConfig
 
 
@@ -31,8 +31,11 @@ class FeedForward(nn.Module):
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)  # W_2
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))  # [B, T, C]
+    def forward(self, x: torch.Tensor, record: dict | None = None) -> torch.Tensor:
+        hidden = self.gelu(self.c_fc(x))  # [B, T, 4C]
+        if record is not None:
+            record["mlp_hidden"] = hidden
+        return self.dropout(self.c_proj(hidden))  # [B, T, C]
 
 
 class Block(nn.Module):
@@ -53,14 +56,21 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
-                return_attention: bool = False) -> tuple[torch.Tensor, AttentionTrace | None]:
-        """x [B, T, C] -> (x [B, T, C], the attention's AttentionTrace if asked)."""
+                record: dict | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, C] -> [B, T, C]; `record`, if given, receives every piece (model/trace.py)."""
+        residual_in = x
         if self.pre_norm:
-            attended, trace = self.attn(self.ln_1(x), mask, rope, cache, return_attention)
+            normed = self.ln_1(x)
+            attended = self.attn(normed, mask, rope, cache, record, head_mask)
             x = x + attended
-            x = x + self.mlp(self.ln_2(x))
+            normed_2 = self.ln_2(x)
+            fed = self.mlp(normed_2, record)
+            x = x + fed
         else:
-            attended, trace = self.attn(x, mask, rope, cache, return_attention)
-            x = self.ln_1(x + attended)
-            x = self.ln_2(x + self.mlp(x))
-        return x, trace
+            attended = self.attn(x, mask, rope, cache, record, head_mask)
+            x = normed = self.ln_1(x + attended)
+            fed = self.mlp(x, record)
+            x = normed_2 = self.ln_2(x + fed)
+        if record is not None:
+            record.update(residual_in=residual_in, ln_1=normed, attn=attended, ln_2=normed_2, mlp=fed, residual_out=x)
+        return x

@@ -18,26 +18,32 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import AttentionTrace, KVCache
+from .attention import KVCache
 from .block import Block, make_norm
 from .config import GPTConfig
 from .files import safetensors_bytes, write_atomic
 from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .sampling import Sampling, sample_next
+from .trace import LayerTrace, Trace
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
 @contextmanager
-def evaluating(module: nn.Module) -> Iterator[nn.Module]:
-    """Eval mode (dropout off) inside the block, the module's own mode restored after it."""
+def in_mode(module: nn.Module, training: bool) -> Iterator[nn.Module]:
+    """Training mode (dropout on) or eval mode inside the block; the module's own mode after it."""
     was_training = module.training
-    module.eval()
+    module.train(training)
     try:
         yield module
     finally:
         module.train(was_training)
+
+
+def evaluating(module: nn.Module):
+    """Eval mode (dropout off) inside the block, the module's own mode restored after it."""
+    return in_mode(module, training=False)
 
 
 class GPT(nn.Module):
@@ -75,6 +81,13 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
+    @classmethod
+    def initialised(cls, config: GPTConfig, seed: int) -> "GPT":
+        """The model a run with this seed starts from (training builds it this way, so the
+        explorer can build it again): torch's random generator seeded, then the model made."""
+        torch.manual_seed(seed)
+        return cls(config)
+
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -105,12 +118,14 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None,
-                return_attention: bool = False):
+                return_attention: bool = False, head_mask: torch.Tensor | None = None):
         """idx [B, T] token ids. targets [B, T] (-100 = ignore) gives a mean cross-entropy loss.
         attention_mask [B, S] (1 = real token, 0 = padding) covers the cached tokens and
-        idx, S = past + T. Returns (logits [B, T, vocab_size], loss or None), and with
-        return_attention=True a third value: every layer's AttentionTrace stacked (q, k, v,
-        weights [n_layer, B, H, T, S] and each head's output), computed by the explicit
+        idx, S = past + T. head_mask [n_layer, n_head] or [B, n_layer, n_head]: 0 switches a
+        head off (its output zeroed before W_O; transformers' name). Returns (logits
+        [B, T, vocab_size], loss or None), and with return_attention=True a third value,
+        the Trace of the pass (model/trace.py: every layer's residual stream, norms, q, k, v,
+        weights, heads and feed-forward network), its attention computed by the explicit
         five steps whatever attn_impl is."""
         B, T = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
@@ -121,26 +136,29 @@ class GPT(nn.Module):
 
         positions = self._positions(T, past, attention_mask, idx.device)  # [B or 1, T]
         mask = self._attention_mask(T, past, attention_mask, idx.device)  # [B, 1, T, S] or None: causal
-        x = self.transformer.wte(idx)  # [B, T, C]
-        rope = None
+        x = token = self.transformer.wte(idx)  # [B, T, C]
+        position, rope = None, None
         if self.rotary is None:
-            x = x + self.transformer.wpe(positions).to(x.dtype)  # [B, T, C]
+            position = self.transformer.wpe(positions).to(x.dtype).expand_as(x)  # [B, T, C]
+            x = x + position
         else:
             rope = self.rotary(positions)  # (cos, sin) [B or 1, 1, T, d_k]
         x = self.transformer.drop(x)
-        traces = []
-        for block in self.transformer.h:
-            x, trace = block(x, mask, rope, kv_cache, return_attention)  # [B, T, C]
-            traces.append(trace)
+        records = []
+        for layer, block in enumerate(self.transformer.h):
+            record = {} if return_attention else None
+            x = block(x, mask, rope, kv_cache, record, None if head_mask is None else head_mask[..., layer, :])
+            records.append(record)
         if kv_cache is not None:
             kv_cache.length += T
-        logits = self.lm_head(self.transformer.ln_f(x))  # [B, T, vocab_size]
+        final = self.transformer.ln_f(x)  # [B, T, C]
+        logits = self.lm_head(final)  # [B, T, vocab_size]
 
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         if return_attention:
-            return logits, loss, AttentionTrace.stack(traces)  # tensors [n_layer, B, H, ...]
+            return logits, loss, Trace(token, position, [LayerTrace(**r) for r in records], final)
         return logits, loss
 
     @staticmethod

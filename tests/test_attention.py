@@ -149,13 +149,14 @@ def test_multihead_explicit_and_sdpa_agree(padded):
 def test_attention_weights_on_request(impl):
     attn = make_attention(impl)
     x = torch.randn(2, 5, 32)
-    out, trace = attn(x, return_attention=True)
-    weights = trace.weights
+    record = {}
+    out = attn(x, record=record)
+    weights = record["weights"]
     assert weights.shape == (2, 4, 5, 5)  # [B, H, T, T]
     assert (weights.triu(diagonal=1) == 0).all()  # the causal triangle
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))
-    torch.testing.assert_close(out, attn(x)[0], atol=1e-6, rtol=0)  # the same output either way
-    assert attn(x)[1] is None  # not asked for, none kept
+    torch.testing.assert_close(out, attn(x), atol=1e-6, rtol=0)  # the same output either way
+    assert sorted(record) == ["heads", "k", "q", "v", "weights"]
 
 
 @pytest.mark.parametrize("impl", ["explicit", "sdpa"])
@@ -165,15 +166,15 @@ def test_dropout_is_off_in_eval_mode(impl):
     x = torch.randn(2, 7, 32)
     attn.eval()
     with torch.no_grad():
-        first, second = attn(x)[0], attn(x)[0]
+        first, second = attn(x), attn(x)
         attn.dropout = 0.0
-        without = attn(x)[0]
+        without = attn(x)
     assert torch.equal(first, second)
     torch.testing.assert_close(first, without, atol=1e-6, rtol=0)
     attn.dropout = 0.5
     attn.train()
     with torch.no_grad():
-        assert not torch.allclose(attn(x)[0], attn(x)[0])  # and on while training
+        assert not torch.allclose(attn(x), attn(x))  # and on while training
 
 
 @pytest.mark.parametrize("pos_encoding", ["rope", "learned"])
@@ -190,7 +191,7 @@ def test_attention_trace_hands_back_each_heads_real_numbers(pos_encoding):
         p.data.normal_(0, 0.5)
     idx = torch.randint(0, 10, (2, 7))
     outputs = []
-    hooks = [block.attn.register_forward_hook(lambda m, args, out: outputs.append(out[0])) for block in gpt.transformer.h]
+    hooks = [block.attn.register_forward_hook(lambda m, args, out: outputs.append(out)) for block in gpt.transformer.h]
     with torch.no_grad():
         logits, _ = gpt(idx)
         for h in hooks:
@@ -205,3 +206,4 @@ def test_attention_trace_hands_back_each_heads_real_numbers(pos_encoding):
     for layer, block in enumerate(gpt.transformer.h):
         merged = trace.heads[layer].transpose(1, 2).reshape(2, 7, 16)  # [B, T, H·d_k]
         torch.testing.assert_close(block.attn.c_proj(merged), outputs[layer], atol=1e-5, rtol=0)
+        torch.testing.assert_close(trace.layers[layer].attn, outputs[layer], atol=1e-5, rtol=0)

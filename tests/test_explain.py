@@ -12,13 +12,20 @@ import generate
 import train
 from conftest import ROOT
 from model import GPT, GPTConfig
-from common.attention_maps import attention_maps, heatmap_grid, png_bytes
-from training.explain import evaluate_symbolic, parameter_groups, symbolic_sizes, trace
+from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
+from inspection.shapes import parameter_groups, symbolic_sizes, trace
 
 STEPS = ["token embedding", "Q, K, V projections", "split into heads", "1. similarity Q Kᵀ",
          "2. scale by 1/√d_k", "3. causal mask", "4. softmax", "dropout", "5. weighted sum", "merge heads",
-         "output projection W_O", "residual: x + attention", "feed-forward layer 1", "GELU",
-         "feed-forward layer 2", "residual: x + feed-forward", "blocks 1 … 2", "LM head", "loss"]
+         "output projection W_O", "residual connection: x + attention", "feed-forward network, layer 1", "GELU",
+         "feed-forward network, layer 2", "residual connection: x + feed-forward network", "blocks 1 … 2", "LM head",
+         "loss"]
+
+
+def evaluate_symbolic(symbolic: str, sizes: dict[str, int]) -> tuple[int, ...]:
+    """'[B, H, T, T]' -> (32, 4, 128, 128) for the given sizes."""
+    names = [s.strip() for s in symbolic.strip("[]").split(",") if s.strip()]
+    return tuple(int(n) if n.isdigit() else sizes[n] for n in names)
 
 
 def micro(**overrides) -> GPT:
@@ -87,7 +94,7 @@ def test_the_report_lines_up_at_a_size_where_the_columns_differ(impl):
     """At B=16, T=128, C=128 the shapes ([16, 4, 128, 128]) are wider than the symbolic
     shapes: each column keeps its own width. Parameter lines are 63 columns; the memory
     figures are MiB (2²⁰ bytes) and a path keeps at least its attention weights."""
-    from training.explain import WORDS, report
+    from inspection.shapes import WORDS, report
 
     model = micro(block_size=128, n_layer=2, n_head=4, n_embd=128, attn_impl=impl)
     idx = torch.randint(0, 37, (16, 128))
@@ -110,7 +117,7 @@ def test_memory_kept_for_the_backward_pass_is_measured(dropout):
     """The explicit path keeps the attention weights of every layer ([B, H, T, T], at least
     one per layer); the fused kernel on the CPU keeps none (without dropout; with it,
     PyTorch takes its math path)."""
-    from training.explain import saved_for_backward
+    from inspection.shapes import saved_for_backward
 
     idx = torch.randint(0, 37, (4, 16))
     B, T, L, H = 4, 16, 3, 2
@@ -234,6 +241,7 @@ def test_explain_in_chinese(micro, monkeypatch, capsys):
         assert "每对（query, key）一个分数" in out and "one score per" not in out
         assert re.search(r"1\. 相似度 Q Kᵀ\s+\[8, 2, 32, 32\]", out)  # the same trace, every step in Chinese
         assert not re.search(r"^(split|merge|residual|blocks|feed-forward|LM head|token embedding)", out, re.M)
+        assert "残差连接：x + 注意力" in out and "前馈网络第 1 层" in out  # the pieces' names: inspection/words.json
         assert "参数：" in out and "KV 缓存：2 × 2 层 × 32 = 每个 token 128 个数" in out
     assert "one score per (query, key) pair" in explain("--lang", "en")
 

@@ -55,7 +55,7 @@ def test_the_data_are_the_models_own_numbers(tmp_path, pos_encoding):
     ids = tokenizer.encode("ROMEO:\nBut soft, what").ids
     data = page_data(gpt, tokenizer, ids)
     outputs, weights = [], []
-    hooks = [b.attn.register_forward_hook(lambda m, a, out: outputs.append(out[0][0])) for b in gpt.transformer.h]
+    hooks = [b.attn.register_forward_hook(lambda m, a, out: outputs.append(out[0])) for b in gpt.transformer.h]
     with torch.no_grad():
         logits, _ = gpt(torch.tensor([ids]))
     for h in hooks:

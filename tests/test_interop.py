@@ -65,6 +65,22 @@ def test_exported_model_computes_the_same_logits(runs, exported, name):
 
 
 @pytest.mark.parametrize("name", VARIANTS)
+def test_the_traced_residual_stream_is_transformers_hidden_states(runs, exported, name):
+    """output_hidden_states[i] is the stream entering block i ([0]: the embedding sum), the
+    last one ln_f of the final block's output: our trace's residual_in and ln_f."""
+    model, tokenizer = load_run(runs[name])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exported[name]).eval()
+    idx = torch.tensor([tokenizer.encode("ROMEO:\nWhat say you, my lord? Speak!\n").ids])
+    with torch.no_grad():
+        hidden = hf(idx, output_hidden_states=True).hidden_states
+        _, _, trace = model.eval()(idx, return_attention=True)
+    assert len(hidden) == len(trace.layers) + 1
+    for layer, theirs in zip(trace.layers, hidden):
+        torch.testing.assert_close(layer.residual_in, theirs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(trace.ln_f, hidden[-1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
 def test_exported_config_describes_the_model(runs, exported, name):
     """config.json names a transformers class that exists and is the one that loads, and
     carries the run's dropout (transformers' defaults would be 0.1) and tying."""

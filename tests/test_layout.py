@@ -1,6 +1,7 @@
-"""The layers: model/ and data/ at the bottom, common/ above them, training/ and the
-programs on top; generate.py needs nothing of training/; no import cycles; nothing
-POSIX-only at import time."""
+"""The layers: model/ and data/ at the bottom, common/ above them, inspection/ (what shows
+the model) above that, training/, explorer/ and the programs on top; generate.py needs
+nothing of training/; no import cycles; nothing POSIX-only at import time; the shape
+trace observes the model, it never replaces its functions."""
 
 import ast
 import subprocess
@@ -8,21 +9,22 @@ import sys
 
 from conftest import ROOT
 
-PACKAGES = ("model", "data", "common", "training", "explorer", "bench")
+PACKAGES = ("model", "data", "common", "inspection", "training", "explorer", "bench")
 PROGRAMS = ("train", "generate", "evaluate", "export", "explore")
 # what each part of the project may import from the project
 ALLOWED = {
     "model": {"model"},
     "data": {"data"},
     "common": {"common", "model", "data"},
-    "training": {"training", "common", "model", "data"},
-    "explorer": {"explorer", "common", "model", "data"},
-    "bench": {"bench", "common", "model", "data", "explorer", "training"},
-    "generate": {"common", "model", "data", "explorer"},
+    "inspection": {"inspection", "common", "model", "data"},  # what shows the model: below its users
+    "training": {"training", "inspection", "common", "model", "data"},
+    "explorer": {"explorer", "inspection", "common", "model", "data"},
+    "bench": {"bench", "inspection", "common", "model", "data", "explorer", "training"},
+    "generate": {"inspection", "common", "model", "data", "explorer"},
     "evaluate": {"common", "model", "data", "training"},
     "export": {"common", "model", "data", "training"},
-    "train": {"common", "model", "data", "training"},
-    "explore": {"common", "model", "data", "explorer"},
+    "train": {"inspection", "common", "model", "data", "training"},
+    "explore": {"inspection", "common", "model", "data", "explorer"},
 }
 
 
@@ -80,3 +82,11 @@ def test_programs_import_without_posix_only_modules():
             "import train, generate, explore, training.trainer, explorer.server")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_tools_that_show_the_model_only_observe_it():
+    """inspection/ reads what the model hands back and what forward hooks see: it neither
+    reaches into model.attention nor swaps a function of the model for its own."""
+    for path in (ROOT / "inspection").glob("*.py"):
+        source = path.read_text(encoding="utf-8")
+        assert "model.attention" not in source and "setattr(" not in source, path

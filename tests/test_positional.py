@@ -77,8 +77,9 @@ def test_rope_score_depends_on_the_signed_offset_only():
 def attention_weights(attn: MultiHeadAttention, x: torch.Tensor, positions: torch.Tensor | None):
     rope = None if positions is None else RotaryEmbedding(attn.c_attn.in_features // attn.n_head)(positions)
     with torch.no_grad():
-        _, trace = attn(x, rope=rope, return_attention=True)
-    return trace.weights
+        record = {}
+        attn(x, rope=rope, record=record)
+    return record["weights"]
 
 
 def test_multihead_attention_rotates_queries_and_keys():

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from common.attention_maps import attention_maps
+from inspection.attention_maps import attention_maps
 from common.device import autocast
 from data import fixed_windows
 from data.tokenizer import encode_or_start, suppressed_ids

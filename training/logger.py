@@ -72,7 +72,7 @@ class RunLogger:
     def attention(self, step: int, maps) -> None:
         """maps [n_layer, H, T, T]: one image per layer, its heads side by side."""
         if self.writer is not None:
-            from common.attention_maps import heatmap_grid
+            from inspection.attention_maps import heatmap_grid
 
             for layer, heads in enumerate(maps):
                 self.writer.add_image(f"attention/layer_{layer}", heatmap_grid(heads[None]), step,

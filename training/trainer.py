@@ -47,7 +47,7 @@ class Trainer:
         self.sampler = BatchSampler(self.data.train, self.model_config.block_size, self.tc.batch_size, seed,
                                     dist.rank, dist.world_size)
         resume.seed_everything(seed + dist.rank)
-        self.model = GPT(self.model_config).to(device)
+        self.model = GPT.initialised(self.model_config, seed + dist.rank).to(device)  # (DDP: rank 0's for all)
         if run.base is not None and state is None:  # a fresh start from existing weights
             self.model.load_state_dict(run.base.state_dict(self.model_config))
         self.optimizers = make_optimizers(self.model, self.tc, device)

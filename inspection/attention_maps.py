@@ -14,7 +14,7 @@ import zlib
 
 import torch
 
-from model import GPT
+from model import GPT, evaluating
 
 # a few stops of the viridis colour map (dark purple → blue → green → yellow), linearly blended;
 # the attention explorer page draws with the same stops
@@ -25,12 +25,8 @@ VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98
 @torch.no_grad()
 def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     """Attention weights of every layer for idx [1, T] in eval mode: [n_layer, H, T, T], float32."""
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         _, _, trace = model(idx, return_attention=True)
-    finally:
-        model.train(was_training)
     return trace.weights[:, 0].float().cpu()  # [n_layer, H, T, T]; images are drawn on the CPU
 
 

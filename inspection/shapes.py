@@ -1,14 +1,13 @@
 """`train.py --explain`: one forward pass of the real model on a real batch, traced.
 
-Forward hooks on every module record what each one received and returned; the two
-functions the attention layer calls, `apply_rotary` and `scaled_dot_product_attention`,
-are wrapped for the pass to record their arguments and results (q, k, v split into
-heads, the weights, the output). Every printed shape is the shape of a tensor the model
-produced, found by where it was produced, not by which torch operations computed it: a
-step of the attention function can be rewritten without losing its row. Steps 1 to 4
-all give tensors of the weights' shape [B, H, T, S]. The expected symbolic shape sits
-beside each; the tests check that both agree for every positional encoding and norm
-position. The words are in English or Chinese (`--lang`), from one table.
+Every printed shape is the shape of a tensor the model produced in that pass: the
+modules' outputs, recorded by forward hooks (the embedding, the norms, the projections,
+the head), and the pieces the model hands back itself (return_attention=True: q, k and v
+split into heads, the attention weights, each head's output; model/trace.py). A step of
+the attention function can be rewritten without losing its row; steps 1 to 4 all give
+tensors of the weights' shape [B, H, T, S]. The expected symbolic shape sits beside each;
+the tests check that both agree for every positional encoding and norm position. The
+steps' names come from inspection/words.json, in English or Chinese (`--lang`).
 """
 
 from __future__ import annotations
@@ -20,32 +19,28 @@ from dataclasses import dataclass
 
 import torch
 
-import model.attention as attention_module
 from common.device import autocast
-from data import fixed_windows
-from model import GPT
+from model import GPT, in_mode
 
-from .setup import Run
-
-WRAPPED = ("apply_rotary", "scaled_dot_product_attention")  # functions of model/attention.py
+from .words import words as piece_words
 
 # Each step's name and meaning, and the report's other words, in each language. The
 # Chinese follows the glossary of docs/attention.zh-CN.md (注意力权重, 块, 缩放, 掩码).
 WORDS = {
     "en": {
         "steps": {
-            "wte": "token embedding (wte)", "rotary": "positional encoding (rope)",
-            "wpe": "positional encoding ({kind})", "add_position": "embedding + position",
+            "wte": "{token_embedding} (wte)", "rotary": "{positional_encoding} (rope)",
+            "wpe": "{positional_encoding} ({kind})", "add_position": "embedding + position",
             "ln_1_pre": "{norm} (before attention)", "ln_2_pre": "{norm} (before feed-forward)",
             "ln_1_post": "{norm} (after attention + residual)", "ln_2_post": "{norm} (after feed-forward + residual)",
             "c_attn": "Q, K, V projections (c_attn)", "split": "split into heads", "rotate": "rotate q and k (rope)",
-            "similarity": "1. similarity Q Kᵀ", "scale": "2. scale by 1/√d_k = 1/√{d_k} = {scale:.3f}",
-            "mask": "3. causal mask", "softmax": "4. softmax over keys", "dropout": "   dropout (p = {p})",
-            "no_dropout": "   dropout (p = 0: off)", "weighted_sum": "5. weighted sum: weights × V",
+            "similarity": "1. {similarity} Q Kᵀ", "scale": "2. {scale} by 1/√d_k = 1/√{d_k} = {scale_factor:.3f}",
+            "mask": "3. {causal_mask}", "softmax": "4. {softmax} over keys", "dropout": "   dropout (p = {p})",
+            "no_dropout": "   dropout (p = 0: off)", "weighted_sum": "5. {weighted_sum}: weights × V",
             "merge": "merge heads", "c_proj": "output projection W_O (c_proj)",
-            "residual_attention": "residual: x + attention", "c_fc": "feed-forward layer 1 (W_1)",
-            "activation": "{name}", "mlp_proj": "feed-forward layer 2 (W_2)",
-            "residual_mlp": "residual: x + feed-forward", "blocks": "blocks 1 … {last}: the same steps",
+            "residual_attention": "{residual}: x + {attention}", "c_fc": "{feed_forward}, layer 1 (W_1)",
+            "activation": "{name}", "mlp_proj": "{feed_forward}, layer 2 (W_2)",
+            "residual_mlp": "{residual}: x + {feed_forward}", "blocks": "blocks 1 … {last}: the same steps",
             "end": "end of the block", "ln_f": "final {norm} (ln_f)", "lm_head": "LM head (tied to wte)",
             "loss": "loss: cross-entropy",
         },
@@ -84,16 +79,16 @@ WORDS = {
     },
     "zh": {
         "steps": {
-            "wte": "词嵌入（wte）", "rotary": "位置编码（rope）", "wpe": "位置编码（{kind}）",
+            "wte": "{token_embedding}（wte）", "rotary": "{positional_encoding}（rope）", "wpe": "{positional_encoding}（{kind}）",
             "add_position": "词嵌入 + 位置", "ln_1_pre": "{norm}（注意力之前）", "ln_2_pre": "{norm}（前馈网络之前）",
             "ln_1_post": "{norm}（注意力 + 残差之后）", "ln_2_post": "{norm}（前馈网络 + 残差之后）",
             "c_attn": "Q、K、V 投影（c_attn）", "split": "拆分成多个头", "rotate": "旋转 q 和 k（rope）",
-            "similarity": "1. 相似度 Q Kᵀ", "scale": "2. 缩放：乘以 1/√d_k = 1/√{d_k} = {scale:.3f}",
-            "mask": "3. 因果掩码", "softmax": "4. 对 key 做 softmax", "dropout": "   dropout（p = {p}）",
-            "no_dropout": "   dropout（p = 0，关闭）", "weighted_sum": "5. 加权求和：注意力权重 × V",
-            "merge": "合并各个头", "c_proj": "输出投影 W_O（c_proj）", "residual_attention": "残差连接：x + 注意力",
-            "c_fc": "前馈网络第 1 层（W_1）", "activation": "{name}", "mlp_proj": "前馈网络第 2 层（W_2）",
-            "residual_mlp": "残差连接：x + 前馈网络", "blocks": "块 1 … {last}：步骤相同", "end": "块结束",
+            "similarity": "1. {similarity} Q Kᵀ", "scale": "2. {scale}：乘以 1/√d_k = 1/√{d_k} = {scale_factor:.3f}",
+            "mask": "3. {causal_mask}", "softmax": "4. 对 key 做 {softmax}", "dropout": "   dropout（p = {p}）",
+            "no_dropout": "   dropout（p = 0，关闭）", "weighted_sum": "5. {weighted_sum}：{attention_weights} × V",
+            "merge": "合并各个头", "c_proj": "输出投影 W_O（c_proj）", "residual_attention": "{residual}：x + {attention}",
+            "c_fc": "{feed_forward}第 1 层（W_1）", "activation": "{name}", "mlp_proj": "{feed_forward}第 2 层（W_2）",
+            "residual_mlp": "{residual}：x + {feed_forward}", "blocks": "块 1 … {last}：步骤相同", "end": "块结束",
             "ln_f": "最后的 {norm}（ln_f）", "lm_head": "语言模型头（与 wte 共享权重）", "loss": "loss：交叉熵",
         },
         "wte": "每个 token id 变成一个 C 维向量", "wpe": "每个位置一个向量，整批共用",
@@ -139,41 +134,25 @@ class Row:
 
 
 class Recorder:
-    """For one forward pass: the first input and the output of every module (by its
-    name), and the arguments and result of the first call of each wrapped function."""
+    """For one forward pass: the first input and the output of every module, by its name."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.inputs: dict[str, object] = {}
         self.outputs: dict[str, object] = {}
-        self.calls: dict[str, tuple[tuple, object]] = {}
 
     def __enter__(self) -> "Recorder":
-        self.handles = []
-        for name, module in self.model.named_modules():
-            self.handles.append(module.register_forward_hook(
-                lambda m, args, out, name=name: self._module(name, args, out)))
-        self.originals = {name: getattr(attention_module, name) for name in WRAPPED}
-        for name, function in self.originals.items():
-            setattr(attention_module, name, self._wrap(name, function))
+        self.handles = [module.register_forward_hook(lambda m, args, out, name=name: self._module(name, args, out))
+                        for name, module in self.model.named_modules()]
         return self
 
     def __exit__(self, *exc) -> None:
         for handle in self.handles:
             handle.remove()
-        for name, function in self.originals.items():
-            setattr(attention_module, name, function)
 
     def _module(self, name: str, args: tuple, out) -> None:
         self.inputs.setdefault(name, args[0] if args else None)
         self.outputs.setdefault(name, out)
-
-    def _wrap(self, name: str, function):
-        def recording(*args, **kwargs):
-            result = function(*args, **kwargs)
-            self.calls.setdefault(name, (args, result))
-            return result
-        return recording
 
 
 def first(value) -> torch.Tensor:
@@ -184,21 +163,16 @@ def trace(model: GPT, idx: torch.Tensor, targets: torch.Tensor, lang: str = "en"
     """Run model(idx, targets) once in training mode (dropout on, no gradients) and
     return the steps of the embedding, the first block, and the head, in order."""
     c = model.config
-    was_training = model.training
-    model.train()
-    try:
-        with torch.no_grad(), Recorder(model) as rec:
-            _, loss, _ = model(idx, targets, return_attention=True)
-    finally:
-        model.train(was_training)
-    row = row_maker(WORDS[lang])
+    with in_mode(model, training=True), torch.no_grad(), Recorder(model) as rec:
+        _, loss, passed = model(idx, targets, return_attention=True)
+    row = row_maker(lang)
     rows = [row("wte", rec.outputs["transformer.wte"], "[B, T, C]")]
     if c.pos_encoding == "rope":
         rows.append(row("rotary", rec.outputs["rotary"], "[1, 1, T, d_k]"))
     else:
         rows += [row("wpe", rec.outputs["transformer.wpe"], "[1, T, C]", kind=c.pos_encoding),
                  row("add_position", rec.inputs["transformer.drop"], "[B, T, C]")]
-    rows += block_rows(model, rec, row)
+    rows += block_rows(model, rec, passed.layers[0], row)
     last = rec.outputs[f"transformer.h.{c.n_layer - 1}"]
     rows.append(row("blocks" if c.n_layer > 1 else "end", last, "[B, T, C]", "blocks", n=c.n_layer, last=c.n_layer - 1))
     if c.norm_position == "pre":
@@ -208,10 +182,14 @@ def trace(model: GPT, idx: torch.Tensor, targets: torch.Tensor, lang: str = "en"
     return rows
 
 
-def row_maker(words: dict):
+def row_maker(lang: str):
     """row(step, tensor, symbolic, meaning=step, **values): a Row named and explained in
-    the report's language, with the values filled into both."""
+    the report's language, with the values, and the names of the pieces and steps from
+    inspection/words.json, filled into both."""
+    words, names = WORDS[lang], {**piece_words(lang)["steps"], **piece_words(lang)["pieces"]}
+
     def row(step: str, tensor, symbolic: str, meaning: str | None = None, **values) -> Row:
+        values = {**names, **values}
         return Row(words["steps"][step].format(**values), tuple(first(tensor).shape), symbolic,
                    words[meaning or step].format(**values))
     return row
@@ -221,41 +199,40 @@ def norm_name(c) -> str:
     return {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[c.norm]
 
 
-def block_rows(model: GPT, rec: Recorder, row) -> list[Row]:
-    """Block 0, in the order its steps run: pre-LN normalises before each sub-layer,
-    post-LN after each residual. The attention rows carry the real values: the scores'
-    spread before and after the scaling, the masked keys, the softmax rows' sums."""
+def block_rows(model: GPT, rec: Recorder, layer, row) -> list[Row]:
+    """Block 0 (its LayerTrace is `layer`), in the order its steps run: pre-LN normalises
+    before each sub-layer, post-LN after each residual. The attention rows carry the real
+    values: the scores' spread before and after the scaling, the masked keys, the softmax
+    rows' sums."""
     c, d_k = model.config, model.config.head_size
     b = "transformer.h.0"
     pre = c.norm_position == "pre"
     position = "pre" if pre else "post"
-    norm = [row(f"{ln}_{position}", rec.outputs[f"{b}.{ln}"], "[B, T, C]", c.norm, norm=norm_name(c))
-            for ln in ("ln_1", "ln_2")]
-    (q, k, v, *_), (output, weights) = rec.calls["scaled_dot_product_attention"]
-    scores = (q @ k.transpose(-2, -1)).float()  # [B, H, T, T], as step 1 computes them
-    T = q.size(-2)
-    sums = weights.float().sum(-1)  # [B, H, T]
+    norm = [row(f"{ln}_{position}", getattr(layer, ln), "[B, T, C]", c.norm, norm=norm_name(c)) for ln in ("ln_1", "ln_2")]
+    scores = (layer.q @ layer.k.transpose(-2, -1)).float()  # [B, H, T, T], as step 1 computes them
+    B, T = layer.q.shape[0], layer.q.shape[-2]
+    sums = layer.weights.float().sum(-1)  # [B, H, T]
     attention = [row("c_attn", rec.outputs[f"{b}.attn.c_attn"], "[B, T, 3C]"),
-                 row("split", v, "[B, H, T, d_k]", H=c.n_head, d_k=d_k)]
+                 row("split", layer.v, "[B, H, T, d_k]", H=c.n_head, d_k=d_k)]
     if c.pos_encoding == "rope":
-        attention.append(row("rotate", rec.calls["apply_rotary"][1], "[2, B, H, T, d_k]"))
+        attention.append(row("rotate", layer.q, "[B, H, T, d_k]"))
     attention += [
-        row("similarity", weights, "[B, H, T, T]", std=scores.std().item()),
-        row("scale", weights, "[B, H, T, T]", d_k=d_k, scale=1 / math.sqrt(d_k), std=scores.std().item(),
+        row("similarity", layer.weights, "[B, H, T, T]", std=scores.std().item()),
+        row("scale", layer.weights, "[B, H, T, T]", d_k=d_k, scale_factor=1 / math.sqrt(d_k), std=scores.std().item(),
             scaled=scores.std().item() / math.sqrt(d_k)),
-        row("mask", weights, "[B, H, T, T]", n=q.size(0) * c.n_head * T * (T - 1) // 2),
-        row("softmax", weights, "[B, H, T, T]", low=sums.min().item(), high=sums.max().item()),
-        row("dropout" if c.dropout else "no_dropout", weights, "[B, H, T, T]", p=c.dropout),
-        row("weighted_sum", output, "[B, H, T, d_k]"),
+        row("mask", layer.weights, "[B, H, T, T]", n=B * c.n_head * T * (T - 1) // 2),
+        row("softmax", layer.weights, "[B, H, T, T]", low=sums.min().item(), high=sums.max().item()),
+        row("dropout" if c.dropout else "no_dropout", layer.weights, "[B, H, T, T]", p=c.dropout),
+        row("weighted_sum", layer.heads, "[B, H, T, d_k]"),
         row("merge", rec.inputs[f"{b}.attn.c_proj"], "[B, T, C]"),
-        row("c_proj", rec.outputs[f"{b}.attn.c_proj"], "[B, T, C]"),
-        row("residual_attention", rec.inputs[f"{b}.ln_2" if pre else f"{b}.ln_1"], "[B, T, C]", "residual"),
+        row("c_proj", layer.attn, "[B, T, C]"),
+        row("residual_attention", layer.residual_in + layer.attn, "[B, T, C]", "residual"),
     ]
     feed_forward = [
         row("c_fc", rec.outputs[f"{b}.mlp.c_fc"], "[B, T, 4C]"),
-        row("activation", rec.outputs[f"{b}.mlp.gelu"], "[B, T, 4C]", name=c.activation.replace("_", " ").upper()),
-        row("mlp_proj", rec.outputs[f"{b}.mlp.c_proj"], "[B, T, C]"),
-        row("residual_mlp", rec.outputs[b] if pre else rec.inputs[f"{b}.ln_2"], "[B, T, C]", "residual"),
+        row("activation", layer.mlp_hidden, "[B, T, 4C]", name=c.activation.replace("_", " ").upper()),
+        row("mlp_proj", layer.mlp, "[B, T, C]"),
+        row("residual_mlp", layer.residual_out if pre else layer.ln_1 + layer.mlp, "[B, T, C]", "residual"),
     ]
     if pre:
         return [norm[0], *attention, norm[1], *feed_forward]
@@ -267,12 +244,6 @@ def symbolic_sizes(model: GPT, idx: torch.Tensor) -> dict[str, int]:
     B, T = idx.shape
     return {"B": B, "T": T, "C": c.n_embd, "H": c.n_head, "d_k": c.head_size, "V": c.vocab_size,
             "3C": 3 * c.n_embd, "4C": 4 * c.n_embd}
-
-
-def evaluate_symbolic(symbolic: str, sizes: dict[str, int]) -> tuple[int, ...]:
-    """'[B, H, T, T]' -> (32, 4, 128, 128) for the given sizes."""
-    names = [s.strip() for s in symbolic.strip("[]").split(",") if s.strip()]
-    return tuple(int(n) if n.isdigit() else sizes[n] for n in names)
 
 
 def parameter_groups(model: GPT, lang: str = "en") -> list[tuple[str, int]]:
@@ -360,21 +331,7 @@ def saved_for_backward(model: GPT, idx: torch.Tensor, targets: torch.Tensor, dty
             kept[storage.data_ptr()] = (storage.nbytes(), seen or weights)
         return t
 
-    was_training = model.training
-    model.train()
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(idx.device, dtype):
-            model(idx, targets)
-    finally:
-        model.train(was_training)
+    with in_mode(model, training=True), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            autocast(idx.device, dtype):
+        model(idx, targets)
     return sum(n for n, _ in kept.values()), sum(n for n, weights in kept.values() if weights)
-
-
-def explain(run: Run, dtype: torch.dtype, lang: str = "en") -> str:
-    """The report for a run's model (train.init_from's settings, if any), at its
-    initialisation, on one batch of its training data. Nothing is trained."""
-    config, train = run.model_config, run.cfg.train
-    torch.manual_seed(train.seed)
-    model = GPT(config)
-    x, y = fixed_windows(run.data.train, config.block_size, train.batch_size, train.seed, "train")
-    return report(model, x, y, dtype, lang)
