@@ -1,10 +1,14 @@
-"""See the five steps of attention with your model's numbers: python explore.py --prompt "ROMEO:"
+"""Follow one token through your model: python explore.py --prompt "ROMEO:"
 
-Writes one self-contained HTML page (default explorer.html) for a checkpoint and a
-prompt: every layer's and head's attention, the five steps of the picked head with the
-real q, k and v, and the next-token distribution. It opens from file:// with no network.
-With --serve, the same page is served on 127.0.0.1 for prompts typed in the browser,
-which the model can continue token by token.
+Writes a self-contained HTML page (default explorer.html) for a checkpoint and a prompt:
+for the token you pick, its embedding, where its q, k and v come from, the five steps of
+attention in every layer and head, the rest of each block, what each layer would predict
+(the logit lens), and the prediction, with switches to run experiments (no scaling, no
+causal mask, a head switched off), all with the model's own numbers. A second page beside
+it (explorer.init.html) shows the same prompt through the run's model at initialisation;
+a button switches between them. Both open from file:// with no network. With --serve,
+the same page is served on 127.0.0.1 for prompts typed in the browser, which the model
+can continue token by token.
 Exit codes: 0 ok, 2 bad input.
 """
 
@@ -13,23 +17,46 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from common.checkpoint import DEFAULT_RUN, load_run
+import yaml
+
+from common.checkpoint import DEFAULT_RUN, RUN_CONFIG_FILE, load_run
 from common.cli import OneLineParser, UserError, locale_language, run_main
 from common.prompt import encode_prompt
-from explorer.data import MAX_TOKENS, page_data
+from explorer.data import MAX_TOKENS, initial_model, page_data
 from explorer.page import render
 from model.files import write_atomic
 
 DEFAULT_OUT = Path("explorer.html")
 
 
-def explore(model, tokenizer, prompt: str, max_tokens: int) -> dict:
+def explore(model, tokenizer, prompt: str, max_tokens: int, which: str = "trained") -> dict:
     """The page's data for a prompt (its last max_tokens tokens, at most block_size)."""
     if not prompt:
         raise UserError("the prompt is empty; give some text, e.g. --prompt \"ROMEO:\"")
     limit = min(max_tokens, model.config.block_size)
     ids = encode_prompt(tokenizer, prompt, limit, "--max-tokens" if limit == max_tokens else "block_size")
-    return page_data(model, tokenizer, ids, truncated=len(tokenizer.encode(prompt).ids) - len(ids))
+    return page_data(model, tokenizer, ids, truncated=len(tokenizer.encode(prompt).ids) - len(ids), which=which)
+
+
+def initial(model, checkpoint: Path):
+    """(The run's model at initialisation, "") or (None, why it cannot be made): training
+    built it with GPT.initialised and the seed its config.yaml records; a run that started
+    from other weights (train.init_from) has none of its own."""
+    path = checkpoint / RUN_CONFIG_FILE
+    try:
+        train = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("train") or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None, f"{path} cannot be read"
+    if train.get("init_from"):
+        return None, str(train["init_from"])
+    if not isinstance(train.get("seed"), int):
+        return None, f"{path} records no train.seed"
+    return initial_model(model, train["seed"]), ""
+
+
+def counterpart_of(path: Path) -> Path:
+    """explorer.html -> explorer.init.html: the page of the model at initialisation."""
+    return path.with_name(f"{path.stem}.init{path.suffix}")
 
 
 def check_out(path: Path) -> None:
@@ -76,14 +103,25 @@ def run(args) -> int:
         from explorer.server import serve
 
         model, tokenizer = load_run(args.checkpoint)
-        return serve(model.eval(), tokenizer, args.port, lang, args.prompt or "", args.max_tokens)
+        return serve(model.eval(), tokenizer, args.port, lang, args.prompt or "", args.max_tokens,
+                     lambda: initial(model, args.checkpoint))
     check_out(args.out)
     model, tokenizer = load_run(args.checkpoint)
     data = explore(model.eval(), tokenizer, args.prompt, args.max_tokens)
-    html = render(data, lang)
+    init_model, why = initial(model, args.checkpoint)
+    other = counterpart_of(args.out)
+    html = render(data, lang, counterpart=other.name if init_model is not None else None)
     write_page(args.out, html)
     print(f"wrote {args.out} ({len(html.encode('utf-8')) / 1e6:.2f} MB): {len(data['tokens'])} tokens, "
           f"{model.config.n_layer} layers × {model.config.n_head} heads; open it in a browser")
+    if init_model is None:
+        print(f"note: no page of the model at initialisation: {why}", file=sys.stderr)
+        return 0
+    init_html = render(explore(init_model, tokenizer, args.prompt, args.max_tokens, "init"), lang,
+                       counterpart=args.out.name)
+    write_page(other, init_html)
+    print(f"wrote {other} ({len(init_html.encode('utf-8')) / 1e6:.2f} MB): the same prompt through the model at "
+          "initialisation (the page's button switches between them)")
     return 0
 
 

@@ -1,73 +1,137 @@
-"""A model and a prompt -> the explorer page's data, from the model's own forward pass.
+"""A model and a prompt -> the explorer page's data (version 2), from the model's own passes.
 
-Nothing here computes attention: `model(idx, return_attention=True)` hands back, for
-every layer and head, q (rotated, with RoPE), k, v, the weights and the head's output,
-and this module only rounds them and names them. The schema is in docs/explorer.md.
+Nothing here computes the model: `model(idx, return_attention=True)` hands back its Trace
+(model/trace.py): the embedding's pieces, every layer's stream, norms, q, k, v, attention
+weights, heads, attention and feed-forward outputs, and ln_f. This module names them and
+packs them; what it adds is read off the model too: the logit lens (the model's own ln_f
+and LM head applied to each layer's output), and the heads switched off one at a time
+(the model's own forward pass with a head_mask). The schema is in docs/explorer.md.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 
+import numpy as np
 import torch
 
-from inspection.attention_maps import VIRIDIS
 from data.tokenizer import suppressed_ids
-from model import GPT
+from inspection.attention_maps import VIRIDIS
+from model import GPT, evaluating
 
-SCHEMA_VERSION = 1
-DIGITS = 7  # significant digits of every number: float32 carries about 7
+SCHEMA_VERSION = 2
 TOP_TOKENS = 100  # the likeliest next tokens whose text the page can show
 MAX_TOKENS = 64  # the prompt's tokens a page shows by default (the file grows with their square)
+TOP_UNITS = 8  # the feed-forward network's largest hidden units kept per position
+LENS_TOKENS = 5  # the logit lens's likeliest tokens per layer and position
+ABLATION_TOKENS = 20  # the likeliest next tokens kept for each head switched off
+MAX_WEIGHT_VALUES = 4_000_000  # W_Q, W_K, W_V are embedded (for q's sum of products) up to this many numbers
 
 
-def rounded(t: torch.Tensor):
-    """Nested lists of floats with DIGITS significant digits (JSON has no float32)."""
-    if t.dim() == 0:
-        return float(f"{t.item():.{DIGITS}g}")
-    return [rounded(row) for row in t] if t.dim() > 1 else [float(f"{x:.{DIGITS}g}") for x in t.tolist()]
+def array(t: torch.Tensor) -> dict:
+    """A tensor as the page's arrays: float32, little-endian, base64 (exact, and a third of
+    the size of JSON numbers)."""
+    values = t.detach().float().cpu().numpy().astype("<f4")
+    return {"dtype": "float32", "shape": list(values.shape), "base64": base64.b64encode(values.tobytes()).decode()}
+
+
+def top(values: torch.Tensor, k: int) -> dict:
+    """The k largest of the last dimension: {"ids": [...], "values": [...]}, per leading row."""
+    best = values.float().topk(min(k, values.size(-1)), dim=-1)
+    return {"ids": best.indices.tolist(), "values": best.values.tolist()}
 
 
 @torch.no_grad()
-def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0) -> dict:
-    """Everything the page shows for the prompt `ids` (at most block_size tokens)."""
-    was_training = model.training
-    model.eval()
-    try:
-        idx = torch.tensor([ids], device=model.lm_head.weight.device)
-        logits, _, trace = model(idx, return_attention=True)
-    finally:
-        model.train(was_training)
-    layers = [{"heads": [head_data(trace, layer, head) for head in range(model.config.n_head)]}
-              for layer in range(model.config.n_layer)]
+def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: str = "trained") -> dict:
+    """Everything the page shows for the prompt `ids` (at most block_size tokens), for
+    `which` model: "trained", or "init" (the run's model at initialisation)."""
+    c = model.config
+    device = model.lm_head.weight.device
+    with evaluating(model):
+        logits, _, trace = model(torch.tensor([ids], device=device), return_attention=True)
+        lens = [torch.softmax(model.lm_head(model.transformer.ln_f(layer.residual_out[0])).float(), -1)
+                for layer in trace.layers]  # [T, V] per layer: what each layer's output would predict
+        ablation = ablated(model, ids)
     last = logits[0, -1].float().cpu()  # [vocab_size]
-    top = last.topk(min(TOP_TOKENS, last.numel())).indices.tolist()
     suppressed = list(suppressed_ids(tokenizer))
+    lens_top = [top(p, LENS_TOKENS) for p in lens]
+    shown = {*last.topk(min(TOP_TOKENS, last.numel())).indices.tolist(), *suppressed,
+             *(i for t in lens_top for row in t["ids"] for i in row), *(i for layer in ablation for h in layer for i in h["ids"])}
+    weights_size = 3 * c.n_embd * c.n_embd * c.n_layer
     return {
         "version": SCHEMA_VERSION,
-        "config": {**model.config.to_dict(), "head_size": model.config.head_size},
+        "model": which,
+        "config": {**c.to_dict(), "head_size": c.head_size},
         "tokens": token_views(tokenizer, ids),
         "truncated": truncated,
-        "layers": layers,
-        "prediction": {"logits": rounded(last), "suppressed": suppressed,
-                       "texts": {str(i): token_text(tokenizer, i) for i in sorted({*top, *suppressed})}},
+        "embedding": {"token": array(trace.token[0]), "position": None if trace.position is None else array(trace.position[0])},
+        "layers": [layer_data(model, layer, i, lens_top[i], weights_size <= MAX_WEIGHT_VALUES)
+                   for i, layer in enumerate(trace.layers)],
+        "ln_f": array(trace.ln_f[0]),
+        "prediction": {"logits": array(last), "suppressed": suppressed},
+        "ablation": ablation,
+        "texts": {str(i): token_text(tokenizer, i) for i in sorted(shown)},
+        "left_out": [] if weights_size <= MAX_WEIGHT_VALUES else ["c_attn"],
         "colormap": VIRIDIS.tolist(),
     }
 
 
-def head_data(trace, layer: int, head: int) -> dict:
-    """One head's q, k, v [T, d_k], weights [T, T] and output [T, d_k] (batch row 0)."""
-    data = {name: rounded(tensor[layer, 0, head].float().cpu()) for name, tensor in
-            (("q", trace.q), ("k", trace.k), ("v", trace.v), ("weights", trace.weights), ("output", trace.heads))}
-    # a key after its query was -inf before the softmax (the causal mask); JSON has no -inf
-    data["weights"] = [[None if j > i else w for j, w in enumerate(row)] for i, row in enumerate(data["weights"])]
+def layer_data(model: GPT, layer, index: int, lens: dict, with_weights: bool) -> dict:
+    """One layer's pieces (batch row 0). residual_out is left out but for the last layer:
+    it is the next layer's residual_in."""
+    block = model.transformer.h[index]
+    data = {name: array(getattr(layer, name)[0]) for name in ("residual_in", "ln_1", "attn", "ln_2", "mlp")}
+    data["residual_out"] = array(layer.residual_out[0]) if index == model.config.n_layer - 1 else None
+    hidden = layer.mlp_hidden[0]  # [T, F]
+    order = hidden.abs().topk(min(TOP_UNITS, hidden.size(-1)), dim=-1).indices  # [T, TOP_UNITS]
+    data["mlp_top"] = {"ids": order.tolist(), "values": hidden.gather(-1, order).tolist(), "width": hidden.size(-1)}
+    data["heads"] = [{name: array(getattr(layer, name)[0, h]) for name in ("q", "k", "v", "weights", "heads")}
+                     for h in range(layer.q.size(1))]
+    for head in data["heads"]:
+        head["output"] = head.pop("heads")
+    data["lens"] = {"ids": lens["ids"], "probs": lens["values"]}
+    attn = block.attn.c_attn
+    data["c_attn"] = {"weight": array(attn.weight), "bias": None if attn.bias is None else array(attn.bias)} \
+        if with_weights else None
     return data
+
+
+def ablated(model: GPT, ids: list[int]) -> list[list[dict]]:
+    """For every layer and head, the next-token distribution after the prompt with that
+    head switched off (the model's own pass, head_mask): its likeliest tokens, and its KL
+    divergence from the model's distribution, KL(p ‖ p_off) = Σ p log(p / p_off)."""
+    c = model.config
+    device = model.lm_head.weight.device
+    masks = torch.ones(c.n_layer * c.n_head + 1, c.n_layer, c.n_head, device=device)  # row 0: all heads on
+    for row in range(1, len(masks)):
+        masks[row].view(-1)[row - 1] = 0.0
+    idx = torch.tensor([ids], device=device).expand(len(masks), -1)
+    logits, _ = model(idx, head_mask=masks)
+    logp = torch.log_softmax(logits[:, -1].float(), -1)  # [1 + L·H, V]
+    kl = (logp[0].exp() * (logp[0] - logp[1:])).sum(-1)  # [L·H]
+    best = logp[1:].exp().topk(min(ABLATION_TOKENS, logp.size(-1)), dim=-1)
+    heads = [{"ids": best.indices[i].tolist(), "probs": best.values[i].tolist(), "kl": kl[i].item()}
+             for i in range(len(kl))]
+    return [heads[layer * c.n_head:(layer + 1) * c.n_head] for layer in range(c.n_layer)]
+
+
+def initial_model(model: GPT, seed: int) -> GPT:
+    """The run's model at initialisation, as training made it (GPT.initialised with the
+    run's seed), on the same device; the global random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        return GPT.initialised(model.config, seed).to(model.lm_head.weight.device).eval()
 
 
 def to_json(data: dict) -> str:
     """Compact JSON that can sit inside <script type="application/json">: every "<" is
     written as \\u003c, so no text (a prompt holding "</script>") can close the tag."""
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+
+
+def decoded(a: dict) -> np.ndarray:
+    """An array of the page's data back as numpy (for tests and other tools)."""
+    return np.frombuffer(base64.b64decode(a["base64"]), dtype="<f4").reshape(a["shape"])
 
 
 # ---- tokens as text -----------------------------------------------------------------

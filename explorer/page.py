@@ -1,4 +1,4 @@
-"""The explorer's data and page/ (template, script, styles, strings) -> one HTML file that
+"""The explorer's data and page/ (template, scripts, styles, strings) -> one HTML file that
 needs nothing else: no network, no other file; it opens from file:// as it is."""
 
 from __future__ import annotations
@@ -7,9 +7,12 @@ import json
 import re
 from pathlib import Path
 
+from inspection.words import table as words
+
 from .data import to_json
 
 PAGE = Path(__file__).resolve().parent / "page"
+SCRIPTS = ("numbers.js", "explorer.js")  # in this order: the arithmetic, then the page that uses it
 
 
 def strings() -> dict[str, dict[str, str]]:
@@ -17,13 +20,16 @@ def strings() -> dict[str, dict[str, str]]:
     return json.loads((PAGE / "strings.json").read_text(encoding="utf-8"))
 
 
-def render(data: dict | None, lang: str = "en", server: bool = False, prompt: str = "") -> str:
-    """The page for `data` (None: an empty page, in server mode, waiting for a prompt)."""
+def render(data: dict | None, lang: str = "en", server: bool = False, prompt: str = "",
+           counterpart: str | None = None) -> str:
+    """The page for `data` (None: an empty page, in server mode, waiting for a prompt).
+    counterpart: the file name of the same page for the other model (trained, or at
+    initialisation), written beside this one."""
     parts = {
         "STYLE": (PAGE / "explorer.css").read_text(encoding="utf-8"),
-        "SCRIPT": (PAGE / "explorer.js").read_text(encoding="utf-8"),
-        "STRINGS": to_json(strings()),
-        "SETTINGS": to_json({"lang": lang, "server": server, "prompt": prompt}),
+        "SCRIPT": "\n".join((PAGE / name).read_text(encoding="utf-8") for name in SCRIPTS),
+        "STRINGS": to_json({**strings(), "words": words()}),
+        "SETTINGS": to_json({"lang": lang, "server": server, "prompt": prompt, "counterpart": counterpart}),
         "DATA": to_json(data) if data is not None else "null",
     }
     for name in ("STYLE", "SCRIPT"):

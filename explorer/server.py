@@ -1,7 +1,8 @@
 """explore.py --serve: the explorer page on 127.0.0.1, for prompts typed in the browser.
 
 It serves exactly three things: the page (GET /), a prompt's data (POST /api/explore)
-and one more token of the text with the new data (POST /api/next). Nothing from the
+and one more token of the text with the new data (POST /api/next), for the trained model
+or ("model": "init") the run's model at initialisation. Nothing from the
 disk, nothing a request names. It listens on the loopback address only and answers only
 requests whose Host header names that address and port (a web page elsewhere cannot
 reach it through DNS rebinding); it sends no CORS headers, so other sites' scripts
@@ -20,6 +21,7 @@ import torch
 
 from common.cli import UserError
 from common.prompt import encode_prompt
+from data import unknown_characters
 from data.tokenizer import suppressed_ids
 from model import Sampling
 from model.sampling import sample_next
@@ -34,62 +36,96 @@ MAX_IDS = 4096  # tokens of a text being continued
 
 
 class BadRequest(Exception):
-    """A request the server refuses: (HTTP status, one-line reason)."""
+    """A request the server refuses: (HTTP status, one-line reason), with a code and values
+    the page words in its own language (strings.json: error_<code>)."""
 
-    def __init__(self, status: int, reason: str):
+    def __init__(self, status: int, reason: str, code: str | None = None, **values):
         super().__init__(reason)
-        self.status = status
+        self.status, self.code, self.values = status, code, values
 
 
 class Explorer:
-    """The model behind the page; one request uses it at a time."""
+    """The models behind the page (the trained one, and on request the one at
+    initialisation); one request uses them at a time."""
 
-    def __init__(self, model, tokenizer, lang: str, prompt: str, max_tokens: int):
+    def __init__(self, model, tokenizer, lang: str, prompt: str, max_tokens: int, initial=None):
         self.model, self.tokenizer, self.lang, self.prompt, self.max_tokens = model, tokenizer, lang, prompt, max_tokens
-        self.lock = threading.Lock()
+        self.initial = initial  # () -> (the model at initialisation or None, why not)
+        self.init_model, self.lock = None, threading.Lock()
 
     def page(self) -> str:
         data = self.explore({"prompt": self.prompt})["data"] if self.prompt else None
         return render(data, self.lang, server=True, prompt=self.prompt)
 
-    def explore(self, request: dict) -> dict:
-        """{"prompt": text} -> {"ids": its tokens, "data": the page's data}."""
-        prompt = field(request, "prompt", str)
-        if not prompt:
-            raise BadRequest(400, "the prompt is empty; type some text")
-        if len(prompt) > MAX_PROMPT:
-            raise BadRequest(413, f"the prompt has {len(prompt):,} characters; at most {MAX_PROMPT:,} are taken")
-        try:
-            ids = encode_prompt(self.tokenizer, prompt, MAX_IDS, "the server's limit")
-        except UserError as e:
-            raise BadRequest(400, str(e)) from None
-        return {"ids": ids, "prompt": prompt, "data": self.data(ids)}
+    def chosen(self, request: dict):
+        """(the model the request asks for, its name): "trained" (the default) or "init"."""
+        which = request.get("model", "trained")
+        if which == "trained":
+            return self.model, which
+        if which != "init":
+            raise BadRequest(400, 'model must be "trained" or "init"', "bad_model")
+        with self.lock:
+            if self.init_model is None:
+                made, why = self.initial() if self.initial else (None, "no run config")
+                if made is None:
+                    raise BadRequest(404, f"the model at initialisation cannot be made: {why}", "no_init", init_from=why)
+                self.init_model = made
+        return self.init_model, which
 
-    def next(self, request: dict) -> dict:
-        """{"ids": the text's tokens (or "prompt"), "temperature", "top_k", "top_p"} ->
-        one more token, sampled with generate.py's rule, and the new text's data."""
-        ids = request.get("ids") or self.explore(request)["ids"]
+    def explore(self, request: dict) -> dict:
+        """{"prompt": text, or "ids", "model"} -> {"ids": its tokens, "data": the page's data}."""
+        model, which = self.chosen(request)
+        ids = request.get("ids")
+        if ids is None:
+            ids = self.encode(field(request, "prompt", str))
+        else:
+            self.check_ids(ids)
+        return {"ids": ids, "prompt": self.tokenizer.decode(ids), "data": self.data(ids, model, which)}
+
+    def encode(self, prompt: str) -> list[int]:
+        if not prompt:
+            raise BadRequest(400, "the prompt is empty; type some text", "empty")
+        if len(prompt) > MAX_PROMPT:
+            raise BadRequest(413, f"the prompt has {len(prompt):,} characters; at most {MAX_PROMPT:,} are taken",
+                             "too_long", count=len(prompt), limit=MAX_PROMPT)
+        unknown = unknown_characters(self.tokenizer, prompt)
+        if unknown:
+            shown = " ".join(repr(c) for c in unknown[:10])
+            raise BadRequest(400, f"the prompt has characters this model never saw in training: {shown}; "
+                             "remove or replace them", "unknown", characters=shown)
+        return encode_prompt(self.tokenizer, prompt, MAX_IDS, "the server's limit")
+
+    def check_ids(self, ids) -> None:
         if not (isinstance(ids, list) and 0 < len(ids) < MAX_IDS and all(
                 isinstance(i, int) and 0 <= i < self.model.config.vocab_size for i in ids)):
-            raise BadRequest(400, f"ids must be a list of 1 to {MAX_IDS - 1} token ids below {self.model.config.vocab_size}")
+            raise BadRequest(400, f"ids must be a list of 1 to {MAX_IDS - 1} token ids below "
+                             f"{self.model.config.vocab_size}", "bad_ids")
+
+    def next(self, request: dict) -> dict:
+        """{"ids": the text's tokens (or "prompt"), "temperature", "top_k", "top_p", "model"}
+        -> one more token, sampled with generate.py's rule, and the new text's data."""
+        model, which = self.chosen(request)
+        ids = request.get("ids") or self.encode(field(request, "prompt", str))
+        self.check_ids(ids)
         top_k, top_p = request.get("top_k"), request.get("top_p")
         if not (top_k is None or type(top_k) is int) or not (top_p is None or type(top_p) in (int, float)):
-            raise BadRequest(400, "top_k must be a whole number or null, and top_p a number or null")
+            raise BadRequest(400, "top_k must be a whole number or null, and top_p a number or null", "bad_sampling",
+                             detail="top_k, top_p")
         try:
             sampling = Sampling(float(request.get("temperature", 1.0)), top_k, top_p, suppressed_ids(self.tokenizer))
         except (TypeError, ValueError) as e:
-            raise BadRequest(400, f"bad sampling settings: {e}") from None
-        window = ids[-self.model.config.block_size:]
+            raise BadRequest(400, f"bad sampling settings: {e}", "bad_sampling", detail=str(e)) from None
+        window = ids[-model.config.block_size:]
         with self.lock, torch.no_grad():
-            logits, _ = self.model(torch.tensor([window]))
+            logits, _ = model(torch.tensor([window]))
             token = sample_next(logits[:, -1], sampling).item()
         ids = [*ids, token]
-        return {"ids": ids, "prompt": self.tokenizer.decode(ids), "data": self.data(ids)}
+        return {"ids": ids, "prompt": self.tokenizer.decode(ids), "data": self.data(ids, model, which)}
 
-    def data(self, ids: list[int]) -> dict:
+    def data(self, ids: list[int], model=None, which: str = "trained") -> dict:
         shown = ids[-min(self.max_tokens, self.model.config.block_size):]
         with self.lock:
-            return page_data(self.model, self.tokenizer, shown, truncated=len(ids) - len(shown))
+            return page_data(model or self.model, self.tokenizer, shown, len(ids) - len(shown), which)
 
 
 def field(request: dict, name: str, kind: type):
@@ -151,7 +187,8 @@ class Handler(BaseHTTPRequestHandler):
             kind, body = make()
             status = 200
         except BadRequest as e:
-            kind, body, status = "application/json", to_json({"error": str(e)}).encode(), e.status
+            answer = {"error": str(e), **({"code": e.code, "values": e.values} if e.code else {})}
+            kind, body, status = "application/json", to_json(answer).encode(), e.status
         except Exception as e:  # a bug: say so, keep serving
             kind, body, status = "application/json", to_json({"error": f"internal error: {e}"}).encode(), 500
         self.send_response(status)
@@ -177,9 +214,9 @@ class Server(ThreadingHTTPServer):
         self.hosts = [f"{HOST}:{port}", f"localhost:{port}"]
 
 
-def serve(model, tokenizer, port: int, lang: str, prompt: str, max_tokens: int) -> int:
-    """Serve until Ctrl-C; returns 0."""
-    explorer = Explorer(model, tokenizer, lang, prompt, max_tokens)
+def serve(model, tokenizer, port: int, lang: str, prompt: str, max_tokens: int, initial=None) -> int:
+    """Serve until Ctrl-C; returns 0. initial: () -> (the model at initialisation or None, why not)."""
+    explorer = Explorer(model, tokenizer, lang, prompt, max_tokens, initial)
     if prompt:
         try:
             explorer.explore({"prompt": prompt})

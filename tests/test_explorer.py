@@ -12,7 +12,7 @@ import explore
 import model.attention
 from conftest import ROOT
 from data.tokenizer import train_tokenizer
-from explorer.data import page_data, token_views
+from explorer.data import decoded, page_data, token_views
 from explorer.page import render, strings
 from model import GPT, GPTConfig
 
@@ -45,17 +45,22 @@ def embedded(html: str) -> dict:
     return json.loads(match.group(1))
 
 
-@pytest.mark.parametrize("pos_encoding", ["rope", "learned"])
+def as_tensor(a) -> torch.Tensor:
+    return torch.from_numpy(decoded(a).copy())
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "learned", "sinusoidal"])
 def test_the_data_are_the_models_own_numbers(tmp_path, pos_encoding):
     """Checked against separate forward passes that hand nothing back: an sdpa pass (each
-    layer's heads, concatenated and put through W_O, give its attention output) and an
-    explicit pass (its five-step weights)."""
+    layer's heads, concatenated and put through W_O, give its attention output; hooks see
+    each block's input and output) and an explicit pass (its five-step weights)."""
     gpt = GPT.from_pretrained(make_run(tmp_path, pos_encoding=pos_encoding, attn_impl="sdpa")).eval()
     tokenizer = train_tokenizer("char", [TEXT], 0)
     ids = tokenizer.encode("ROMEO:\nBut soft, what").ids
     data = page_data(gpt, tokenizer, ids)
-    outputs, weights = [], []
+    outputs, blocks, weights = [], [], []
     hooks = [b.attn.register_forward_hook(lambda m, a, out: outputs.append(out[0])) for b in gpt.transformer.h]
+    hooks += [b.register_forward_hook(lambda m, a, out: blocks.append((a[0][0], out[0]))) for b in gpt.transformer.h]
     with torch.no_grad():
         logits, _ = gpt(torch.tensor([ids]))
     for h in hooks:
@@ -69,28 +74,110 @@ def test_the_data_are_the_models_own_numbers(tmp_path, pos_encoding):
         explicit(torch.tensor([ids]))
     T, C = len(ids), gpt.config.n_embd
     for layer, block in enumerate(gpt.transformer.h):
-        heads = data["layers"][layer]["heads"]
-        merged = torch.tensor([head["output"] for head in heads]).transpose(0, 1).reshape(T, C)  # [T, H·d_k]
+        stored = data["layers"][layer]
+        heads = stored["heads"]
+        merged = torch.stack([as_tensor(head["output"]) for head in heads]).transpose(0, 1).reshape(T, C)  # [T, H·d_k]
         with torch.no_grad():
             torch.testing.assert_close(block.attn.c_proj(merged), outputs[layer], atol=1e-5, rtol=0)
+        torch.testing.assert_close(as_tensor(stored["attn"]), outputs[layer], atol=1e-5, rtol=0)
+        torch.testing.assert_close(as_tensor(stored["residual_in"]), blocks[layer][0], atol=1e-5, rtol=0)
+        out = stored["residual_out"] or data["layers"][layer + 1]["residual_in"]  # left out but for the last
+        torch.testing.assert_close(as_tensor(out), blocks[layer][1], atol=1e-5, rtol=0)
+        mid = as_tensor(stored["residual_in"]) + as_tensor(stored["attn"])
+        torch.testing.assert_close(mid + as_tensor(stored["mlp"]), as_tensor(out), atol=1e-5, rtol=0)
         for h, head in enumerate(heads):
-            w = torch.tensor([[0.0 if x is None else x for x in row] for row in head["weights"]])
+            w = as_tensor(head["weights"])
             torch.testing.assert_close(w, weights[layer][h], atol=1e-6, rtol=0)
-            torch.testing.assert_close(w.sum(-1), torch.ones(T), atol=1e-5, rtol=0)
-            q, k = torch.tensor(head["q"]), torch.tensor(head["k"])  # what the page computes steps 1-4 from
+            q, k = as_tensor(head["q"]), as_tensor(head["k"])  # what the page computes steps 1-4 from
             scores = (q @ k.T / gpt.config.head_size ** 0.5).masked_fill(torch.ones(T, T).triu(1).bool(), -torch.inf)
             torch.testing.assert_close(torch.softmax(scores, -1), w, atol=1e-5, rtol=0)
-            torch.testing.assert_close(w @ torch.tensor(head["v"]), torch.tensor(head["output"]), atol=1e-5, rtol=0)
-            assert all((x is None) == (j > i) for i, row in enumerate(head["weights"]) for j, x in enumerate(row))
-            assert len(head["q"]) == len(head["k"]) == len(head["v"]) == T and len(head["q"][0]) == gpt.config.head_size
-    torch.testing.assert_close(torch.tensor(data["prediction"]["logits"]), logits[0, -1], atol=1e-5, rtol=1e-6)
-    assert [t["id"] for t in data["tokens"]] == ids and data["version"] == 1
+            torch.testing.assert_close(w @ as_tensor(head["v"]), as_tensor(head["output"]), atol=1e-5, rtol=0)
+            assert q.shape == (T, gpt.config.head_size)
+    last = data["layers"][-1]
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_head(gpt.transformer.ln_f(as_tensor(last["residual_out"]))), logits[0],
+                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(gpt.lm_head(as_tensor(data["ln_f"])), logits[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(as_tensor(data["prediction"]["logits"]), logits[0, -1], atol=1e-5, rtol=1e-6)
+    token = as_tensor(data["embedding"]["token"])
+    torch.testing.assert_close(token, gpt.transformer.wte.weight[ids].detach(), atol=0, rtol=0)
+    start = token if pos_encoding == "rope" else token + as_tensor(data["embedding"]["position"])
+    assert (data["embedding"]["position"] is None) == (pos_encoding == "rope")
+    torch.testing.assert_close(start, as_tensor(data["layers"][0]["residual_in"]), atol=1e-6, rtol=0)
+    lens = torch.softmax(logits[0].float(), -1).topk(5)
+    assert last["lens"]["ids"] == lens.indices.tolist()  # the last layer's lens is the model's own prediction
+    torch.testing.assert_close(torch.tensor(last["lens"]["probs"]), lens.values, atol=1e-6, rtol=0)
+    assert [t["id"] for t in data["tokens"]] == ids and data["version"] == 2 and data["model"] == "trained"
     assert data["config"]["head_size"] == C // gpt.config.n_head
 
 
+def test_the_largest_hidden_units_and_every_layers_lens(run):
+    gpt = GPT.from_pretrained(run).eval()
+    tokenizer = train_tokenizer("char", [TEXT], 0)
+    ids = tokenizer.encode("But soft, what light").ids
+    data = page_data(gpt, tokenizer, ids)
+    with torch.no_grad():
+        _, _, trace = gpt(torch.tensor([ids]), return_attention=True)
+    for stored, layer in zip(data["layers"], trace.layers):
+        hidden = layer.mlp_hidden[0]  # [T, 4C]
+        best = hidden.abs().topk(8, dim=-1).indices
+        assert stored["mlp_top"]["ids"] == best.tolist() and stored["mlp_top"]["width"] == 4 * gpt.config.n_embd
+        torch.testing.assert_close(torch.tensor(stored["mlp_top"]["values"]), hidden.gather(-1, best), atol=1e-6, rtol=0)
+        with torch.no_grad():
+            lens = torch.softmax(gpt.lm_head(gpt.transformer.ln_f(layer.residual_out[0])), -1).topk(5)
+        assert stored["lens"]["ids"] == lens.indices.tolist()
+        weight = as_tensor(stored["c_attn"]["weight"])  # W_Q, W_K, W_V for q's sum of products
+        assert torch.equal(weight, gpt.transformer.h[0 if stored is data["layers"][0] else 1].attn.c_attn.weight.detach())
+
+
+def test_a_head_switched_off_is_the_models_pass_with_that_head_zeroed(run):
+    """The ablated distributions against the test's own hook, which zeroes the head's
+    d_k slice of W_O's input; the KL divergence from the model's distribution, and the
+    head that moves the prediction most."""
+    gpt = GPT.from_pretrained(run).eval()
+    tokenizer = train_tokenizer("char", [TEXT], 0)
+    ids = tokenizer.encode("But soft, what light").ids
+    ablation = page_data(gpt, tokenizer, ids)["ablation"]
+    d_k = gpt.config.head_size
+    with torch.no_grad():
+        p = torch.softmax(gpt(torch.tensor([ids]))[0][0, -1], -1)
+    for layer in range(gpt.config.n_layer):
+        for head in range(gpt.config.n_head):
+            def zero(module, args, head=head):
+                x = args[0].clone()
+                x[..., head * d_k:(head + 1) * d_k] = 0
+                return (x,)
+
+            handle = gpt.transformer.h[layer].attn.c_proj.register_forward_pre_hook(zero)
+            with torch.no_grad():
+                q = torch.softmax(gpt(torch.tensor([ids]))[0][0, -1], -1)
+            handle.remove()
+            stored = ablation[layer][head]
+            assert stored["ids"] == q.topk(20).indices.tolist()
+            assert stored["probs"] == pytest.approx(q.topk(20).values.tolist(), abs=1e-6)
+            assert stored["kl"] == pytest.approx((p * (p / q).log()).sum().item(), abs=1e-5)
+            assert stored["kl"] > 0
+
+
+def test_the_model_at_initialisation_is_the_one_training_started_from(tmp_path, micro):
+    """explore.py re-creates it from the run's seed (GPT.initialised, as the trainer builds
+    it), parameter for parameter; the global random state is left alone."""
+    from conftest import make_trainer
+    from explorer.data import initial_model
+
+    trainer = make_trainer(micro("train.seed=4321"))
+    started = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    before = torch.get_rng_state()
+    again = initial_model(trainer.model, 4321)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert all(torch.equal(p, started[name]) for name, p in again.named_parameters())
+    other = initial_model(trainer.model, 1)
+    assert not torch.equal(other.transformer.wte.weight, started["transformer.wte.weight"])
+
+
 def test_the_page_needs_nothing_else_and_fits_the_size_budget(tmp_path):
-    """tiny.yaml's model with 64 tokens: at most 3 MB, no address, no external script,
-    style, font or image."""
+    """tiny.yaml's model with 64 tokens: at most 4 MB, no address, no external script,
+    style, font or image; the big arrays in the base64 form."""
     import yaml
 
     from data import shakespeare
@@ -101,8 +188,12 @@ def test_the_page_needs_nothing_else_and_fits_the_size_budget(tmp_path):
     gpt = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), **settings)).eval()
     html = render(page_data(gpt, tokenizer, tokenizer.encode(text[1000:1064]).ids))
     assert len(embedded(html)["tokens"]) == 64
-    assert len(html.encode()) <= 3_000_000
-    assert not re.search(r"https?://", html) and "//cdn" not in html
+    assert len(html.encode()) <= 4_000_000
+    data = embedded(html)
+    assert data["layers"][0]["residual_in"]["dtype"] == "float32" and data["layers"][0]["residual_out"] is None
+    assert data["layers"][-1]["residual_out"]["shape"] == [64, 128] and data["left_out"] == []
+    addresses = html.replace('"http://www.w3.org/2000/svg"', "")  # SVG's namespace: a name, never loaded
+    assert not re.search(r"https?://", addresses) and "//cdn" not in html
     tags = Tags()
     tags.feed(html)
     assert tags.scripts == ["application/json"] * 3 + [None]  # data, and the one inline script
@@ -145,6 +236,30 @@ def test_explore_writes_the_page(run, tmp_path, capsys):
     assert '"lang":"zh"' in html
 
 
+def test_explore_writes_the_page_of_the_model_at_initialisation_beside_it(tmp_path, capsys):
+    """With the run's config.yaml (its seed), a second page shows the same prompt through
+    the model at initialisation; each page names the other. A run that started from other
+    weights (train.init_from) has no initial model of its own: one page, and a note why."""
+    run = make_run(tmp_path / "run")
+    (run / "config.yaml").write_text("train:\n  seed: 7\n  init_from: null\n")
+    out = tmp_path / "page.html"
+    assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:\nBut soft", "--out", str(out)]) == 0
+    assert f"wrote {tmp_path / 'page.init.html'}" in capsys.readouterr().out
+    trained, init = embedded(out.read_text()), embedded((tmp_path / "page.init.html").read_text())
+    assert (trained["model"], init["model"]) == ("trained", "init") and trained["tokens"] == init["tokens"]
+    assert '"counterpart":"page.init.html"' in out.read_text() and '"counterpart":"page.html"' in (tmp_path / "page.init.html").read_text()
+    from explorer.data import initial_model
+
+    expected = initial_model(GPT.from_pretrained(run), 7)
+    torch.testing.assert_close(as_tensor(init["embedding"]["token"]), expected.transformer.wte.weight[
+        [t["id"] for t in init["tokens"]]].detach(), atol=0, rtol=0)
+    (run / "config.yaml").write_text("train:\n  seed: 7\n  init_from: gpt2\n")
+    (tmp_path / "page.init.html").unlink()
+    assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:", "--out", str(out)]) == 0
+    assert "note: no page of the model at initialisation: gpt2" in capsys.readouterr().err
+    assert not (tmp_path / "page.init.html").exists() and '"counterpart":null' in out.read_text()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--prompt", ""], "the prompt is empty"),
     (["--prompt", "Zebra €"], "characters this model never saw in training: 'Z' '€'"),
@@ -182,9 +297,17 @@ def test_bpe_pieces_of_a_character_show_their_bytes_and_the_character():
 def test_every_string_exists_in_both_languages():
     table = strings()
     assert table["en"].keys() == table["zh"].keys()
-    placeholders = {key: set(re.findall(r"\{\w+\}", text)) for key, text in table["en"].items()}
-    assert all(set(re.findall(r"\{\w+\}", table["zh"][key])) == names for key, names in placeholders.items())
+    def names(text: str) -> set[str]:  # {query} and {query1} (the same number, counted from 1) are one
+        return {re.sub(r"1$", "", name) for name in re.findall(r"\{(\w+)\}", text)}
+
+    assert all(names(table["zh"][key]) == names(text) for key, text in table["en"].items())
+    assert "{layer1}" in table["zh"]["layerHead"] and "{layer}" in table["en"]["layerHead"]  # 第 1 层 / layer 0
     script = (ROOT / "explorer" / "page" / "explorer.js").read_text() + (ROOT / "explorer" / "page" / "template.html").read_text()
     called = set(re.findall(r'\bt\("(\w+)"', script)) | set(re.findall(r'data-i18n="(\w+)"', script))
     assert called <= table["en"].keys()  # no label without its strings
-    assert table["en"].keys() <= set(re.findall(r'"(\w+)"', script))  # no string that nothing shows
+    made = re.findall(r"\bt\(`(\w*)\$\{\w+(?:\.\w+)?\}(\w*)`", script)  # t(`cut_${cut}`): a family of keys
+    assert ("cut_", "") in made and ("", "Row") in made
+    shown = set(re.findall(r'"(\w+)"', script))
+    unused = [key for key in table["en"] if key not in shown
+              and not any(key.startswith(prefix) and key.endswith(suffix) for prefix, suffix in made)]
+    assert unused == []  # no string that nothing shows

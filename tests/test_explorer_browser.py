@@ -24,6 +24,7 @@ from conftest import ROOT
 from explorer.page import strings
 from model import Sampling
 from model.sampling import next_token_probabilities
+from explorer.data import decoded
 from test_explorer import HOSTILE, embedded, make_run
 
 try:
@@ -96,6 +97,7 @@ def pages(tmp_path_factory):
             "chinese": (make_run(tmp / "zh", text=CHINESE), "今天天气很好。你好，世界"),
             "bpe": (make_run(tmp / "bpe", text=CHINESE + "hello world\n", kind="bpe", vocab_size=262, pos_encoding="learned"),
                     "你好，hello")}
+    (runs["char"][0] / "config.yaml").write_text("train:\n  seed: 3\n")  # its page of the model at initialisation
     made = {}
     for name, (run, prompt) in runs.items():
         out = tmp / f"{name}.html"
@@ -117,15 +119,21 @@ def open_page(browser):
         page.close()
 
 
+def array(a) -> list:
+    return decoded(a).tolist()
+
+
 def test_the_file_page_loads_nothing_and_shows_the_five_steps(pages, open_page):
     path, data = pages["char"]
     page = open_page(path.as_uri())
     page.page.wait_for_selector("#steps tbody tr")
+    T = len(data["tokens"])
+    assert f"query {(T - 1) // 2} " in page.text("#steps-title")  # it opens on the middle token
     page.page.click('.token[data-index="5"]')
     page.page.click('canvas.thumb[data-layer="1"][data-head="1"]')
     page.page.click('#steps td[data-step="1"][data-key="3"]')
     head = data["layers"][1]["heads"][1]
-    q, k, v = (torch.tensor(head[n], dtype=torch.float64) for n in ("q", "k", "v"))
+    q, k, v = (torch.tensor(array(head[n]), dtype=torch.float64) for n in ("q", "k", "v"))
     T, dk = k.shape
     assert "layer 1, head 1" in page.text("#steps-title") and "query 5" in page.text("#steps-title")
     scores = k @ q[5]  # step 1: q·k for every key
@@ -133,20 +141,155 @@ def test_the_file_page_loads_nothing_and_shows_the_five_steps(pages, open_page):
     assert page.values('#steps td[data-step="2"]') == pytest.approx((scores / math.sqrt(dk)).tolist(), abs=1e-5)
     masked = page.values('#steps td[data-step="3"]')
     assert all(x == -math.inf for x in masked[6:]) and masked[:6] == pytest.approx((scores / math.sqrt(dk))[:6].tolist())
+    exps = (scores[:6] / math.sqrt(dk)).exp()  # step 4: e^score of every key it may see, and their sum
+    assert page.values('#steps td[data-step="4e"]') == pytest.approx([*exps.tolist(), *[0.0] * (T - 6)], rel=1e-5)
+    assert float(page.page.get_attribute("#exps-sum", "data-value")) == pytest.approx(exps.sum().item(), rel=1e-5)
     weights = page.values('#steps td[data-step="4"]')  # the page's softmax against the model's weights
-    assert weights == pytest.approx([0.0 if w is None else w for w in head["weights"][5]], abs=1e-5)
+    assert weights == pytest.approx(array(head["weights"])[5], abs=1e-5)
     assert f"{sum(weights):.6f}" in page.text("#weights-sum")
     assert page.values("#terms li") == pytest.approx((q[5] * k[3]).tolist(), abs=1e-6)  # the clicked score's terms
     assert float(page.page.get_attribute("#terms .sum", "data-value")) == pytest.approx(scores[3].item(), abs=1e-5)
-    output = json.loads(page.page.get_attribute("#output .vector", "data-values"))
-    assert output == pytest.approx(head["output"][5], abs=1e-5)
+    output = json.loads(page.page.get_attribute("#head-output", "data-values"))
+    assert output == pytest.approx(array(head["output"])[5], abs=1e-5)
+    shown = {n: json.loads(page.page.get_attribute(f'#output [data-name="{n}"]', "data-values")) for n in ("v_j", "w_j v_j")}
+    assert shown["v_j"] == pytest.approx(v[3].tolist(), abs=1e-6)  # step 5: the picked key's value, and its share
+    assert shown["w_j v_j"] == pytest.approx((weights[3] * v[3]).tolist(), abs=1e-5)
     assert f"1/√{dk} = {1 / math.sqrt(dk):.6f}" in page.text("#step-2") and "the causal mask" in page.text("#step-3")
-    assert "after the rotation" in page.text("#position-note")
-    assert page.requests == [] and page.errors == []
+    assert "the offset between query and key" in page.text("#position-note")  # and what q and k hold:
+    assert "swapping two tokens changes it" in page.text("#position-note")  # (2, 5) is not (5, 2)
+    assert page.requests == [] and page.errors == [] and page.dialogs == []
     page.page.keyboard.press("Escape")  # unlocked: hovering previews another token
     page.page.hover('.token[data-index="2"]')
     assert "query 2" in page.text("#steps-title")
     page.screenshot("explorer-file.png")
+
+
+def shown(page, selector: str) -> list[float]:
+    return json.loads(page.page.get_attribute(selector, "data-values"))
+
+
+def test_each_panel_shows_the_models_own_numbers_for_the_picked_token(pages, open_page):
+    """From the embedding to the logit lens, for token 5, layer 1, head 1: every vector on
+    the page is the embedded one (or, where the page adds two of them, their sum); q before
+    the rotation is LN(x) W_Q + b, and turned by RoPE it is the model's q."""
+    from model.positional import RotaryEmbedding, apply_rotary
+
+    path, data = pages["char"]
+    c = data["config"]
+    page = open_page(path.as_uri())
+    page.page.click('.token[data-index="5"]')
+    page.page.click('canvas.thumb[data-layer="1"][data-head="1"]')
+    layer = data["layers"][1]
+    assert shown(page, '#embedding [data-name="wte"]') == pytest.approx(array(data["embedding"]["token"])[5], abs=1e-6)
+    assert shown(page, '#embedding [data-name="sum"]') == pytest.approx(array(data["layers"][0]["residual_in"])[5], abs=1e-6)
+    angle = float(page.page.get_attribute("#rope-angle", "data-value"))
+    assert angle == pytest.approx(5.0) and "Position 5 enters in every layer" in page.text("#rope-angle")
+    # 2. q, k and v: the model's, and q before the rotation from W_Q
+    assert shown(page, '#qkv [data-name="ln_1"]') == pytest.approx(array(layer["ln_1"])[5], abs=1e-6)
+    q_model = shown(page, '#qkv [data-name="q-model"]')
+    assert q_model == pytest.approx(array(layer["heads"][1]["q"])[5], abs=1e-6)
+    before = torch.tensor(shown(page, '#qkv [data-name="q-before"]'))
+    cos, sin = RotaryEmbedding(c["head_size"], c["rope_base"])(torch.tensor([[5]]))
+    assert apply_rotary(before, cos[0, 0], sin[0, 0])[0].tolist() == pytest.approx(q_model, abs=1e-5)
+    assert shown(page, '#qkv [data-name="v-model"]') == pytest.approx(array(layer["heads"][1]["v"])[5], abs=1e-6)
+    page.page.click('#qkv [data-which="q"] button.coordinate[data-dim="3"]')
+    W, b = decoded(layer["c_attn"]["weight"]), decoded(layer["c_attn"]["bias"])
+    row = 1 * c["head_size"] + 3  # head 1's coordinate 3 of q
+    x = array(layer["ln_1"])[5]
+    assert page.values("#projection-terms li") == pytest.approx([xi * w for xi, w in zip(x, W[row])], abs=1e-6)
+    total = float(page.page.get_attribute("#projection-terms .sum", "data-value"))
+    assert total == pytest.approx(float(x @ W[row] + b[row]), abs=1e-5) == pytest.approx(before[3].item(), abs=1e-5)
+    # 4. after attention
+    heads = [array(h["output"])[5] for h in layer["heads"]]
+    assert shown(page, '#block [data-name="concat"]') == pytest.approx(sum(heads, []), abs=1e-6)
+    attn, stream = array(layer["attn"])[5], array(layer["residual_in"])[5]
+    assert shown(page, '#block [data-name="attn"]') == pytest.approx(attn, abs=1e-6)
+    assert shown(page, '#block [data-name="mid"]') == pytest.approx([a + s for a, s in zip(attn, stream)], abs=1e-5)
+    assert shown(page, '#block [data-name="ln_2"]') == pytest.approx(array(layer["ln_2"])[5], abs=1e-6)
+    assert shown(page, '#block [data-name="mlp"]') == pytest.approx(array(layer["mlp"])[5], abs=1e-6)
+    assert shown(page, '#block [data-name="residual_out"]') == pytest.approx(array(layer["residual_out"])[5], abs=1e-6)
+    units = page.page.eval_on_selector_all("#block [data-unit]", "items => items.map(i => Number(i.dataset.unit))")
+    assert units == layer["mlp_top"]["ids"][5] and page.values("#block [data-unit]") == pytest.approx(layer["mlp_top"]["values"][5])
+    assert shown(page, '#block [data-name="ln_f"]') == pytest.approx(array(data["ln_f"])[5], abs=1e-6)  # (1 is the last)
+    bars = page.page.eval_on_selector_all('#norms-chart rect[data-name="attn"]', "r => r.map(b => Number(b.dataset.value))")
+    assert bars == pytest.approx([float(torch.tensor(array(l["attn"])[5]).norm()) for l in data["layers"]], rel=1e-5)
+    # 5. the logit lens
+    for l, stored in enumerate(data["layers"]):
+        ids = page.page.eval_on_selector_all(f'#lens tr[data-layer="{l}"] td', "cells => cells.map(c => Number(c.dataset.id))")
+        assert ids == stored["lens"]["ids"][5]
+    # reading it: labels, lines, and one query across every head
+    lines = page.page.eval_on_selector_all('#head-lines line[data-query="5"]', "ls => ls.map(l => [Number(l.dataset.key), Number(l.dataset.value)])")
+    weights = array(layer["heads"][1]["weights"])[5]
+    assert lines == [[j, pytest.approx(w, abs=1e-6)] for j, w in enumerate(weights[:6]) if w >= 0.01]
+    strip = json.loads(page.page.get_attribute('#query-grid canvas[data-layer="0"][data-head="1"]', "data-values"))
+    assert strip == pytest.approx(array(data["layers"][0]["heads"][1]["weights"])[5], abs=1e-6)
+    assert page.errors == [] and page.requests == []
+    for panel in ("embedding", "query", "map", "head-view", "qkv", "steps", "block", "lens", "prediction"):
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.page.locator(f"#{panel}-panel").screenshot(path=str(ARTIFACTS / f"explorer-panel-{panel}.png"))
+
+
+def test_the_experiments_change_what_they_should_and_back(pages, open_page):
+    path, data = pages["char"]
+    page = open_page(path.as_uri())
+    page.page.click('.token[data-index="4"]')
+    head = data["layers"][0]["heads"][0]
+    q, k = torch.tensor(array(head["q"]), dtype=torch.float64), torch.tensor(array(head["k"]), dtype=torch.float64)
+    scores = k @ q[4]
+    own = page.values('#steps td[data-step="4"]')
+    page.page.check("#no-scale")  # the softmax of unscaled scores: sharper
+    unscaled = torch.softmax(scores.masked_fill(torch.arange(len(scores)) > 4, -math.inf), -1)
+    assert page.values('#steps td[data-step="x"]') == pytest.approx(unscaled.tolist(), abs=1e-5)
+    assert max(unscaled[:5]) > max(own) and page.values('#steps td[data-step="4"]') == own  # the model's stay
+    page.page.uncheck("#no-scale")
+    page.page.check("#no-mask")  # the future keys get weight
+    unmasked = torch.softmax(scores / math.sqrt(len(q[4])), -1)
+    assert page.values('#steps td[data-step="x"]') == pytest.approx(unmasked.tolist(), abs=1e-5)
+    assert "the future keys now take" in page.text("#experiment-note")
+    page.page.uncheck("#no-mask")
+    assert page.page.eval_on_selector_all('#steps td[data-step="x"]', "c => c.map(x => x.textContent)") == [""] * len(own)
+    assert page.page.query_selector("#experiment-output") is None
+    # one head switched off: the model's run without it, beside the model's own
+    best = max(((l, h) for l in range(2) for h in range(2)), key=lambda lh: data["ablation"][lh[0]][lh[1]]["kl"])
+    assert f"layer {best[0]}, head {best[1]}" in page.text("#ablation-ranking")
+    page.page.click(f'.ablate[data-layer="{best[0]}"][data-head="{best[1]}"]')
+    off = data["ablation"][best[0]][best[1]]
+    rows = page.page.eval_on_selector_all("#prediction tr[data-id]", "r => r.map(x => [Number(x.dataset.id), x.querySelector('.ablated').dataset.value])")
+    probs = dict(zip(off["ids"], off["probs"]))
+    assert rows and all(float(v) == pytest.approx(probs[i], abs=1e-6) for i, v in rows if i in probs)
+    assert f"with layer {best[0]}, head {best[1]} off" in page.text("#ablation-head")
+    page.page.click(f'.ablate[data-layer="{best[0]}"][data-head="{best[1]}"]')  # and on again
+    assert page.text("#ablation-head") == "" and page.errors == []
+
+
+def test_tokens_cut_by_top_k_or_top_p_say_so(pages, open_page):
+    page = open_page(pages["char"][0].as_uri())
+    page.page.fill("#top-k", "3")
+    cuts = page.page.eval_on_selector_all("#prediction td.probability", "c => c.map(x => x.dataset.cut)")
+    assert cuts[:3] == ["", "", ""] and set(cuts[3:]) == {"topK"} and "0 (cut by top-k)" in page.text("#prediction")
+    page.page.fill("#top-k", "")
+    page.page.fill("#top-p", "0.05")
+    cuts = page.page.eval_on_selector_all("#prediction td.probability", "c => c.map(x => x.dataset.cut)")
+    assert cuts[0] == "" and "topP" in cuts and "cut by top-p" in page.text("#prediction")
+
+
+def test_the_model_switch_shows_the_model_at_initialisation_and_back(pages, open_page):
+    path, data = pages["char"]
+    init = embedded((path.parent / "char.init.html").read_text(encoding="utf-8"))
+    page = open_page(path.as_uri())
+    page.page.click('.token[data-index="5"]')
+    page.page.click('canvas.thumb[data-layer="1"][data-head="0"]')
+    page.page.click("#lang")
+    assert page.text("#model-state") == "训练后的模型"
+    page.page.click("#model-switch")
+    page.page.wait_for_url("**/char.init.html#*")
+    assert page.text("#model-state") == "初始化时的模型" and "第 2 层" in page.text("#steps-title")  # where it was
+    assert page.values('#steps td[data-step="4"]') == pytest.approx(array(init["layers"][1]["heads"][0]["weights"])[5], abs=1e-5)
+    assert init["model"] == "init" and init["tokens"] == data["tokens"]
+    page.page.click("#model-switch")
+    page.page.wait_for_url("**/char.html#*")
+    assert page.text("#model-state") == "训练后的模型" and "第 6 个 token" in page.text("#steps-title")
+    assert page.requests == [] and page.errors == []
 
 
 def test_every_label_switches_to_chinese_and_back(pages, open_page):
@@ -160,7 +303,7 @@ def test_every_label_switches_to_chinese_and_back(pages, open_page):
     shown = page.page.eval_on_selector_all("body *", "nodes => nodes.map(n => n.childNodes.length === 1 ? n.textContent : '')")
     assert not english & set(shown)
     for selector, word in (("#steps-title", "五个步骤"), ("#step-2", "缩放"), ("#step-3", "因果掩码"),
-                           ("#block-lines", "残差连接"), ("#map-title", "注意力权重")):
+                           ("#block", "残差连接"), ("#map-title", "注意力权重"), ("#grid", "第 1 层"), ("#grid", "第 1 个头")):
         assert word in page.text(selector)
     page.screenshot("explorer-zh.png")
     page.page.click("#lang")
@@ -188,7 +331,7 @@ def test_sampling_controls_follow_model_sampling(pages, open_page, temperature, 
     prediction = data["prediction"]
     sampling = Sampling(float(temperature), int(top_k) if top_k else None, float(top_p) if top_p else None,
                         tuple(prediction["suppressed"]))
-    expected = next_token_probabilities(torch.tensor([prediction["logits"]]), sampling)[0]
+    expected = next_token_probabilities(torch.from_numpy(decoded(prediction["logits"]).copy())[None], sampling)[0]
     ids = [int(i) for i in page.page.eval_on_selector_all("#prediction tr[data-id]", "rows => rows.map(r => r.dataset.id)")]
     assert len(ids) == 20 and page.values("#prediction td.probability") == pytest.approx(expected[ids].tolist(), abs=1e-5)
     assert prediction["suppressed"] and page.text("#suppressed").startswith("Never generated: <unk>")
@@ -216,7 +359,9 @@ def start_server(run: Path) -> tuple[subprocess.Popen, int]:
 
 @pytest.fixture(scope="module")
 def served_run(tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("served") / "run")
+    run = make_run(tmp_path_factory.mktemp("served") / "run")
+    (run / "config.yaml").write_text("train:\n  seed: 3\n")  # so that it can re-create its initial model
+    return run
 
 
 @pytest.fixture
@@ -254,6 +399,9 @@ def test_the_server_answers_its_api_and_refuses_the_rest(server):
     assert status == 200 and "".join(t["text"] for t in answer["data"]["tokens"]) == "But soft"
     status, answer = api(port, "/api/next", {"ids": answer["ids"], "temperature": 0})
     assert status == 200 and answer["prompt"].startswith("But soft") and len(answer["ids"]) == 9
+    status, init = api(port, "/api/explore", {"ids": answer["ids"], "model": "init"})  # the same tokens, at init
+    assert status == 200 and init["data"]["model"] == "init" and init["data"]["tokens"] == answer["data"]["tokens"]
+    assert init["data"]["layers"][0]["attn"] != answer["data"]["layers"][0]["attn"]
     refused = [
         (request(port, "GET", "/", host="evil.example:80"), 421, "answers only to"),
         (request(port, "GET", "/tokenizer.json"), 404, "nothing at"),
@@ -268,9 +416,12 @@ def test_the_server_answers_its_api_and_refuses_the_rest(server):
         (request(port, "POST", "/api/explore", json.dumps({"prompt": ""}).encode()), 400, "empty"),
         (request(port, "POST", "/api/next", json.dumps({"ids": [10**6]}).encode()), 400, "token ids"),
         (request(port, "POST", "/api/next", json.dumps({"prompt": "R", "top_k": 0}).encode()), 400, "top_k"),
+        (request(port, "POST", "/api/explore", json.dumps({"prompt": "R", "model": "other"}).encode()), 400, "model"),
     ]
     for (status, _, body), expected, reason in refused:
         assert status == expected and reason in json.loads(body)["error"], body
+    _, _, body = request(port, "POST", "/api/explore", json.dumps({"prompt": "Zebra"}).encode())
+    assert json.loads(body)["code"] == "unknown" and json.loads(body)["values"] == {"characters": "'Z'"}
     assert request(port, "GET", "/")[0] == 200  # still serving
 
 
@@ -303,6 +454,25 @@ def test_a_typed_prompt_updates_the_page_token_by_token(server, open_page):
     assert page.page.input_value("#prompt").startswith("But soft") and len(page.page.input_value("#prompt")) == 11
     assert page.requests == [] and page.errors == []
     page.screenshot("explorer-served.png")
+
+
+def test_the_servers_refusals_are_in_the_pages_language(server, open_page):
+    _, port = server
+    page = open_page(f"http://127.0.0.1:{port}/", allow=f"http://127.0.0.1:{port}/")
+    page.page.wait_for_selector("#tokens .token")
+    page.page.click("#lang")
+    page.page.fill("#prompt", "Zebra")
+    page.page.click("#show")
+    expect(page.page.locator("#status")).to_have_text("提示词里有这个模型训练时从未见过的字符：'Z'；请删掉或替换它们。")
+    page.page.fill("#prompt", "")
+    page.page.click("#show")
+    expect(page.page.locator("#status")).to_have_text("提示词是空的；请输入一些文字。")
+    page.page.fill("#prompt", "But soft")
+    page.page.click("#show")
+    expect(page.page.locator("#tokens .token")).to_have_count(8)
+    page.page.click("#model-switch")  # served: the server re-creates the model at initialisation
+    expect(page.page.locator("#model-state")).to_have_text("初始化时的模型")
+    assert [e for e in page.errors if "status of 400" not in e] == []  # (Chromium notes each refused request)
 
 
 def test_ctrl_c_stops_the_server(server):

@@ -1,7 +1,6 @@
-// The attention explorer. The data comes from the model's own forward pass (explorer/data.py);
-// this script draws it, and computes only what the lesson is about: steps 1 to 5 of one head
-// from its q, k and v, and the next-token distribution under the learner's sampling settings
-// (the rule of model/sampling.py). Text always goes in through textContent, never innerHTML.
+// The explorer: one token followed through the whole model, with the model's own numbers
+// (explorer/data.py). This script draws them; what it computes is in numbers.js. Text
+// always goes in through textContent, never innerHTML.
 "use strict";
 
 const STRINGS = JSON.parse(document.getElementById("explorer-strings").textContent);
@@ -9,14 +8,21 @@ const SETTINGS = JSON.parse(document.getElementById("explorer-settings").textCon
 let DATA = JSON.parse(document.getElementById("explorer-data").textContent);
 let dataVersion = 0; // counts the data the page has shown (the server sends new data)
 
-const state = { lang: SETTINGS.lang, layer: 0, head: 0, query: 0, key: null, locked: false, preview: null };
+const state = { lang: SETTINGS.lang, layer: 0, head: 0, query: 0, key: null, locked: false, preview: null,
+  noScale: false, noMask: false, ablate: null, coordinate: null };
 
 // ---- small helpers --------------------------------------------------------------------
 
+// A string of the page's language. Chinese counts from 1 (第 1 层): every number n passed
+// in is also there as {n1} = n + 1; English counts from 0, as the code does, and says so.
 function t(key, values = {}) {
   const text = STRINGS[state.lang][key] ?? STRINGS.en[key] ?? key;
-  return text.replace(/\{(\w+)\}/g, (_, name) => String(values[name] ?? ""));
+  const all = { ...values };
+  for (const [name, value] of Object.entries(values)) if (typeof value === "number") all[`${name}1`] = value + 1;
+  return text.replace(/\{(\w+)\}/g, (_, name) => String(all[name] ?? ""));
 }
+
+const word = (group, name) => STRINGS.words[state.lang][group][name]; // inspection/words.json
 
 function el(tag, attributes = {}, ...children) {
   const node = document.createElement(tag);
@@ -30,63 +36,41 @@ function el(tag, attributes = {}, ...children) {
 }
 
 const $ = (id) => document.getElementById(id);
-const fmt = (x, digits = 4) => (x === -Infinity ? "−∞" : x.toFixed(digits).replace("-", "−"));
+const fmt = (x, digits = 4) => (x === -Infinity ? "−∞" : x === Infinity ? "∞" : x.toFixed(digits).replace("-", "−"));
 // spaces, newlines and tabs made visible, so that every token can be seen
 const visible = (text) => text.replace(/ /g, "␣").replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍");
+const tokenLabel = (token) => (token.bytes ? `⟨${token.bytes}⟩` : visible(token.text));
+const textOf = (id) => visible(DATA.texts[String(id)] ?? `#${id}`);
+const index = (i) => t("tokenIndex", { i }); // a token's number: from 0 in English, from 1 in Chinese
 
-function dot(a, b) {
-  let sum = 0;
-  for (let d = 0; d < a.length; d++) sum += a[d] * b[d];
-  return sum;
+// A vector on screen: its numbers as text, the exact values in data-values (tests read them).
+function vectorBox(vector, name, digits = 3) {
+  return el("p", { class: "vector mono", "data-name": name, "data-values": JSON.stringify(vector),
+    text: vector.map((x) => fmt(x, digits)).join("  ") });
 }
 
-function softmax(values) {
-  const max = Math.max(...values);
-  if (max === -Infinity) return values.map(() => 0);
-  const exps = values.map((v) => Math.exp(v - max));
-  const total = exps.reduce((a, b) => a + b, 0);
-  return exps.map((e) => e / total);
+function vectorRow(label, shape, vector, name) {
+  return el("div", { class: "vector-row" }, el("h4", {}, el("span", { text: label }), " ",
+    el("span", { class: "shape mono", text: shape })), vectorBox(vector, name));
 }
 
-// ---- the five steps, for one head and one query ----------------------------------------
+// ---- the picked token's numbers, from the data -----------------------------------------
 
-function fiveSteps(head, query) {
-  const q = head.q[query];
-  const dk = q.length;
-  const scale = 1 / Math.sqrt(dk);
-  const scores = head.k.map((k) => dot(q, k)); // 1. similarity q·k for every key
-  const scaled = scores.map((s) => s * scale); // 2. scale by 1/√d_k
-  const masked = scaled.map((s, j) => (j > query ? -Infinity : s)); // 3. causal mask
-  const weights = softmax(masked); // 4. softmax over the keys
-  const contributions = head.v.map((v, j) => v.map((x) => weights[j] * x)); // 5. w_j v_j
-  const output = q.map((_, d) => contributions.reduce((sum, c) => sum + c[d], 0));
-  return { dk, scale, scores, scaled, masked, weights, contributions, output };
+function view() {
+  return state.preview ? { ...state, ...state.preview } : state;
 }
 
-// ---- the next-token distribution: model/sampling.py's rule -----------------------------
+const layerData = (l) => DATA.layers[l];
+const residualOut = (l) => rowOf(l + 1 < DATA.layers.length ? layerData(l + 1).residual_in : layerData(l).residual_out,
+  view().query);
 
-function nextTokenProbabilities(logits, sampling) {
-  let values = logits.slice();
-  for (const id of sampling.suppress) values[id] = -Infinity;
-  if (sampling.temperature === 0) { // greedy: all the mass on the likeliest allowed token
-    const best = values.indexOf(Math.max(...values));
-    return values.map((_, i) => (i === best ? 1 : 0));
-  }
-  values = values.map((v) => v / sampling.temperature);
-  if (sampling.topK !== null && sampling.topK < values.length) {
-    const kth = values.slice().sort((a, b) => b - a)[sampling.topK - 1];
-    values = values.map((v) => (v < kth ? -Infinity : v));
-  }
-  if (sampling.topP !== null && sampling.topP < 1) {
-    const order = values.map((_, i) => i).sort((a, b) => values[b] - values[a]);
-    const probs = softmax(order.map((i) => values[i]));
-    let before = 0; // probability of the tokens ranked above this one
-    order.forEach((id, rank) => {
-      if (before >= sampling.topP) values[id] = -Infinity; // the ones above already reach top_p
-      before += probs[rank];
-    });
-  }
-  return softmax(values);
+// what the attention layer projects to q, k and v: LN(x) with pre-LN; x itself with post-LN
+const attentionInput = (layer, position) => rowOf(DATA.config.norm_position === "post" ? layer.residual_in : layer.ln_1,
+  position);
+
+function headVectors(l, h) { // q, k, v and weights of one head, as rows
+  const head = layerData(l).heads[h];
+  return { q: rows(head.q), k: rows(head.k), v: rows(head.v), weights: rows(head.weights), output: rows(head.output) };
 }
 
 // ---- drawing ------------------------------------------------------------------------------
@@ -101,26 +85,48 @@ function colour(weight) {
   return `rgb(${rgb.join(", ")})`;
 }
 
-function drawMap(canvas, weights, cell, query) {
+const masked = (weights) => weights.map((row, i) => row.map((w, j) => (j > i ? null : w)));
+
+function drawMap(canvas, weights, cell, query, margin = 0) {
   const T = weights.length;
-  canvas.width = canvas.height = T * cell;
+  canvas.width = canvas.height = T * cell + margin;
   const ctx = canvas.getContext("2d");
-  weights.forEach((row, i) => row.forEach((w, j) => {
+  ctx.fillStyle = "white";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  masked(weights).forEach((row, i) => row.forEach((w, j) => {
     ctx.fillStyle = colour(w);
-    ctx.fillRect(j * cell, i * cell, cell, cell);
+    ctx.fillRect(margin + j * cell, margin + i * cell, cell, cell);
   }));
   if (query !== null) { // the query row that the steps below explain
     ctx.strokeStyle = "rgb(230, 40, 40)";
     ctx.lineWidth = Math.max(1, cell / 4);
-    ctx.strokeRect(0, query * cell, T * cell, cell);
+    ctx.strokeRect(margin, margin + query * cell, T * cell, cell);
   }
+  return ctx;
 }
 
-// ---- the panels -----------------------------------------------------------------------
-
-function view() {
-  return state.preview ? { ...state, ...state.preview } : state;
+// Token labels on both axes, every `every`-th one where they would overlap; the readout
+// below the map names the token under the mouse whatever its label.
+function drawLabels(ctx, cell, margin) {
+  const T = DATA.tokens.length;
+  const every = Math.max(1, Math.ceil(12 / cell));
+  ctx.fillStyle = "#5f6368";
+  ctx.font = `${Math.min(11, Math.max(8, cell))}px monospace`;
+  for (let i = 0; i < T; i += every) {
+    const label = `${index(i)} ${tokenLabel(DATA.tokens[i])}`.slice(0, 8);
+    ctx.textAlign = "right";
+    ctx.fillText(label, margin - 3, margin + i * cell + cell * 0.8); // the query's row
+    ctx.save();
+    ctx.translate(margin + i * cell + cell * 0.8, margin - 3);
+    ctx.rotate(-Math.PI / 2);
+    ctx.textAlign = "left";
+    ctx.fillText(label, 0, 0); // the key's column
+    ctx.restore();
+  }
+  return every;
 }
+
+// ---- the header, the tokens, the model switch ---------------------------------------------
 
 function renderHeader() {
   const c = DATA ? DATA.config : null;
@@ -128,14 +134,14 @@ function renderHeader() {
   $("lock-state").textContent = state.locked ? t("locked") : t("unlocked");
   $("model-line").textContent = c ? t("modelLine", {
     layers: c.n_layer, heads: c.n_head, width: c.n_embd, dk: c.head_size, block: c.block_size,
-    vocab: c.vocab_size, positions: c.pos_encoding }) : "";
+    vocab: c.vocab_size, positions: word("positions", c.pos_encoding), norm: word("norms", c.norm) }) : "";
+  const init = DATA && DATA.model === "init";
+  $("model-state").textContent = DATA ? t(init ? "showingInit" : "showingTrained") : "";
+  $("model-switch").textContent = t(init ? "switchToTrained" : "switchToInit");
+  $("model-switch").hidden = !DATA || !(SETTINGS.server || SETTINGS.counterpart);
   document.documentElement.lang = state.lang === "zh" ? "zh-CN" : "en";
   document.title = t("title");
   for (const node of document.querySelectorAll("[data-i18n]")) node.textContent = t(node.dataset.i18n);
-}
-
-function tokenLabel(token) {
-  return token.bytes ? `⟨${token.bytes}⟩` : visible(token.text);
 }
 
 function renderTokens() {
@@ -144,17 +150,41 @@ function renderTokens() {
   const v = view();
   DATA.tokens.forEach((token, i) => {
     const chip = el("button", { type: "button", class: "token", "data-index": i, title: `id ${token.id}` },
-      el("span", { class: "index", text: String(i) }), el("span", { class: "piece", text: tokenLabel(token) }));
+      el("span", { class: "index", text: index(i) }), el("span", { class: "piece", text: tokenLabel(token) }));
     if (token.joined) chip.append(el("span", { class: "joined", text: `→ ${visible(token.joined)}` }));
     if (i === v.query) chip.classList.add("selected");
     chip.addEventListener("mouseenter", () => preview({ query: i, key: null }));
     chip.addEventListener("mouseleave", () => preview(null));
-    chip.addEventListener("click", () => choose({ query: i, key: null }));
+    chip.addEventListener("click", () => choose({ query: i, key: null, coordinate: null }));
     box.append(chip);
   });
   $("tokens-note").textContent = t("tokensNote", { count: DATA.tokens.length })
     + (DATA.truncated ? " " + t("truncated", { count: DATA.truncated }) : "");
 }
+
+// ---- 1. from token to vector ---------------------------------------------------------------
+
+function renderEmbedding() {
+  const v = view();
+  const c = DATA.config;
+  const token = DATA.tokens[v.query];
+  const wte = rowOf(DATA.embedding.token, v.query);
+  const box = $("embedding");
+  $("embedding-title").textContent = t("embeddingTitle", { query: v.query, text: tokenLabel(token) });
+  box.replaceChildren(el("p", { class: "note", text: t("embeddingId", { id: token.id, vocab: c.vocab_size }) }),
+    vectorRow(t("wteRow", { id: token.id }), `[C] = [${c.n_embd}]`, wte, "wte"));
+  if (DATA.embedding.position === null) {
+    const angles = ropeAngles(v.query, c.head_size, c.rope_base);
+    box.append(el("p", { class: "note", id: "rope-angle", "data-value": angles[0], text: t("ropeEmbedding", {
+      query: v.query, first: fmt(angles[0], 4), last: fmt(angles[angles.length - 1], 6), half: angles.length - 1 }) }));
+  } else {
+    box.append(vectorRow(t("positionRow", { query: v.query, kind: word("positions", c.pos_encoding) }),
+      `[C] = [${c.n_embd}]`, rowOf(DATA.embedding.position, v.query), "position"));
+  }
+  box.append(vectorRow(t("streamIn"), `[C] = [${c.n_embd}]`, rowOf(layerData(0).residual_in, v.query), "sum"));
+}
+
+// ---- every layer and head; one query across them all ------------------------------------------
 
 let gridDrawn = null; // the data and language the grid was drawn for: redrawn only when they change
 
@@ -173,10 +203,10 @@ function renderGrid() {
       layer.heads.forEach((head, h) => {
         const canvas = el("canvas", { class: "thumb", "data-layer": l, "data-head": h,
           title: t("layerHead", { layer: l, head: h }) });
-        drawMap(canvas, head.weights, cell, null);
+        drawMap(canvas, rows(head.weights), cell, null);
         canvas.addEventListener("mouseenter", () => preview({ layer: l, head: h }));
         canvas.addEventListener("mouseleave", () => preview(null));
-        canvas.addEventListener("click", () => choose({ layer: l, head: h }));
+        canvas.addEventListener("click", () => choose({ layer: l, head: h, coordinate: null }));
         grid.append(canvas);
       });
     });
@@ -186,52 +216,211 @@ function renderGrid() {
   }
 }
 
+function renderQueryGrid() { // the picked query's row of weights in every layer and head at once
+  const v = view();
+  const T = DATA.tokens.length;
+  const box = $("query-grid");
+  $("query-title").textContent = t("queryTitle", { query: v.query, text: tokenLabel(DATA.tokens[v.query]) });
+  box.replaceChildren();
+  box.style.gridTemplateColumns = `auto repeat(${DATA.config.n_head}, auto)`;
+  box.append(el("span"));
+  for (let h = 0; h < DATA.config.n_head; h++) box.append(el("span", { class: "axis", text: t("headN", { n: h }) }));
+  const cell = Math.max(2, Math.floor(160 / T));
+  DATA.layers.forEach((layer, l) => {
+    box.append(el("span", { class: "axis", text: t("layerN", { n: l }) }));
+    layer.heads.forEach((head, h) => {
+      const weights = rowOf(head.weights, v.query);
+      const strip = el("canvas", { class: "strip", "data-layer": l, "data-head": h, "data-values": JSON.stringify(weights),
+        title: t("layerHead", { layer: l, head: h }) });
+      strip.width = T * cell;
+      strip.height = 14;
+      const ctx = strip.getContext("2d");
+      weights.forEach((w, j) => { ctx.fillStyle = colour(j > v.query ? null : w); ctx.fillRect(j * cell, 0, cell, 14); });
+      strip.addEventListener("click", () => choose({ layer: l, head: h, coordinate: null }));
+      box.append(strip);
+    });
+  });
+}
+
+// ---- the picked head: its map, with token labels, and its lines ------------------------------
+
+const MAP_MARGIN = 64; // pixels of the map's canvas left for the token labels
+
+function mapCellSize() {
+  return Math.max(2, Math.min(24, Math.floor(480 / DATA.tokens.length)));
+}
+
 function renderMap() {
   const v = view();
-  const head = DATA.layers[v.layer].heads[v.head];
-  const T = DATA.tokens.length;
+  const { weights } = headVectors(v.layer, v.head);
+  const cell = mapCellSize();
   $("map-title").textContent = t("mapTitle", { layer: v.layer, head: v.head });
-  drawMap($("map"), head.weights, Math.max(2, Math.min(24, Math.floor(480 / T))), v.query);
+  const ctx = drawMap($("map"), weights, cell, v.query, MAP_MARGIN);
+  const every = drawLabels(ctx, cell, MAP_MARGIN);
+  $("labels-note").textContent = every > 1 ? t("labelsEvery", { every }) : "";
   const c = DATA.config;
-  $("position-note").textContent = c.pos_encoding === "rope" ? t("ropeNote") : t("additiveNote", { kind: c.pos_encoding });
+  $("position-note").textContent = c.pos_encoding === "rope" ? t("ropeNote")
+    : t("additiveNote", { kind: word("positions", c.pos_encoding) });
+  renderHeadView(weights, v.query);
 }
 
 function mapCell(event) {
   const canvas = $("map");
   const T = DATA.tokens.length;
   const box = canvas.getBoundingClientRect();
-  const i = Math.floor(((event.clientY - box.top) / box.height) * T);
-  const j = Math.floor(((event.clientX - box.left) / box.width) * T);
+  const scale = canvas.width / box.width; // CSS pixels to canvas pixels
+  const cell = mapCellSize();
+  const i = Math.floor(((event.clientY - box.top) * scale - MAP_MARGIN) / cell);
+  const j = Math.floor(((event.clientX - box.left) * scale - MAP_MARGIN) / cell);
   return i >= 0 && i < T && j >= 0 && j < T ? { query: i, key: j } : null;
 }
 
 function showReadout(cell) {
   const v = view();
   if (!cell) { $("map-readout").textContent = ""; return; }
-  const w = DATA.layers[v.layer].heads[v.head].weights[cell.query][cell.key];
+  const w = headVectors(v.layer, v.head).weights[cell.query][cell.key];
   $("map-readout").textContent = t("readout", {
     query: cell.query, qtext: tokenLabel(DATA.tokens[cell.query]), key: cell.key,
-    ktext: tokenLabel(DATA.tokens[cell.key]), weight: w === null ? t("maskedWord") : fmt(w, 6) });
+    ktext: tokenLabel(DATA.tokens[cell.key]), weight: cell.key > cell.query ? t("maskedWord") : fmt(w, 6) });
 }
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function svg(tag, attributes = {}) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
+  return node;
+}
+
+// bertviz's "head view": the tokens twice, queries on the left and keys on the right, a line
+// from each query to each key it may see, as thick as its weight; the picked query's in red.
+function renderHeadView(weights, query) {
+  const T = DATA.tokens.length;
+  const step = 16, width = 300, height = T * step + 8;
+  const box = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, id: "head-lines" });
+  DATA.tokens.forEach((token, i) => {
+    for (const [x, anchor] of [[95, "end"], [205, "start"]]) {
+      const label = svg("text", { x, y: 12 + i * step, "text-anchor": anchor, class: i === query ? "picked" : "" });
+      label.textContent = `${index(i)} ${tokenLabel(token)}`.slice(0, 14);
+      box.append(label);
+    }
+  });
+  weights.forEach((row, i) => row.forEach((w, j) => {
+    if (j > i || w < 0.01) return; // masked, or too faint to draw
+    const line = svg("line", { x1: 100, y1: 8 + i * step, x2: 200, y2: 8 + j * step, "data-query": i, "data-key": j,
+      "data-value": w, "stroke-width": (0.5 + 5 * w).toFixed(2),
+      stroke: i === query ? "rgb(214, 40, 40)" : "rgb(59, 82, 139)", "stroke-opacity": i === query ? 0.9 : 0.15 * w + 0.03 });
+    box.append(line);
+  }));
+  $("head-view").replaceChildren(box);
+}
+
+// ---- 2. where q, k and v come from -----------------------------------------------------------
+
+function renderQKV() {
+  const v = view();
+  const c = DATA.config;
+  const layer = layerData(v.layer);
+  const x = attentionInput(layer, v.query); // what this layer projects, for the query token
+  const stats = normStatistics(rowOf(layer.residual_in, v.query), c.norm, c.norm_eps ?? 1e-5);
+  const key = v.key ?? v.query;
+  const head = headVectors(v.layer, v.head);
+  const box = $("qkv");
+  $("qkv-title").textContent = t("qkvTitle", { layer: v.layer, head: v.head, query: v.query, key });
+  const normNote = c.norm_position === "post" ? t("postNormNote")
+    : stats.rms !== undefined ? t("rmsNote", { rms: fmt(stats.rms, 6) })
+      : t("layerNormNote", { mean: fmt(stats.mean, 6), std: fmt(stats.std, 6) });
+  box.replaceChildren(el("p", { class: "note", id: "norm-stats", text: normNote }),
+    vectorRow(c.norm_position === "post" ? t("streamRow") : t("lnRow", { norm: word("norms", c.norm) }),
+      `[C] = [${c.n_embd}]`, x, "ln_1"));
+  if (!layer.c_attn) {
+    box.append(el("p", { class: "note", text: t("weightsLeftOut") }));
+  }
+  for (const [which, position] of [["q", v.query], ["k", key], ["v", key]]) {
+    box.append(projectionRow(which, position, head[which][position]));
+  }
+  renderTermsOfProjection(layer, v);
+}
+
+function projectionRow(which, position, traced) {
+  const v = view();
+  const c = DATA.config;
+  const row = el("div", { class: "vector-row", "data-which": which });
+  row.append(el("h4", { text: t(`${which}Row`, { position, text: tokenLabel(DATA.tokens[position]) }) }));
+  const rotated = c.pos_encoding === "rope" && which !== "v";
+  const layer = layerData(v.layer);
+  if (!layer.c_attn) { // too large to embed: the model's vector alone
+    row.append(vectorBox(traced, `${which}-model`));
+  } else if (rotated) { // RoPE: computed from the weights before the rotation, the model's after it
+    const before = projected(layer.c_attn, which, v.head, attentionInput(layer, position), c.n_embd, c.head_size);
+    row.append(el("p", { class: "note", text: t("beforeRotation", { position }) }),
+      coordinates(before, which, position, `${which}-before`),
+      el("p", { class: "note", text: t("afterRotation", { position }) }), vectorBox(traced, `${which}-model`));
+  } else { // the model's own vector, each coordinate a sum of products to click
+    row.append(el("p", { class: "note", text: t("modelVector") }), coordinates(traced, which, position, `${which}-model`));
+  }
+  return row;
+}
+
+function coordinates(vector, which, position, name) { // one button per coordinate: click for its sum
+  const box = el("p", { class: "vector mono coordinates", "data-name": name, "data-values": JSON.stringify(vector) });
+  vector.forEach((x, d) => {
+    const button = el("button", { type: "button", class: "coordinate", "data-dim": d, text: fmt(x, 3),
+      title: t("clickCoordinate") });
+    button.addEventListener("click", () => choose({ coordinate: { which, position, dim: d } }));
+    box.append(button);
+  });
+  return box;
+}
+
+function renderTermsOfProjection(layer, v) {
+  const box = $("projection-terms");
+  box.replaceChildren();
+  const c = DATA.config;
+  if (!v.coordinate || !layer.c_attn) { box.append(el("p", { class: "note", text: t("projectionHint") })); return; }
+  const { which, position, dim } = v.coordinate;
+  const x = attentionInput(layer, position);
+  const { terms, weights, bias, value } = projectionTerms(layer.c_attn, which, v.head, dim, x, c.n_embd, c.head_size);
+  box.append(el("h3", { text: t("projectionTitle", { which, dim, position, C: c.n_embd }) }));
+  const list = el("ul", { class: "terms" });
+  terms.forEach((term, i) => list.append(el("li", { "data-value": term,
+    text: `x[${i}]·W[${i}] = ${fmt(x[i], 3)} × ${fmt(weights[i], 3)} = ${fmt(term, 4)}` })));
+  box.append(list, el("p", { class: "sum", "data-value": value,
+    text: t("projectionSum", { C: c.n_embd, bias: fmt(bias, 4), value: fmt(value, 6) }) }));
+}
+
+// ---- 3. the five steps, complete, and the experiments on them --------------------------------
 
 function renderSteps() {
   const v = view();
-  const head = DATA.layers[v.layer].heads[v.head];
-  const s = fiveSteps(head, v.query);
-  const T = DATA.tokens.length;
-  const future = T - 1 - v.query;
-  const qtext = tokenLabel(DATA.tokens[v.query]);
-  $("steps-title").textContent = t("stepsTitle", { layer: v.layer, head: v.head, query: v.query, text: qtext });
-  $("step-1").textContent = t("step1", { dk: s.dk, rotated: DATA.config.pos_encoding === "rope" ? t("rotatedQK") : "" });
-  $("step-2").textContent = t("step2", { dk: s.dk, scale: s.scale.toFixed(6) });
-  $("step-3").textContent = future ? t("step3", { count: future }) : t("step3none");
-  const total = s.weights.reduce((a, b) => a + b, 0);
-  $("step-4").textContent = t("step4", { sum: total.toFixed(6) });
-  $("step-5").textContent = t("step5", { dk: s.dk });
+  const head = headVectors(v.layer, v.head);
+  const s = fiveSteps(head.q[v.query], head.k, head.v, v.query);
+  const experiment = v.noScale || v.noMask ? fiveSteps(head.q[v.query], head.k, head.v, v.query,
+    { scale: !v.noScale, mask: !v.noMask }) : null;
+  const future = DATA.tokens.length - 1 - v.query;
+  $("steps-title").textContent = t("stepsTitle", { layer: v.layer, head: v.head, query: v.query,
+    text: tokenLabel(DATA.tokens[v.query]) });
+  const name = (step) => word("steps", step);
+  $("step-1").textContent = t("step1", { name: name("similarity"), dk: s.dk,
+    rotated: DATA.config.pos_encoding === "rope" ? t("rotatedQK") : "" });
+  $("step-2").textContent = t("step2", { name: name("scale"), dk: s.dk, scale: s.factor.toFixed(6) });
+  $("step-3").textContent = future ? t("step3", { name: name("mask"), count: future }) : t("step3none", { name: name("mask") });
+  $("step-4").textContent = t("step4", { name: name("softmax"), total: fmt(s.total, 6), sum: s.weights.reduce((a, b) => a + b, 0).toFixed(6) });
+  $("step-5").textContent = t("step5", { name: name("weighted_sum"), dk: s.dk });
+  $("experiment-head").textContent = experiment ? t("colExperiment") : "";
+  stepRows(s, experiment, v);
+  $("weights-sum").textContent = `Σ = ${s.weights.reduce((a, b) => a + b, 0).toFixed(6)}`;
+  $("exps-sum").textContent = `Σ = ${fmt(s.total, 6)}`;
+  $("exps-sum").dataset.value = s.total;
+  renderTerms(head, v, s);
+  renderOutput(head, v, s, experiment);
+}
+
+function stepRows(s, experiment, v) {
   const largest = Math.max(...s.contributions.map(norm), 1e-12);
   const body = $("steps").tBodies[0];
   body.replaceChildren();
-  for (let j = 0; j < T; j++) {
+  for (let j = 0; j < s.scores.length; j++) {
     const isMasked = j > v.query;
     const scoreCell = el("td", { class: "num score", "data-step": "1", "data-key": j, "data-value": s.scores[j],
       tabindex: "0", title: t("clickScore"), text: fmt(s.scores[j]) });
@@ -241,24 +430,19 @@ function renderSteps() {
     const bar = el("span", { class: "bar" });
     bar.style.width = `${(60 * share) / largest}px`;
     const row = el("tr", { "data-key": j, class: isMasked ? "masked" : "" },
-      el("td", { class: "key", text: `${j} ${tokenLabel(DATA.tokens[j])}` }),
-      scoreCell,
+      el("td", { class: "key", text: `${index(j)} ${tokenLabel(DATA.tokens[j])}` }), scoreCell,
       el("td", { class: "num", "data-step": "2", "data-value": s.scaled[j], text: fmt(s.scaled[j]) }),
       el("td", { class: "num", "data-step": "3", "data-value": isMasked ? "-Infinity" : s.masked[j],
         text: isMasked ? `−∞ (${t("maskedWord")})` : fmt(s.masked[j]) }),
+      el("td", { class: "num", "data-step": "4e", "data-value": s.exps[j], text: isMasked ? "0" : s.exps[j].toPrecision(5) }),
       el("td", { class: "num", "data-step": "4", "data-value": s.weights[j], text: fmt(s.weights[j]) }),
       el("td", { class: "contribution", "data-step": "5", "data-value": share },
-        bar, el("span", { class: "num", text: isMasked ? "0" : fmt(share, 3) })));
+        bar, el("span", { class: "num", text: isMasked ? "0" : fmt(share, 3) })),
+      el("td", { class: "num experiment", "data-step": "x", "data-value": experiment ? experiment.weights[j] : "",
+        text: experiment ? fmt(experiment.weights[j]) : "" }));
     if (j === v.key) row.classList.add("selected");
     body.append(row);
   }
-  $("weights-sum").textContent = `Σ = ${total.toFixed(6)}`;
-  renderTerms(head, v, s);
-  renderOutput(head, v, s);
-}
-
-function norm(vector) {
-  return Math.sqrt(vector.reduce((sum, x) => sum + x * x, 0));
 }
 
 function renderTerms(head, v, s) {
@@ -275,28 +459,115 @@ function renderTerms(head, v, s) {
     text: t("termsSum", { dk: s.dk, value: fmt(s.scores[v.key], 6) }) }));
 }
 
-function renderOutput(head, v, s) {
-  const box = $("output");
+function renderOutput(head, v, s, experiment) {
   const model = head.output[v.query];
   const gap = Math.max(...s.output.map((x, d) => Math.abs(x - model[d])));
+  const key = v.key ?? v.query;
+  const box = $("output");
   box.replaceChildren(
+    el("h3", { text: t("valueTitle", { key, weight: fmt(s.weights[key], 6) }) }),
+    vectorRow(t("vjRow", { key }), `[d_k] = [${s.dk}]`, head.v[key], "v_j"),
+    vectorRow(t("wvRow", { key }), `[d_k] = [${s.dk}]`, s.contributions[key], "w_j v_j"),
     el("h3", { text: t("outputTitle", { query: v.query, dk: s.dk }) }),
-    el("p", { class: "vector mono", "data-values": JSON.stringify(s.output), text: s.output.map((x) => fmt(x, 3)).join("  ") }),
+    el("p", { class: "vector mono", id: "head-output", "data-values": JSON.stringify(s.output),
+      text: s.output.map((x) => fmt(x, 3)).join("  ") }),
     el("p", { class: "note", text: t("outputCheck", { gap: gap.toExponential(1) }) }));
+  if (experiment) {
+    const changed = Math.max(...experiment.output.map((x, d) => Math.abs(x - s.output[d])));
+    box.append(el("h3", { text: t(v.noMask ? "experimentMaskTitle" : "experimentScaleTitle") }),
+      el("p", { class: "vector mono", id: "experiment-output", "data-values": JSON.stringify(experiment.output),
+        text: experiment.output.map((x) => fmt(x, 3)).join("  ") }),
+      el("p", { class: "note", id: "experiment-note", text: t("experimentNote", { changed: fmt(changed, 4),
+        spread: fmt(Math.max(...experiment.weights), 4), own: fmt(Math.max(...s.weights), 4),
+        future: experiment.weights.slice(v.query + 1).reduce((a, b) => a + b, 0).toFixed(4) }) }));
+  }
+}
+
+// ---- 4. after attention: the rest of the block, layer by layer --------------------------------
+
+function blockPieces(l, position) { // the picked token's vectors through block l, in the order they are made
+  const layer = layerData(l);
+  const c = DATA.config;
+  const heads = layer.heads.map((head) => rowOf(head.output, position));
+  const pieces = [
+    ["concat", t("concatRow", { H: c.n_head, dk: c.head_size }), heads.flat()],
+    ["attn", t("attnRow"), rowOf(layer.attn, position)],
+  ];
+  if (c.norm_position === "post") {
+    pieces.push(["ln_1", t("postResidualRow", { norm: word("norms", c.norm), which: word("pieces", "attention") }),
+      rowOf(layer.ln_1, position)]);
+  } else {
+    pieces.push(["mid", t("residualRow"), add(rowOf(layer.residual_in, position), rowOf(layer.attn, position))],
+      ["ln_2", t("ln2Row", { norm: word("norms", c.norm) }), rowOf(layer.ln_2, position)]);
+  }
+  pieces.push(["mlp", t("mlpRow"), rowOf(layer.mlp, position)], ["residual_out", t("outRow"), residualOut(l)]);
+  return pieces;
 }
 
 function renderBlock() {
+  const v = view();
   const c = DATA.config;
-  const T = DATA.tokens.length;
-  const lines = [
-    t("blockConcat", { H: c.n_head, T, dk: c.head_size, C: c.n_embd }),
-    t("blockWO", { T, C: c.n_embd }),
-    t(c.norm_position === "pre" ? "blockResidualPre" : "blockResidualPost", { T, C: c.n_embd }),
-    t("blockFFN", { T, C: c.n_embd, F: 4 * c.n_embd }),
-    t("blockNext", { layers: c.n_layer }),
-  ];
-  $("block-lines").replaceChildren(...lines.map((line) => el("li", { text: line })));
+  const layer = layerData(v.layer);
+  $("block-title").textContent = t("blockTitle", { layer: v.layer, query: v.query, text: tokenLabel(DATA.tokens[v.query]) });
+  const box = $("block");
+  box.replaceChildren();
+  for (const [name, label, vector] of blockPieces(v.layer, v.query)) {
+    box.append(vectorRow(label, `[C] = [${c.n_embd}]`, vector, name));
+    if (name === "ln_2" || (name === "ln_1" && c.norm_position === "post")) box.append(hiddenUnits(layer, v.query));
+  }
+  if (v.layer === c.n_layer - 1) {
+    box.append(vectorRow(t("lnfRow", { norm: word("norms", c.norm) }), `[C] = [${c.n_embd}]`,
+      rowOf(DATA.ln_f, v.query), "ln_f"), el("p", { class: "note", text: t("logitsNote", { vocab: c.vocab_size }) }));
+  } else {
+    box.append(el("p", { class: "note", text: t("nextLayerNote", { next: v.layer + 1 }) }));
+  }
+  renderNormChart(v.query);
 }
+
+function hiddenUnits(layer, position) {
+  const top = layer.mlp_top;
+  const list = el("ol", { class: "units mono", "data-name": "mlp_top" });
+  top.ids[position].forEach((unit, i) => list.append(el("li", { "data-unit": unit, "data-value": top.values[position][i],
+    text: `${t("unit", { unit })}: ${fmt(top.values[position][i], 4)}` })));
+  return el("div", { class: "vector-row" }, el("h4", {}, el("span", { text: t("hiddenRow", { count: top.ids[position].length }) }),
+    " ", el("span", { class: "shape mono", text: `[F] = [${top.width}]` })), list);
+}
+
+function renderNormChart(position) { // each step's vector norm along the layers, for the picked token
+  const names = ["residual_in", "attn", "mlp", "residual_out"];
+  const norms = DATA.layers.map((layer, l) => [rowOf(layer.residual_in, position), rowOf(layer.attn, position),
+    rowOf(layer.mlp, position), residualOut(l)].map(norm));
+  const largest = Math.max(...norms.flat(), 1e-9);
+  const chart = svg("svg", { width: 60 + norms.length * 110, height: 150, id: "norms-chart" });
+  const colours = ["#8a8a8a", "#d62828", "#2a9d3f", "#1d1d1f"];
+  norms.forEach((values, l) => values.forEach((value, i) => {
+    const height = (110 * value) / largest;
+    chart.append(svg("rect", { x: 60 + l * 110 + i * 22, y: 120 - height, width: 18, height, fill: colours[i],
+      "data-layer": l, "data-name": names[i], "data-value": value }));
+  }));
+  norms.forEach((_, l) => {
+    const label = svg("text", { x: 60 + l * 110, y: 140 });
+    label.textContent = t("layerN", { n: l });
+    chart.append(label);
+  });
+  $("norm-chart").replaceChildren(chart);
+  $("norm-legend").replaceChildren(...names.map((name, i) => el("span", { class: "legend" },
+    el("span", { class: "swatch", style: `background:${colours[i]}` }), ` ${t(`norm_${name}`)}`)));
+}
+
+// ---- 5. what each layer would predict: the logit lens ---------------------------------------
+
+function renderLens() {
+  const v = view();
+  $("lens-title").textContent = t("lensTitle", { query: v.query, text: tokenLabel(DATA.tokens[v.query]) });
+  const body = $("lens").tBodies[0];
+  body.replaceChildren(...DATA.layers.map((layer, l) => el("tr", { "data-layer": l },
+    el("th", { text: t("layerN", { n: l }) }),
+    ...layer.lens.ids[v.query].map((id, r) => el("td", { "data-id": id, "data-value": layer.lens.probs[v.query][r] },
+      el("span", { class: "piece mono", text: textOf(id) }), ` ${fmt(layer.lens.probs[v.query][r], 3)}`)))));
+}
+
+// ---- the prediction, and the heads switched off one at a time ---------------------------------
 
 function readSampling() {
   const temperature = Number($("temperature").value);
@@ -312,25 +583,58 @@ function renderPrediction() {
   const sampling = readSampling();
   $("sampling-error").textContent = sampling.error ?? "";
   if (sampling.error) return;
-  const { logits, texts, suppressed } = DATA.prediction;
+  const { suppressed } = DATA.prediction;
+  const logits = Array.from(values(DATA.prediction.logits));
   const probs = nextTokenProbabilities(logits, sampling);
-  const ids = Object.keys(texts).map(Number).filter((id) => !suppressed.includes(id))
+  const ids = logits.map((_, i) => i).filter((id) => !suppressed.includes(id))
     .sort((a, b) => logits[b] - logits[a]).slice(0, 20);
-  const last = DATA.tokens[DATA.tokens.length - 1];
-  $("prediction-note").textContent = t("predictionNote", { text: tokenLabel(last) });
-  const body = $("prediction").tBodies[0];
-  body.replaceChildren(...ids.map((id) => {
+  const off = state.ablate && DATA.ablation[state.ablate[0]][state.ablate[1]];
+  const offProbs = off ? Object.fromEntries(off.ids.map((id, i) => [id, off.probs[i]])) : {};
+  $("prediction-note").textContent = t("predictionNote", { text: tokenLabel(DATA.tokens[DATA.tokens.length - 1]) });
+  $("ablation-head").textContent = off ? t("colAblated", { layer: state.ablate[0], head: state.ablate[1] }) : "";
+  $("prediction").tBodies[0].replaceChildren(...ids.map((id) => {
     const bar = el("span", { class: "bar" });
     bar.style.width = `${120 * probs[id]}px`;
+    const cut = probs[id] === 0 ? cutBy(logits, sampling, id) : null;
     return el("tr", { "data-id": id },
-      el("td", { class: "key", text: visible(texts[id]) }),
+      el("td", { class: "key", text: textOf(id) }),
       el("td", { class: "num", text: fmt(logits[id], 3) }),
-      el("td", { class: "num probability", "data-value": probs[id], text: fmt(probs[id]) }),
-      el("td", { class: "contribution" }, bar));
+      el("td", { class: "num probability", "data-value": probs[id], "data-cut": cut ?? "",
+        text: cut ? `0 (${t(`cut_${cut}`)})` : fmt(probs[id]) }),
+      el("td", { class: "contribution" }, bar),
+      el("td", { class: "num ablated", "data-value": off ? offProbs[id] ?? "" : "",
+        text: off ? (id in offProbs ? fmt(offProbs[id]) : t("notInTop", { count: off.ids.length })) : "" }));
   }));
   $("suppressed").textContent = suppressed.length
-    ? t("suppressedNote", { tokens: suppressed.map((id) => texts[id]).join(" ") }) : "";
+    ? t("suppressedNote", { tokens: suppressed.map(textOf).join(" ") }) : "";
 }
+
+function renderAblation() {
+  const grid = $("ablation-grid");
+  const c = DATA.config;
+  grid.replaceChildren();
+  grid.style.gridTemplateColumns = `auto repeat(${c.n_head}, auto)`;
+  grid.append(el("span"));
+  for (let h = 0; h < c.n_head; h++) grid.append(el("span", { class: "axis", text: t("headN", { n: h }) }));
+  DATA.ablation.forEach((heads, l) => {
+    grid.append(el("span", { class: "axis", text: t("layerN", { n: l }) }));
+    heads.forEach((head, h) => {
+      const on = state.ablate && state.ablate[0] === l && state.ablate[1] === h;
+      const button = el("button", { type: "button", class: on ? "ablate selected" : "ablate", "data-layer": l,
+        "data-head": h, "data-kl": head.kl, "aria-pressed": String(!!on), title: t("ablateTitle", { layer: l, head: h }),
+        text: `KL ${head.kl.toFixed(3)}` });
+      button.addEventListener("click", () => { state.ablate = on ? null : [l, h]; render(); });
+      grid.append(button);
+    });
+  });
+  const ranked = DATA.ablation.flatMap((heads, l) => heads.map((head, h) => ({ l, h, kl: head.kl })))
+    .sort((a, b) => b.kl - a.kl);
+  const best = ranked[0];
+  $("ablation-ranking").textContent = t("ablationRanking", { layer: best.l, head: best.h, kl: fmt(best.kl, 4),
+    next: ranked.slice(1, 4).map((r) => t("layerHead", { layer: r.l, head: r.h })).join(", ") });
+}
+
+// ---- all of it ------------------------------------------------------------------------------
 
 function render() {
   renderHeader();
@@ -338,11 +642,16 @@ function render() {
   $("explorer").hidden = DATA === null;
   if (DATA === null) return;
   renderTokens();
+  renderEmbedding();
   renderGrid();
+  renderQueryGrid();
   renderMap();
+  renderQKV();
   renderSteps();
   renderBlock();
+  renderLens();
   renderPrediction();
+  renderAblation();
 }
 
 // ---- interaction: hover previews, click locks, Esc unlocks ------------------------------
@@ -360,12 +669,27 @@ function choose(change) {
   render();
 }
 
-function reset() {
+function reset() { // a new text: its middle token, where the causal mask has something to hide
   state.layer = 0;
   state.head = 0;
-  state.query = DATA ? DATA.tokens.length - 1 : 0;
+  state.query = DATA ? Math.floor((DATA.tokens.length - 1) / 2) : 0;
   state.key = null;
+  state.coordinate = null;
+  state.ablate = null;
   state.preview = null;
+}
+
+const PICKED = ["layer", "head", "query", "key"]; // what the model switch carries to the other page
+
+function restoreFromAddress() { // #layer=1&head=0&query=5&lang=zh: where the other page left off
+  const fields = new URLSearchParams(location.hash.slice(1));
+  for (const name of PICKED) {
+    const value = Number(fields.get(name));
+    if (fields.has(name) && Number.isInteger(value) && value >= 0) state[name] = value;
+  }
+  if (["en", "zh"].includes(fields.get("lang"))) state.lang = fields.get("lang");
+  if (state.layer >= DATA.layers.length || state.head >= DATA.config.n_head || state.query >= DATA.tokens.length
+      || (state.key !== null && state.key >= DATA.tokens.length)) reset();
 }
 
 document.addEventListener("keydown", (event) => {
@@ -389,6 +713,33 @@ $("map").addEventListener("mousemove", (event) => {
 $("map").addEventListener("mouseleave", () => { showReadout(null); preview(null); });
 $("map").addEventListener("click", (event) => { const cell = mapCell(event); if (cell) choose(cell); });
 for (const id of ["temperature", "top-k", "top-p"]) $(id).addEventListener("input", renderPrediction);
+for (const [id, name] of [["no-scale", "noScale"], ["no-mask", "noMask"]]) {
+  $(id).addEventListener("change", () => { state[name] = $(id).checked; render(); });
+}
+
+// ---- trained or at initialisation --------------------------------------------------------
+
+async function switchModel() {
+  const which = DATA.model === "init" ? "trained" : "init";
+  if (!SETTINGS.server) { // the other page, written beside this one by explore.py
+    const fields = new URLSearchParams({ lang: state.lang });
+    for (const name of PICKED) if (state[name] !== null) fields.set(name, state[name]);
+    location.href = `${SETTINGS.counterpart}#${fields}`;
+    return;
+  }
+  busy(true, t("working"));
+  try {
+    const answer = await ask("api/explore", { prompt: $("prompt").value, ids: textIds, model: which });
+    DATA = answer.data;
+    dataVersion += 1;
+    render();
+    busy(false);
+  } catch (error) {
+    busy(false, error.message);
+  }
+}
+
+$("model-switch").addEventListener("click", switchModel);
 
 // ---- server mode: type a prompt, let the model continue it token by token ---------------
 
@@ -396,12 +747,15 @@ async function ask(path, body) {
   const response = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json" },
     body: JSON.stringify(body) });
   const answer = await response.json();
-  if (!response.ok) throw new Error(answer.error);
+  if (!response.ok) { // the server's reason, in the page's language where the page has its words
+    throw new Error(answer.code && STRINGS.en[`error_${answer.code}`] ? t(`error_${answer.code}`, answer.values ?? {})
+      : answer.error);
+  }
   return answer;
 }
 
 function busy(on, message = "") {
-  for (const id of ["show", "continue"]) $(id).disabled = on;
+  for (const id of ["show", "continue", "model-switch"]) $(id).disabled = on;
   $("status").textContent = message;
 }
 
@@ -410,7 +764,7 @@ let textIds = null; // the tokens of the text being continued, as the server gav
 async function show() {
   busy(true, t("working"));
   try {
-    const answer = await ask("api/explore", { prompt: $("prompt").value });
+    const answer = await ask("api/explore", { prompt: $("prompt").value, model: DATA ? DATA.model : "trained" });
     textIds = answer.ids;
     DATA = answer.data;
     dataVersion += 1;
@@ -430,7 +784,7 @@ async function continueText() {
   try {
     for (let n = 1; n <= count; n++) {
       $("status").textContent = t("generating", { n, count });
-      const answer = await ask("api/next", { prompt: $("prompt").value, ids: textIds,
+      const answer = await ask("api/next", { prompt: $("prompt").value, ids: textIds, model: DATA.model,
         temperature: sampling.temperature, top_k: sampling.topK, top_p: sampling.topP });
       $("prompt").value = answer.prompt;
       textIds = answer.ids;
@@ -454,5 +808,6 @@ if (SETTINGS.server) {
   $("continue").addEventListener("click", continueText);
 }
 reset();
+if (DATA) restoreFromAddress();
 render();
 document.documentElement.dataset.ready = performance.now().toFixed(1); // ms to the first full page (bench/explorer.py)

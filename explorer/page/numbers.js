@@ -1,0 +1,140 @@
+// The explorer's arithmetic, kept apart from the drawing: the page's data decoded, and the
+// few things the page computes itself, each the lesson of a panel: the five steps of one
+// head from its q, k and v (with the scale or the mask switched off, as an experiment),
+// q = LN(x) W_Q + b written out as a sum of products, RoPE's rotation, a norm's mean and
+// spread, and the next-token distribution under the learner's sampling settings (the rule
+// of model/sampling.py, tested against it). Everything else is the model's own number.
+"use strict";
+
+// ---- the data's arrays: {"dtype": "float32", "shape": [...], "base64": "..."} ------------
+
+const decodedArrays = new WeakMap();
+
+function values(a) { // the array's numbers as one Float32Array, decoded once
+  if (!decodedArrays.has(a)) {
+    const bytes = Uint8Array.from(atob(a.base64), (c) => c.charCodeAt(0));
+    decodedArrays.set(a, new Float32Array(bytes.buffer));
+  }
+  return decodedArrays.get(a);
+}
+
+function rowOf(a, i) { // row i of a 2-D array [rows, columns], as a plain array
+  const width = a.shape[a.shape.length - 1];
+  return Array.from(values(a).subarray(i * width, (i + 1) * width));
+}
+
+function rows(a) { // a 2-D array as an array of rows
+  return Array.from({ length: a.shape[0] }, (_, i) => rowOf(a, i));
+}
+
+// ---- vectors ------------------------------------------------------------------------------
+
+function dot(a, b) {
+  let sum = 0;
+  for (let d = 0; d < a.length; d++) sum += a[d] * b[d];
+  return sum;
+}
+
+const add = (a, b) => a.map((x, i) => x + b[i]);
+const norm = (vector) => Math.sqrt(dot(vector, vector));
+
+function softmax(scores) {
+  const max = Math.max(...scores);
+  if (max === -Infinity) return scores.map(() => 0);
+  const exps = scores.map((v) => Math.exp(v - max));
+  const total = exps.reduce((a, b) => a + b, 0);
+  return exps.map((e) => e / total);
+}
+
+// ---- the five steps, for one head and one query ------------------------------------------
+
+function fiveSteps(q, keys, vs, query, { scale = true, mask = true } = {}) {
+  const dk = q.length;
+  const factor = scale ? 1 / Math.sqrt(dk) : 1;
+  const scores = keys.map((k) => dot(q, k)); // 1. similarity q·k for every key
+  const scaled = scores.map((s) => s * factor); // 2. scale by 1/√d_k
+  const masked = scaled.map((s, j) => (mask && j > query ? -Infinity : s)); // 3. causal mask
+  const exps = masked.map((s) => Math.exp(s)); // 4. softmax: e^score / Σ e^score
+  const total = exps.reduce((a, b) => a + b, 0);
+  const weights = softmax(masked);
+  const contributions = vs.map((v, j) => v.map((x) => weights[j] * x)); // 5. w_j v_j
+  const output = q.map((_, d) => contributions.reduce((sum, c) => sum + c[d], 0));
+  return { dk, factor, scores, scaled, masked, exps, total, weights, contributions, output };
+}
+
+// ---- where q, k and v come from: one head's slice of x W + b --------------------------------
+
+// c_attn's weight is [3C, C] (out × in, as nn.Linear stores it): rows 0..C-1 make q, C..2C-1
+// k, 2C..3C-1 v; head h's coordinate d of q is row h·d_k + d.
+function projectionTerms(cAttn, which, head, dim, x, C, dk) {
+  const row = ["q", "k", "v"].indexOf(which) * C + head * dk + dim;
+  const weights = rowOf(cAttn.weight, row); // [3C, C]: one row per output coordinate
+  const bias = cAttn.bias ? values(cAttn.bias)[row] : 0;
+  const terms = x.map((xi, c) => xi * weights[c]);
+  return { terms, weights, bias, value: terms.reduce((a, b) => a + b, 0) + bias };
+}
+
+function projected(cAttn, which, head, x, C, dk) { // the head's q (or k, v) before any rotation
+  return Array.from({ length: dk }, (_, d) => projectionTerms(cAttn, which, head, d, x, C, dk).value);
+}
+
+// RoPE (model/positional.py): dims i and i + d_k/2 turn by position · θ_i, θ_i = base^(-2i/d_k)
+function ropeAngles(position, dk, base) {
+  return Array.from({ length: dk / 2 }, (_, i) => position * Math.pow(base, (-2 * i) / dk));
+}
+
+function rotate(vector, position, base) {
+  const half = vector.length / 2;
+  const angles = ropeAngles(position, vector.length, base);
+  return vector.map((x, d) => {
+    const i = d % half;
+    const pair = d < half ? -vector[d + half] : vector[d - half]; // rotate_half
+    return x * Math.cos(angles[i]) + pair * Math.sin(angles[i]);
+  });
+}
+
+// what a norm divided by: LayerNorm (x − mean) / √(var + ε); RMSNorm x / √(mean(x²) + ε)
+function normStatistics(x, kind, eps) {
+  const mean = x.reduce((a, b) => a + b, 0) / x.length;
+  if (kind === "rmsnorm") return { rms: Math.sqrt(x.reduce((a, b) => a + b * b, 0) / x.length + eps) };
+  const variance = x.reduce((a, b) => a + (b - mean) ** 2, 0) / x.length;
+  return { mean, std: Math.sqrt(variance + eps) };
+}
+
+// ---- the next-token distribution: model/sampling.py's rule --------------------------------
+
+function nextTokenProbabilities(logits, sampling) {
+  let scores = logits.slice();
+  for (const id of sampling.suppress) scores[id] = -Infinity;
+  if (sampling.temperature === 0) { // greedy: all the mass on the likeliest allowed token
+    const best = scores.indexOf(Math.max(...scores));
+    return scores.map((_, i) => (i === best ? 1 : 0));
+  }
+  scores = scores.map((v) => v / sampling.temperature);
+  if (sampling.topK !== null && sampling.topK < scores.length) {
+    const kth = scores.slice().sort((a, b) => b - a)[sampling.topK - 1];
+    scores = scores.map((v) => (v < kth ? -Infinity : v));
+  }
+  if (sampling.topP !== null && sampling.topP < 1) {
+    const order = scores.map((_, i) => i).sort((a, b) => scores[b] - scores[a]);
+    const probs = softmax(order.map((i) => scores[i]));
+    let before = 0; // probability of the tokens ranked above this one
+    order.forEach((id, rank) => {
+      if (before >= sampling.topP) scores[id] = -Infinity; // the ones above already reach top_p
+      before += probs[rank];
+    });
+  }
+  return softmax(scores);
+}
+
+// Which setting removed a token from the distribution: "suppressed", "topK", "topP" or null.
+function cutBy(logits, sampling, id) {
+  if (sampling.suppress.includes(id)) return "suppressed";
+  if (sampling.temperature === 0) return null;
+  const allowed = logits.map((v, i) => (sampling.suppress.includes(i) ? -Infinity : v / sampling.temperature));
+  const rank = allowed.filter((v) => v > allowed[id]).length; // tokens above this one
+  if (sampling.topK !== null && rank >= sampling.topK) return "topK";
+  const keptByK = nextTokenProbabilities(logits, { ...sampling, topP: null });
+  if (sampling.topP !== null && keptByK[id] > 0 && nextTokenProbabilities(logits, sampling)[id] === 0) return "topP";
+  return null;
+}
