@@ -5,8 +5,8 @@ for the README and the docs:
     python -m explorer.screenshot explorer.html docs/images/explorer.png --layer 1 --head 2 --query 40 [--lang zh]
 
 It opens the page from file:// with every other request blocked, clicks the chosen
-head, query token and key (as a learner would), and saves --height pixels of the page
-from the --top part on.
+head, query token, key, coordinate, experiment and head to switch off (as a learner
+would), and saves one panel (--panel), or --height pixels of the page from --top on.
 """
 
 from __future__ import annotations
@@ -39,9 +39,13 @@ def main(argv=None) -> None:
     p.add_argument("out", type=Path, help="the PNG to write")
     p.add_argument("--layer", type=int, default=0)
     p.add_argument("--head", type=int, default=0)
-    p.add_argument("--query", type=int, help="token index (default: the last)")
+    p.add_argument("--query", type=int, help="token index (default: the middle one)")
     p.add_argument("--key", type=int, help="a key whose score's terms to show")
+    p.add_argument("--coordinate", type=int, help="a coordinate of q to show as its sum of products")
+    p.add_argument("--experiment", choices=["no-scale", "no-mask"], help="switch an experiment on")
+    p.add_argument("--ablate", help="LAYER,HEAD: switch that head off in the prediction panel")
     p.add_argument("--lang", choices=["en", "zh"], default="en")
+    p.add_argument("--panel", help="picture only this element (e.g. #qkv-panel) instead of --top and --height")
     p.add_argument("--top", default="#heads-panel", help="the part of the page the picture starts at")
     p.add_argument("--height", type=int, default=1400, help="pixels to keep from there")
     args = p.parse_args(argv)
@@ -52,11 +56,21 @@ def main(argv=None) -> None:
             page.click(f'.token[data-index="{args.query}"]')
         if args.key is not None:
             page.click(f'#steps td[data-step="1"][data-key="{args.key}"]')
+        if args.coordinate is not None:
+            page.click(f'#qkv [data-which="q"] button.coordinate[data-dim="{args.coordinate}"]')
+        if args.experiment:
+            page.check(f"#{args.experiment}")
+        if args.ablate:
+            layer, head = args.ablate.split(",")
+            page.click(f'.ablate[data-layer="{layer}"][data-head="{head}"]')
         if args.lang != page.evaluate("document.documentElement.lang.slice(0, 2)"):
             page.click("#lang")
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        top = page.eval_on_selector(args.top, "node => node.getBoundingClientRect().top + window.scrollY")
-        page.screenshot(path=str(args.out), full_page=True, clip={"x": 0, "y": top, "width": 1280, "height": args.height})
+        if args.panel:
+            page.locator(args.panel).screenshot(path=str(args.out))
+        else:
+            top = page.eval_on_selector(args.top, "node => node.getBoundingClientRect().top + window.scrollY")
+            page.screenshot(path=str(args.out), full_page=True, clip={"x": 0, "y": top, "width": 1280, "height": args.height})
     print(f"wrote {args.out}")
 
 
