@@ -58,7 +58,7 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
     lens_top = [top(p, LENS_TOKENS) for p in lens]
     shown = {*last.topk(min(TOP_TOKENS, last.numel())).indices.tolist(), *suppressed,
              *(i for t in lens_top for row in t["ids"] for i in row), *(i for layer in ablation for h in layer for i in h["ids"])}
-    weights_size = 3 * c.n_embd * c.n_embd * c.n_layer
+    weights_size = (c.n_embd + 2 * c.n_kv_head * c.head_size) * c.n_embd * c.n_layer
     return {
         "version": SCHEMA_VERSION,
         "model": which,
@@ -86,10 +86,10 @@ def layer_data(model: GPT, layer, index: int, lens: dict, with_weights: bool) ->
     hidden = layer.mlp_hidden[0]  # [T, F]
     order = hidden.abs().topk(min(TOP_UNITS, hidden.size(-1)), dim=-1).indices  # [T, TOP_UNITS]
     data["mlp_top"] = {"ids": order.tolist(), "values": hidden.gather(-1, order).tolist(), "width": hidden.size(-1)}
-    data["heads"] = [{name: array(getattr(layer, name)[0, h]) for name in ("q", "k", "v", "weights", "heads")}
-                     for h in range(layer.q.size(1))]
-    for head in data["heads"]:
-        head["output"] = head.pop("heads")
+    group = layer.q.size(1) // layer.k.size(1)  # query heads per key/value head (grouped-query attention)
+    data["heads"] = [{"q": array(layer.q[0, h]), "k": array(layer.k[0, h // group]), "v": array(layer.v[0, h // group]),
+                      "weights": array(layer.weights[0, h]), "output": array(layer.heads[0, h])}
+                     for h in range(layer.q.size(1))]  # a group's heads each carry their shared k and v
     data["lens"] = {"ids": lens["ids"], "probs": lens["values"]}
     attn = block.attn.c_attn
     data["c_attn"] = {"weight": array(attn.weight), "bias": None if attn.bias is None else array(attn.bias)} \

@@ -33,15 +33,17 @@ WORDS = {
             "wpe": "{positional_encoding} ({kind})", "add_position": "embedding + position",
             "ln_1_pre": "{norm} (before attention)", "ln_2_pre": "{norm} (before feed-forward)",
             "ln_1_post": "{norm} (after attention + residual)", "ln_2_post": "{norm} (after feed-forward + residual)",
-            "c_attn": "Q, K, V projections (c_attn)", "split": "split into heads", "rotate": "rotate q and k (rope)",
+            "c_attn": "Q, K, V projections (c_attn)", "split": "split into heads", "split_gqa": "split into heads (k, v: H_kv)",
+            "rotate": "rotate q and k (rope)",
             "similarity": "1. {similarity} Q Kᵀ", "scale": "2. {scale} by 1/√d_k = 1/√{d_k} = {scale_factor:.3f}",
             "mask": "3. {causal_mask}", "softmax": "4. {softmax} over keys", "dropout": "   dropout (p = {p})",
             "no_dropout": "   dropout (p = 0: off)", "weighted_sum": "5. {weighted_sum}: weights × V",
             "merge": "merge heads", "c_proj": "output projection W_O (c_proj)",
             "residual_attention": "{residual}: x + {attention}", "c_fc": "{feed_forward}, layer 1 (W_1)",
+            "c_gate": "{feed_forward}, the gate (W_gate)", "c_up": "{feed_forward}, layer 1 (W_up)",
             "activation": "{name}", "mlp_proj": "{feed_forward}, layer 2 (W_2)",
             "residual_mlp": "{residual}: x + {feed_forward}", "blocks": "blocks 1 … {last}: the same steps",
-            "end": "end of the block", "ln_f": "final {norm} (ln_f)", "lm_head": "LM head (tied to wte)",
+            "end": "end of the block", "ln_f": "final {norm} (ln_f)", "lm_head": "LM head (tied to wte)", "lm_head_untied": "LM head",
             "loss": "loss: cross-entropy",
         },
         "wte": "each token id becomes a C-dim vector", "wpe": "one vector per position, shared by the batch",
@@ -50,6 +52,7 @@ WORDS = {
         "layernorm": "each vector to mean 0, variance 1, then γ, β",
         "rmsnorm": "each vector divided by its root mean square, then γ",
         "c_attn": "X W_Q, X W_K, X W_V side by side", "split": "q, k, v each; C = H × d_k = {H} × {d_k}",
+        "split_gqa": "q: {H} heads; k, v: {H_kv}, each shared by {group} query heads",
         "rotate": "position enters q·k only through the offset m − n",
         "similarity": "one score per (query, key) pair; std {std:.3f}",
         "scale": "std {std:.3f} → {scaled:.3f}: no growth with d_k",
@@ -58,13 +61,15 @@ WORDS = {
         "dropout": "training only: zero some weights", "no_dropout": "nothing dropped in this config",
         "weighted_sum": "each output mixes the values", "merge": "concatenate the H heads again",
         "c_proj": "mix the heads' results", "residual": "the sub-layer adds to x, never replaces it",
-        "c_fc": "widen to 4 × C", "activation": "the non-linearity", "mlp_proj": "back to C",
+        "c_fc": "widen to F = {F}", "activation": "the non-linearity", "mlp_proj": "back to C",
+        "c_gate": "widen to F = {F}: what SiLU turns into a gate", "c_up": "widen to F = {F}: what the gate scales",
         "blocks": "{n} blocks in all", "ln_f": "normalise before the head",
         "lm_head": "a score for every token of the vocabulary", "loss": "{loss:.4f} at init ≈ ln V = {ln_v:.4f}",
         "title": "One forward pass of this model on a batch of training data ({sizes}); shapes from hooks, "
                  "block 0 in full (steps 1–4 all have the weights' shape):",
         "header": ("step", "shape", "symbolic", "meaning"), "parameters": "Parameters:",
-        "groups": {"wte": "token embedding wte (= LM head, tied)", "wpe": "position embedding wpe",
+        "groups": {"wte": "token embedding wte (= LM head, tied)", "wte_untied": "token embedding wte",
+                   "lm_head": "LM head (its own matrix)", "wpe": "position embedding wpe",
                    "attention": "attention W_Q, W_K, W_V, W_O × {n} blocks", "mlp": "feed-forward W_1, W_2 × {n} blocks",
                    "norms": "norms × {n} blocks, and the final one", "total": "total"},
         "flops": "FLOPs per token (context {T}): {forward:,.2f} M forward, {train:,.2f} M for a training "
@@ -82,14 +87,16 @@ WORDS = {
             "wte": "{token_embedding}（wte）", "rotary": "{positional_encoding}（rope）", "wpe": "{positional_encoding}（{kind}）",
             "add_position": "词嵌入 + 位置", "ln_1_pre": "{norm}（注意力之前）", "ln_2_pre": "{norm}（前馈网络之前）",
             "ln_1_post": "{norm}（注意力 + 残差之后）", "ln_2_post": "{norm}（前馈网络 + 残差之后）",
-            "c_attn": "Q、K、V 投影（c_attn）", "split": "拆分成多个头", "rotate": "旋转 q 和 k（rope）",
+            "c_attn": "Q、K、V 投影（c_attn）", "split": "拆分成多个头", "split_gqa": "拆分成多个头（k、v：H_kv 个）",
+            "rotate": "旋转 q 和 k（rope）",
             "similarity": "1. {similarity} Q Kᵀ", "scale": "2. {scale}：乘以 1/√d_k = 1/√{d_k} = {scale_factor:.3f}",
             "mask": "3. {causal_mask}", "softmax": "4. 对 key 做 {softmax}", "dropout": "   dropout（p = {p}）",
             "no_dropout": "   dropout（p = 0，关闭）", "weighted_sum": "5. {weighted_sum}：{attention_weights} × V",
             "merge": "合并各个头", "c_proj": "输出投影 W_O（c_proj）", "residual_attention": "{residual}：x + {attention}",
             "c_fc": "{feed_forward}第 1 层（W_1）", "activation": "{name}", "mlp_proj": "{feed_forward}第 2 层（W_2）",
+            "c_gate": "{feed_forward}的门（W_gate）", "c_up": "{feed_forward}第 1 层（W_up）",
             "residual_mlp": "{residual}：x + {feed_forward}", "blocks": "块 1 … {last}：步骤相同", "end": "块结束",
-            "ln_f": "最后的 {norm}（ln_f）", "lm_head": "语言模型头（与 wte 共享权重）", "loss": "loss：交叉熵",
+            "ln_f": "最后的 {norm}（ln_f）", "lm_head": "语言模型头（与 wte 共享权重）", "lm_head_untied": "语言模型头", "loss": "loss：交叉熵",
         },
         "wte": "每个 token id 变成一个 C 维向量", "wpe": "每个位置一个向量，整批共用",
         "add_position": "词序从此成为每个向量的一部分",
@@ -97,6 +104,7 @@ WORDS = {
         "layernorm": "把每个向量变成均值 0、方差 1，再乘 γ、加 β",
         "rmsnorm": "每个向量除以它的均方根，再乘 γ",
         "c_attn": "X W_Q、X W_K、X W_V 并排输出", "split": "q、k、v 各一份；C = H × d_k = {H} × {d_k}",
+        "split_gqa": "q：{H} 个头；k、v：{H_kv} 个，每个由 {group} 个 query 头共用",
         "rotate": "位置只通过偏移 m − n 进入 q·k",
         "similarity": "每对（query, key）一个分数；标准差 {std:.3f}",
         "scale": "标准差 {std:.3f} → {scaled:.3f}：不再随 d_k 增大",
@@ -105,13 +113,15 @@ WORDS = {
         "dropout": "仅在训练时：随机置零部分注意力权重", "no_dropout": "本配置不做 dropout",
         "weighted_sum": "每个输出是 value 的加权混合", "merge": "把 H 个头重新拼接起来",
         "c_proj": "混合各个头的结果", "residual": "子层的结果加到 x 上，而不是取代 x",
-        "c_fc": "扩展到 4 × C", "activation": "非线性激活", "mlp_proj": "变回 C",
+        "c_fc": "扩展到 F = {F}", "activation": "非线性激活", "mlp_proj": "变回 C",
+        "c_gate": "扩展到 F = {F}：经 SiLU 变成门", "c_up": "扩展到 F = {F}：被门缩放的部分",
         "blocks": "共 {n} 个块", "ln_f": "进入输出层之前先归一化",
         "lm_head": "为词表中的每个 token 打一个分数", "loss": "初始化时的 loss {loss:.4f} ≈ ln V = {ln_v:.4f}",
         "title": "本模型在一批训练数据上的一次前向传播（{sizes}）；形状取自钩子，完整展示第 0 个块"
                  "（第 1–4 步的形状都与注意力权重相同）：",
         "header": ("步骤", "形状", "符号形状", "含义"), "parameters": "参数：",
-        "groups": {"wte": "词嵌入 wte（= 语言模型头，共享）", "wpe": "位置嵌入 wpe",
+        "groups": {"wte": "词嵌入 wte（= 语言模型头，共享）", "wte_untied": "词嵌入 wte",
+                   "lm_head": "语言模型头（自己的矩阵）", "wpe": "位置嵌入 wpe",
                    "attention": "注意力 W_Q、W_K、W_V、W_O × {n} 个块", "mlp": "前馈网络 W_1、W_2 × {n} 个块",
                    "norms": "归一化层 × {n} 个块，外加最后一个", "total": "合计"},
         "flops": "每个 token 的 FLOPs（上下文 {T}）：前向 {forward:,.2f} M，一个训练步 {train:,.2f} M（前向的 3 倍）",
@@ -177,7 +187,7 @@ def trace(model: GPT, idx: torch.Tensor, targets: torch.Tensor, lang: str = "en"
     rows.append(row("blocks" if c.n_layer > 1 else "end", last, "[B, T, C]", "blocks", n=c.n_layer, last=c.n_layer - 1))
     if c.norm_position == "pre":
         rows.append(row("ln_f", rec.outputs["transformer.ln_f"], "[B, T, C]", norm=norm_name(c)))
-    rows.append(row("lm_head", rec.outputs["lm_head"], "[B, T, V]"))
+    rows.append(row("lm_head" if c.tie_embeddings else "lm_head_untied", rec.outputs["lm_head"], "[B, T, V]", "lm_head"))
     rows.append(row("loss", loss, "[]", loss=loss.item(), ln_v=math.log(c.vocab_size)))
     return rows
 
@@ -209,11 +219,14 @@ def block_rows(model: GPT, rec: Recorder, layer, row) -> list[Row]:
     pre = c.norm_position == "pre"
     position = "pre" if pre else "post"
     norm = [row(f"{ln}_{position}", getattr(layer, ln), "[B, T, C]", c.norm, norm=norm_name(c)) for ln in ("ln_1", "ln_2")]
-    scores = (layer.q @ layer.k.transpose(-2, -1)).float()  # [B, H, T, T], as step 1 computes them
+    keys = layer.k.repeat_interleave(c.n_head // c.n_kv_head, dim=1)  # [B, H, T, d_k]: each group's shared keys
+    scores = (layer.q @ keys.transpose(-2, -1)).float()  # [B, H, T, T], as step 1 computes them
     B, T = layer.q.shape[0], layer.q.shape[-2]
     sums = layer.weights.float().sum(-1)  # [B, H, T]
-    attention = [row("c_attn", rec.outputs[f"{b}.attn.c_attn"], "[B, T, 3C]"),
-                 row("split", layer.v, "[B, H, T, d_k]", H=c.n_head, d_k=d_k)]
+    gqa = c.n_kv_head != c.n_head
+    attention = [row("c_attn", rec.outputs[f"{b}.attn.c_attn"], "[B, T, QKV]" if gqa else "[B, T, 3C]"),
+                 row("split_gqa", layer.v, "[B, H_kv, T, d_k]", H=c.n_head, H_kv=c.n_kv_head, group=c.n_head // c.n_kv_head)
+                 if gqa else row("split", layer.v, "[B, H, T, d_k]", H=c.n_head, d_k=d_k)]
     if c.pos_encoding == "rope":
         attention.append(row("rotate", layer.q, "[B, H, T, d_k]"))
     attention += [
@@ -229,8 +242,11 @@ def block_rows(model: GPT, rec: Recorder, layer, row) -> list[Row]:
         row("residual_attention", layer.residual_in + layer.attn, "[B, T, C]", "residual"),
     ]
     feed_forward = [
-        row("c_fc", rec.outputs[f"{b}.mlp.c_fc"], "[B, T, 4C]"),
-        row("activation", layer.mlp_hidden, "[B, T, 4C]", name=c.activation.replace("_", " ").upper()),
+        *([row("c_gate", rec.outputs[f"{b}.mlp.c_gate"], "[B, T, F]", F=c.ffn_hidden),
+           row("c_up", rec.outputs[f"{b}.mlp.c_fc"], "[B, T, F]", F=c.ffn_hidden)] if c.mlp == "swiglu" else
+          [row("c_fc", rec.outputs[f"{b}.mlp.c_fc"], "[B, T, F]", F=c.ffn_hidden)]),
+        row("activation", layer.mlp_hidden, "[B, T, F]",
+            name="SiLU(gate) ⊙ up" if c.mlp == "swiglu" else c.activation.replace("_", " ").upper()),
         row("mlp_proj", layer.mlp, "[B, T, C]"),
         row("residual_mlp", layer.residual_out if pre else layer.ln_1 + layer.mlp, "[B, T, C]", "residual"),
     ]
@@ -243,7 +259,7 @@ def symbolic_sizes(model: GPT, idx: torch.Tensor) -> dict[str, int]:
     c = model.config
     B, T = idx.shape
     return {"B": B, "T": T, "C": c.n_embd, "H": c.n_head, "d_k": c.head_size, "V": c.vocab_size,
-            "3C": 3 * c.n_embd, "4C": 4 * c.n_embd}
+            "H_kv": c.n_kv_head, "F": c.ffn_hidden, "3C": 3 * c.n_embd, "QKV": c.n_embd + 2 * c.n_kv_head * c.head_size}
 
 
 def parameter_groups(model: GPT, lang: str = "en") -> list[tuple[str, int]]:
@@ -253,7 +269,9 @@ def parameter_groups(model: GPT, lang: str = "en") -> list[tuple[str, int]]:
 
     c, names = model.config, WORDS[lang]["groups"]
     block = model.transformer.h[0]
-    groups = [(names["wte"], count(model.transformer.wte))]
+    groups = [(names["wte" if c.tie_embeddings else "wte_untied"], count(model.transformer.wte))]
+    if not c.tie_embeddings:
+        groups.append((names["lm_head"], count(model.lm_head)))
     if c.pos_encoding == "learned":
         groups.append((names["wpe"], count(model.transformer.wpe)))
     groups += [
@@ -290,7 +308,8 @@ def report(model: GPT, idx: torch.Tensor, targets: torch.Tensor, dtype: torch.dt
     c, words = model.config, WORDS[lang]
     B, T = idx.shape
     rows = trace(model, idx, targets, lang)
-    sizes = ", ".join(f"{k}={v}" for k, v in symbolic_sizes(model, idx).items() if k not in ("3C", "4C"))
+    sizes = ", ".join(f"{k}={v}" for k, v in symbolic_sizes(model, idx).items() if k not in ("3C", "QKV") and (k != "H_kv" or v != model.config.n_head)
+                      and (k != "F" or model.config.mlp == "swiglu"))
     lines = [words["title"].format(sizes=sizes), "", *table(rows, words["header"]), "", words["parameters"]]
     lines += [f"  {pad(name, 48)} {n:>12,}" for name, n in parameter_groups(model, lang)]
     nbytes, name = torch.tensor([], dtype=dtype).element_size(), str(dtype)[6:]

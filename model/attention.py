@@ -57,27 +57,29 @@ def scaled_dot_product_attention(
 class KVCache:
     """Keys and values of the tokens seen so far, for every layer, preallocated.
 
-    k, v: [n_layer, B, H, max_len, d_k]. Each forward writes its new keys and values
-    in place at positions [length, length + T), so decoding one token costs O(length)
-    attention instead of recomputing the whole prefix, and no tensor is re-allocated.
+    k, v: [n_layer, B, n_kv_head, max_len, d_k]: with grouped-query attention it holds
+    n_kv_head heads, not n_head, and so is n_head / n_kv_head times smaller. Each forward
+    writes its new keys and values in place at positions [length, length + T), so decoding
+    one token costs O(length) attention instead of recomputing the whole prefix, and no
+    tensor is re-allocated.
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int,
                  device: torch.device | str, dtype: torch.dtype):
-        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_size)
+        shape = (config.n_layer, batch_size, config.n_kv_head, max_len, config.head_size)
         self.k = torch.empty(shape, device=device, dtype=dtype)  # only [:length] is ever read
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.length = 0  # tokens stored; the GPT advances it after all layers wrote
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v [B, H, T, d_k] for `layer`; return all keys and values so far."""
+        """Store k, v [B, H_kv, T, d_k] for `layer`; return all keys and values so far."""
         end = self.length + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} tokens; cannot store {end}")
         self.k[layer, :, :, self.length:end] = k
         self.v[layer, :, :, self.length:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # [B, H, end, d_k]
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # [B, H_kv, end, d_k]
 
     def reset(self) -> None:
         self.length = 0
@@ -89,6 +91,8 @@ class MultiHeadAttention(nn.Module):
     Self-attention: queries, keys and values all come from the same sequence X.
     W_Q, W_K, W_V are fused into one Linear (c_attn, GPT-2's name); splitting its
     output into H heads of d_k = n_embd / H lets each head attend in its own subspace.
+    With grouped-query attention (n_kv_head < n_head) W_K and W_V make only n_kv_head
+    heads, and each group of n_head / n_kv_head query heads shares one (Llama 2 and 3).
     attn_impl 'explicit' runs the five-step function above; 'sdpa' runs torch's fused
     kernel (flash attention on GPUs, where it can). Both compute the same thing; a traced
     call (a `record` to fill) always takes the five steps, to hand back their weights.
@@ -97,10 +101,11 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.n_head = config.n_head
+        self.n_head, self.n_kv_head, self.d_k = config.n_head, config.n_kv_head, config.head_size
         self.explicit = config.attn_impl == "explicit"
-        self.dropout = config.dropout
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # W_Q, W_K, W_V
+        self.dropout, self.qk_norm, self.norm_eps = config.dropout, config.qk_norm, config.norm_eps
+        kv = 2 * config.n_kv_head * config.head_size
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + kv, bias=config.bias)  # W_Q, W_K, W_V
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -113,15 +118,23 @@ class MultiHeadAttention(nn.Module):
         five steps run, whatever attn_impl is). head_mask [H] or [B, H]: 0 switches a head
         off (its output is zeroed before W_O), 1 leaves it as it is."""
         B, T, C = x.shape
-        qkv = self.c_attn(x)  # [B, T, 3C]: X W_Q, X W_K, X W_V side by side
-        # split into q, k, v and C into H heads of d_k = C / H:
-        # [B, T, 3C] -> [B, T, 3, H, d_k] -> [3, B, H, T, d_k]
-        qkv = qkv.view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv  # 3 × [B, H, T, d_k]
+        H, H_kv, d_k = self.n_head, self.n_kv_head, self.d_k
+        # X W_Q, X W_K, X W_V side by side, then each split into heads:
+        # [B, T, C + 2 H_kv d_k] -> q [B, T, H, d_k], k and v [B, T, H_kv, d_k] -> [B, heads, T, d_k]
+        q, k, v = self.c_attn(x).split([C, H_kv * d_k, H_kv * d_k], dim=-1)
+        q = q.view(B, T, H, d_k).transpose(1, 2)  # [B, H, T, d_k]
+        k = k.view(B, T, H_kv, d_k).transpose(1, 2)  # [B, H_kv, T, d_k]
+        v = v.view(B, T, H_kv, d_k).transpose(1, 2)  # [B, H_kv, T, d_k]
         if rope is not None:
-            q, k = apply_rotary(qkv[:2], *rope)  # rotate q and k in one go
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if self.qk_norm:  # every q and k of length √d_k: scores bounded by d_k, whatever the weights
+            q, k = F.rms_norm(q, (d_k,), eps=self.norm_eps), F.rms_norm(k, (d_k,), eps=self.norm_eps)
         if cache is not None:
-            k, v = cache.write(self.layer, k, v)  # [B, H, S, d_k], S = past + T
+            k, v = cache.write(self.layer, k, v)  # [B, H_kv, S, d_k], S = past + T
+        if record is not None:
+            record.update(q=q, k=k, v=v)
+        if H_kv != H:  # each key/value head serves H / H_kv query heads: [B, H_kv, S, d_k] -> [B, H, S, d_k]
+            k, v = k.repeat_interleave(H // H_kv, dim=1), v.repeat_interleave(H // H_kv, dim=1)
         causal = mask is None and T > 1  # a lone new token may see every cached key
         dropout_p = self.dropout if self.training else 0.0
 
@@ -134,9 +147,9 @@ class MultiHeadAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                                is_causal=causal)  # [B, H, T, d_k]
         if head_mask is not None:
-            y = y * head_mask.view(-1, self.n_head, 1, 1).to(y.dtype)  # [B or 1, H, 1, 1]
+            y = y * head_mask.view(-1, H, 1, 1).to(y.dtype)  # [B or 1, H, 1, 1]
         if record is not None:
-            record.update(q=q, k=k, v=v, weights=weights, heads=y)
+            record.update(weights=weights, heads=y)
         # merge heads: [B, H, T, d_k] -> [B, T, H, d_k] -> [B, T, C]
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))  # W_O

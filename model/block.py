@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .attention import KVCache, MultiHeadAttention
 from .config import GPTConfig
@@ -13,26 +14,49 @@ from .config import GPTConfig
 def make_norm(config: GPTConfig) -> nn.Module:
     """LayerNorm(x) = γ (x - mean) / √(var + ε) + β, or RMSNorm(x) = γ x / √(mean(x²) + ε)."""
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.n_embd, eps=1e-5)
-    return nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
+        return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
 
 
 class FeedForward(nn.Module):
     """FFN(x) = GELU(x W_1 + b_1) W_2 + b_2, applied to each position on its own.
 
-    Width 4 × n_embd as in the paper and GPT-2. Attention mixes information across
-    positions; this network then transforms each position's vector.
+    Width F = ffn_hidden, 4 × n_embd as in the paper and GPT-2. Attention mixes
+    information across positions; this network then transforms each position's vector.
     """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)  # W_1
+        self.c_fc = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)  # W_1
         self.gelu = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)  # W_2
+        self.c_proj = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)  # W_2
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, record: dict | None = None) -> torch.Tensor:
-        hidden = self.gelu(self.c_fc(x))  # [B, T, 4C]
+        hidden = self.gelu(self.c_fc(x))  # [B, T, F]
+        if record is not None:
+            record["mlp_hidden"] = hidden
+        return self.dropout(self.c_proj(hidden))  # [B, T, C]
+
+
+class SwiGLU(nn.Module):
+    """FFN(x) = W_2 (SiLU(x W_gate) ⊙ x W_up), applied to each position on its own (Shazeer,
+    "GLU Variants Improve Transformer"; Llama's feed-forward network).
+
+    Two matrices read x: one, through SiLU(z) = z σ(z), becomes a gate that scales, unit
+    by unit, what the other computes. With three matrices instead of two, a hidden width
+    F of 8/3 × n_embd costs what the 4× GELU network costs.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_gate = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)  # W_gate
+        self.c_fc = nn.Linear(config.n_embd, config.ffn_hidden, bias=config.bias)  # W_up
+        self.c_proj = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)  # W_2 (W_down)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, record: dict | None = None) -> torch.Tensor:
+        hidden = F.silu(self.c_gate(x)) * self.c_fc(x)  # [B, T, F]
         if record is not None:
             record["mlp_hidden"] = hidden
         return self.dropout(self.c_proj(hidden))  # [B, T, C]
@@ -52,7 +76,7 @@ class Block(nn.Module):
         self.ln_1 = make_norm(config)
         self.attn = MultiHeadAttention(config, layer)
         self.ln_2 = make_norm(config)
-        self.mlp = FeedForward(config)
+        self.mlp = SwiGLU(config) if config.mlp == "swiglu" else FeedForward(config)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,

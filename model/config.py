@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ CHOICES = {
     "norm": ("layernorm", "rmsnorm"),
     "norm_position": ("pre", "post"),
     "activation": ("gelu", "gelu_tanh"),
+    "mlp": ("gelu", "swiglu"),
 }
 
 # Fields a saved config.json must always name; the others have defaults.
@@ -34,8 +36,17 @@ class GPTConfig:
     attn_impl:     explicit (the five steps, written out) or sdpa (torch's fused kernel)
     norm:          layernorm or rmsnorm
     norm_position: pre (x + f(norm(x)), GPT-2) or post (norm(x + f(x)), the paper)
-    activation:    gelu (exact) or gelu_tanh (GPT-2's tanh approximation)
+    activation:    gelu (exact) or gelu_tanh (GPT-2's tanh approximation), for mlp=gelu
     rope_base:     base of the rotary frequencies (10000 in RoFormer and Llama)
+    n_kv_head:     key/value heads (grouped-query attention: each group of n_head / n_kv_head
+                   query heads shares one); None: n_head (multi-head), 1: multi-query
+    mlp:           gelu (act(x W_1) W_2, GPT-2) or swiglu (W_2 (SiLU(x W_gate) ⊙ x W_up), Llama)
+    ffn_hidden:    the feed-forward network's hidden width (transformers' intermediate_size);
+                   None: 4 × n_embd for gelu, and for swiglu 8/3 × n_embd rounded up to a
+                   multiple of 32, the width that keeps the 4× GELU network's parameter count
+    norm_eps:      the ε of every LayerNorm or RMSNorm
+    tie_embeddings: the LM head shares the token embedding's matrix (GPT-2); false: its own
+    qk_norm:       RMSNorm (without parameters) of each head's q and k before the scores (nanochat)
     """
 
     vocab_size: int = 65
@@ -51,6 +62,12 @@ class GPTConfig:
     norm_position: str = "pre"
     activation: str = "gelu"
     rope_base: float = 10000.0
+    n_kv_head: int | None = None
+    mlp: str = "gelu"
+    ffn_hidden: int | None = None
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         for name, value in checked_types(type(self), dataclasses.asdict(self)).items():
@@ -62,6 +79,17 @@ class GPTConfig:
             raise ValueError(f"dropout={self.dropout}: must be in [0, 1)")
         if self.rope_base <= 0:
             raise ValueError(f"rope_base={self.rope_base}: must be positive")
+        if not 0 < self.norm_eps < 1:
+            raise ValueError(f"norm_eps={self.norm_eps}: must be between 0 and 1, e.g. 1e-5")
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
+            raise ValueError(f"n_kv_head={self.n_kv_head}: must divide n_head={self.n_head} "
+                             "(each key/value head serves n_head / n_kv_head query heads)")
+        if self.ffn_hidden is None:
+            self.ffn_hidden = 4 * self.n_embd if self.mlp == "gelu" else math.ceil(8 * self.n_embd / 3 / 32) * 32
+        if self.ffn_hidden < 1:
+            raise ValueError(f"ffn_hidden={self.ffn_hidden}: must be at least 1 (or unset)")
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(

@@ -51,7 +51,8 @@ class GPT(nn.Module):
     position t score the token that comes after it (the targets are y[t] = x[t+1]).
 
     The LM head shares its weight matrix with the token embedding (weight tying, as in
-    GPT-2): the same vector that represents a token is used to score it as output.
+    GPT-2): the same vector that represents a token is used to score it as output; with
+    tie_embeddings false it has a matrix of its own, as most Llama-family models do.
     """
 
     def __init__(self, config: GPTConfig):
@@ -72,7 +73,8 @@ class GPT(nn.Module):
         else:
             self.rotary = RotaryEmbedding(config.head_size, config.rope_base)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight  # weight tying
+        if config.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight  # weight tying
 
         self.apply(self._init_weights)
         # GPT-2: each block adds two residual branches, so the variance of the stream
@@ -100,7 +102,7 @@ class GPT(nn.Module):
     # ---- sizes ---------------------------------------------------------------
 
     def num_parameters(self) -> int:
-        """Trainable parameters, the tied embedding/head counted once."""
+        """Trainable parameters, a tied embedding/head counted once."""
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: int | None = None, training: bool = True) -> float:
@@ -111,7 +113,7 @@ class GPT(nn.Module):
         c = self.config
         T = c.block_size if seq_len is None else seq_len
         matmul_weights = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        forward = 2 * matmul_weights + 4 * c.n_layer * T * c.n_embd
+        forward = 2 * matmul_weights + 4 * c.n_layer * T * c.n_embd  # (q·k and weights @ v: H · d_k = C)
         return float(3 * forward if training else forward)
 
     # ---- forward -------------------------------------------------------------
@@ -264,12 +266,14 @@ class GPT(nn.Module):
             write_atomic(directory / name, data)
 
     def pretrained_files(self) -> dict[str, bytes]:
-        """{file name: contents} of what save_pretrained writes. The embedding and the LM
-        head are one tensor (tied), stored once as lm_head.weight; the metadata says so,
-        as safetensors' save_model would. The same weights always give the same bytes."""
-        state = self.state_dict()
-        del state["transformer.wte.weight"]
-        weights = safetensors_bytes(state, metadata={"format": "pt", "transformer.wte.weight": "lm_head.weight"})
+        """{file name: contents} of what save_pretrained writes. A tied embedding and LM
+        head are one tensor, stored once as lm_head.weight; the metadata says so, as
+        safetensors' save_model would. The same weights always give the same bytes."""
+        state, metadata = self.state_dict(), {"format": "pt"}
+        if self.config.tie_embeddings:
+            del state["transformer.wte.weight"]
+            metadata["transformer.wte.weight"] = "lm_head.weight"
+        weights = safetensors_bytes(state, metadata=metadata)
         config = json.dumps(self.config.to_dict(), indent=2) + "\n"
         return {CONFIG_FILE: config.encode(), WEIGHTS_FILE: weights}
 

@@ -89,6 +89,27 @@ def test_explain_prints_the_table_and_trains_nothing(tmp_path, micro, capsys):
         assert all(line[c] == "[" and line[c - 2:c] == "  " for c in columns), line
 
 
+@pytest.mark.parametrize("settings", [{"n_kv_head": 1, "mlp": "swiglu", "tie_embeddings": False, "norm": "rmsnorm"},
+                                      {"n_kv_head": 2, "ffn_hidden": 40}])
+def test_the_trace_follows_the_modern_block(settings):
+    model = micro(pos_encoding="rope", n_head=4, n_embd=32, **settings)
+    idx = torch.randint(0, 37, (3, 9))
+    rows = {r.step: r for r in trace(model, idx, idx)}
+    sizes = symbolic_sizes(model, idx)
+    assert all(r.shape == evaluate_symbolic(r.symbolic, sizes) for r in rows.values())
+    kv = model.config.n_kv_head
+    split = rows["split into heads (k, v: H_kv)"]
+    assert split.shape == (3, kv, 9, 8) and f"k, v: {kv}, each shared by {4 // kv} query heads" in split.meaning
+    assert rows["Q, K, V projections (c_attn)"].shape == (3, 9, 32 + 2 * kv * 8)
+    if settings.get("mlp") == "swiglu":
+        assert rows["SiLU(gate) ⊙ up"].shape == (3, 9, 96) and "feed-forward network, the gate (W_gate)" in rows
+        assert "LM head" in rows and "LM head (its own matrix)" in dict(parameter_groups(model))
+    else:
+        assert rows["feed-forward network, layer 1 (W_1)"].shape == (3, 9, 40) and "widen to F = 40" in rows[
+            "feed-forward network, layer 1 (W_1)"].meaning
+    assert parameter_groups(model)[-1] == ("total", sum(n for _, n in parameter_groups(model)[:-1]))
+
+
 @pytest.mark.parametrize("impl", ["sdpa", "explicit"])
 def test_the_report_lines_up_at_a_size_where_the_columns_differ(impl):
     """At B=16, T=128, C=128 the shapes ([16, 4, 128, 128]) are wider than the symbolic

@@ -292,6 +292,30 @@ def test_the_model_switch_shows_the_model_at_initialisation_and_back(pages, open
     assert page.requests == [] and page.errors == []
 
 
+def test_a_llama_style_block_shows_its_shared_keys_and_gated_network(tmp_path, open_page):
+    """Grouped-query attention (2 query heads on 1 key/value head), SwiGLU, RMSNorm, no
+    biases: q before the rotation is still LN(x) W_Q, the head's k is its group's, and the
+    page says which heads share it."""
+    from model.positional import RotaryEmbedding, apply_rotary
+
+    run = make_run(tmp_path / "llama", n_head=2, n_kv_head=1, mlp="swiglu", norm="rmsnorm", bias=False)
+    out = tmp_path / "llama.html"
+    assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:\nBut soft", "--out", str(out), "--lang", "en"]) == 0
+    data = embedded(out.read_text(encoding="utf-8"))
+    page = open_page(out.as_uri())
+    page.page.click('.token[data-index="4"]')
+    page.page.click('canvas.thumb[data-layer="0"][data-head="1"]')
+    assert "key/value head 0 of 1, shared by query heads 0 to 1" in page.text("#shared-kv")
+    head = data["layers"][0]["heads"][1]
+    assert head["k"] == data["layers"][0]["heads"][0]["k"]
+    assert "RMSNorm divided the stream by its root mean square" in page.text("#norm-stats")
+    before = torch.tensor(shown(page, '#qkv [data-name="k-before"]'))
+    cos, sin = RotaryEmbedding(16)(torch.tensor([[4]]))
+    assert apply_rotary(before, cos[0, 0], sin[0, 0])[0].tolist() == pytest.approx(array(head["k"])[4], abs=1e-5)
+    assert page.values("#block [data-unit]") == pytest.approx(data["layers"][0]["mlp_top"]["values"][4])
+    assert page.errors == []
+
+
 def test_every_label_switches_to_chinese_and_back(pages, open_page):
     table = strings()
     page = open_page(pages["char"][0].as_uri())

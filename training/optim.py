@@ -143,17 +143,20 @@ def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
 
 
 def make_optimizers(model: GPT, cfg: TrainConfig, device: torch.device) -> list[torch.optim.Optimizer]:
-    """AdamW (weight decay only on the matrices of Linear layers, never on norms, biases
-    or embeddings, the tied embedding/LM head included), and with optimizer=muon, Muon
-    for the blocks' matrices. Each group remembers its peak rate as initial_lr."""
+    """AdamW (weight decay only on the matrices of Linear layers, an untied LM head's
+    included, never on norms, biases or embeddings, a tied embedding/LM head included),
+    and with optimizer=muon, Muon for the blocks' matrices. Every parameter is in exactly
+    one group; each group remembers its peak rate as initial_lr."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    matrices = [p for p in model.transformer.h.parameters() if p.dim() == 2]
-    rest = [p for p in model.parameters() if p.dim() < 2 or id(p) in embeddings]
+    blocks = [p for p in model.transformer.h.parameters() if p.dim() == 2]
+    head = [] if id(model.lm_head.weight) in embeddings else [model.lm_head.weight]  # an untied LM head
+    chosen = {id(p) for p in blocks + head}
+    rest = [p for p in model.parameters() if id(p) not in chosen]  # embeddings (a tied head), norms, biases
     optimizers = []
     if cfg.optimizer == "muon":
-        optimizers.append(Muon(matrices, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay))
-        matrices = []
-    groups = [{"params": matrices, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+        optimizers.append(Muon(blocks, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay))
+        blocks = []
+    groups = [{"params": blocks + head, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     optimizers.append(torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                         fused=device.type in ("cpu", "cuda")))
     for optimizer in optimizers:

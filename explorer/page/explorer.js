@@ -336,6 +336,12 @@ function renderQKV() {
   if (!layer.c_attn) {
     box.append(el("p", { class: "note", text: t("weightsLeftOut") }));
   }
+  const kvs = c.n_kv_head ?? c.n_head;
+  if (kvs < c.n_head) { // grouped-query attention: say whose k and v these are
+    const group = c.n_head / kvs, kv = Math.floor(v.head / group);
+    box.append(el("p", { class: "note", id: "shared-kv", text: t("sharedKV", { kv, kvs, first: kv * group,
+      last: kv * group + group - 1 }) }));
+  }
   for (const [which, position] of [["q", v.query], ["k", key], ["v", key]]) {
     box.append(projectionRow(which, position, head[which][position]));
   }
@@ -352,7 +358,7 @@ function projectionRow(which, position, traced) {
   if (!layer.c_attn) { // too large to embed: the model's vector alone
     row.append(vectorBox(traced, `${which}-model`));
   } else if (rotated) { // RoPE: computed from the weights before the rotation, the model's after it
-    const before = projected(layer.c_attn, which, v.head, attentionInput(layer, position), c.n_embd, c.head_size);
+    const before = projected(layer.c_attn, which, v.head, attentionInput(layer, position), c);
     row.append(el("p", { class: "note", text: t("beforeRotation", { position }) }),
       coordinates(before, which, position, `${which}-before`),
       el("p", { class: "note", text: t("afterRotation", { position }) }), vectorBox(traced, `${which}-model`));
@@ -380,7 +386,7 @@ function renderTermsOfProjection(layer, v) {
   if (!v.coordinate || !layer.c_attn) { box.append(el("p", { class: "note", text: t("projectionHint") })); return; }
   const { which, position, dim } = v.coordinate;
   const x = attentionInput(layer, position);
-  const { terms, weights, bias, value } = projectionTerms(layer.c_attn, which, v.head, dim, x, c.n_embd, c.head_size);
+  const { terms, weights, bias, value } = projectionTerms(layer.c_attn, which, v.head, dim, x, c);
   box.append(el("h3", { text: t("projectionTitle", { which, dim, position, C: c.n_embd }) }));
   const list = el("ul", { class: "terms" });
   terms.forEach((term, i) => list.append(el("li", { "data-value": term,

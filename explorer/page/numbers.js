@@ -64,18 +64,22 @@ function fiveSteps(q, keys, vs, query, { scale = true, mask = true } = {}) {
 
 // ---- where q, k and v come from: one head's slice of x W + b --------------------------------
 
-// c_attn's weight is [3C, C] (out × in, as nn.Linear stores it): rows 0..C-1 make q, C..2C-1
-// k, 2C..3C-1 v; head h's coordinate d of q is row h·d_k + d.
-function projectionTerms(cAttn, which, head, dim, x, C, dk) {
-  const row = ["q", "k", "v"].indexOf(which) * C + head * dk + dim;
+// c_attn's weight is [C + 2·H_kv·d_k, C] (out × in, as nn.Linear stores it): the rows of q
+// (H heads of d_k), then of k, then of v (H_kv heads each: grouped-query attention shares
+// key/value head h / (H / H_kv) among its group); coordinate d of head h is one row.
+function projectionTerms(cAttn, which, head, dim, x, config) {
+  const { n_embd: C, head_size: dk, n_head: H } = config;
+  const kv = config.n_kv_head ?? H;
+  const start = { q: 0, k: C, v: C + kv * dk }[which];
+  const row = start + (which === "q" ? head : Math.floor(head / (H / kv))) * dk + dim;
   const weights = rowOf(cAttn.weight, row); // [3C, C]: one row per output coordinate
   const bias = cAttn.bias ? values(cAttn.bias)[row] : 0;
   const terms = x.map((xi, c) => xi * weights[c]);
   return { terms, weights, bias, value: terms.reduce((a, b) => a + b, 0) + bias };
 }
 
-function projected(cAttn, which, head, x, C, dk) { // the head's q (or k, v) before any rotation
-  return Array.from({ length: dk }, (_, d) => projectionTerms(cAttn, which, head, d, x, C, dk).value);
+function projected(cAttn, which, head, x, config) { // the head's q (or k, v) before any rotation
+  return Array.from({ length: config.head_size }, (_, d) => projectionTerms(cAttn, which, head, d, x, config).value);
 }
 
 // RoPE (model/positional.py): dims i and i + d_k/2 turn by position · θ_i, θ_i = base^(-2i/d_k)
