@@ -31,7 +31,7 @@ from common.device import resolve_device, resolve_dtype
 from data import DataConfig, DataError, unknown_characters
 from data.prepare import find_prepared, tokenize_split
 from data.sources import check_readable
-from data.tokenizer import Encoder
+from data.tokenizer import Encoder, start_ids
 from training.config import ConfigError, load_config
 
 CHUNK = 1 << 20  # characters read (or tokens taken) at a time
@@ -113,6 +113,7 @@ def score(model, windows: Iterable[tuple[np.ndarray, int]], batch_size: int, dev
 def text_source(path: Path, tokenizer, counts: dict) -> Iterator[np.ndarray]:
     check_text(path, tokenizer)
     encode = Encoder(tokenizer)
+    yield np.asarray(start_ids(tokenizer), dtype=np.int64)  # a Llama tokenizer's BOS: as training's documents
     bar = tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc="scoring", file=sys.stderr,
                disable=path.stat().st_size < PROGRESS_BYTES)
     for chunk in text_chunks(path, counts):

@@ -2,7 +2,8 @@
 
 The folder loads with AutoModelForCausalLM.from_pretrained(folder) and
 AutoTokenizer.from_pretrained(folder), with no custom code: learned positions become a
-GPT2LMHeadModel, rotary ones a GPTNeoXForCausalLM (see common/hf.py). It holds
+GPT2LMHeadModel, rotary ones a GPTNeoXForCausalLM, and the modern block (rope, RMSNorm,
+SwiGLU) a LlamaForCausalLM (see common/hf.py). It holds
 config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json and a model card, README.md. transformers is not needed to export, only to load.
 Exit codes: 0 ok, 2 bad input.
@@ -20,25 +21,37 @@ from pathlib import Path
 from common.checkpoint import RUN_CONFIG_FILE, load_run, load_state
 from common.cli import OneLineParser, UserError, run_main
 from common.hf import Unsupported, to_transformers
-from data.tokenizer import EOT, UNK, end_of_text_id, suppressed_ids
+from data.tokenizer import EOT, UNK, end_of_text_id, end_of_text_ids, start_ids, suppressed_ids
 from model.files import safetensors_bytes
 from training.config import ConfigError, load_config
 
 
+def special_tokens(tokenizer) -> dict:
+    """The tokens a text starts with and ends with: <|endoftext|> for both (BPE, as GPT-2),
+    a Llama tokenizer's own (<s> and </s>, ...), or none but <unk> (char)."""
+    eot, start = end_of_text_id(tokenizer), start_ids(tokenizer)
+    if eot is None:
+        return {"unk_token": UNK} if tokenizer.token_to_id(UNK) is not None else {}
+    bos = start[0] if start else eot
+    special = {"bos_token": tokenizer.id_to_token(bos), "eos_token": tokenizer.id_to_token(eot)}
+    return {**special, "unk_token": special["eos_token"]} if tokenizer.id_to_token(eot) == EOT else special
+
+
 def tokenizer_config(tokenizer, block_size: int) -> dict:
-    """Declare the special tokens: <|endoftext|> (BPE, as GPT-2) or <unk> (char)."""
-    special = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT} if end_of_text_id(tokenizer) is not None \
-        else {"unk_token": UNK} if tokenizer.token_to_id(UNK) is not None else {}
+    """Declare the special tokens (special_tokens) and the context."""
     return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
-            "clean_up_tokenization_spaces": False, **special}
+            "clean_up_tokenization_spaces": False, **special_tokens(tokenizer)}
 
 
 def generation_config(tokenizer) -> dict:
     """generation_config.json: transformers' generate follows the sampling rule of
-    generate.py: the end-of-text token, and the tokens it never picks (a char model's <unk>)."""
-    eot = end_of_text_id(tokenizer)
+    generate.py: it starts and stops where generate.py does (every end-of-text token), and
+    never picks the tokens generate.py never picks (a char model's <unk>)."""
+    ends, start = list(end_of_text_ids(tokenizer)), start_ids(tokenizer)
     suppressed = list(suppressed_ids(tokenizer))
-    return {"bos_token_id": eot, "eos_token_id": eot, **({"suppress_tokens": suppressed} if suppressed else {})}
+    return {"bos_token_id": start[0] if start else (ends[0] if ends else None),
+            "eos_token_id": (ends[0] if len(ends) == 1 else ends) if ends else None,
+            **({"suppress_tokens": suppressed} if suppressed else {})}
 
 
 def model_card(checkpoint: Path, out: Path, model, hf_config: dict) -> str:
@@ -100,6 +113,7 @@ def export(checkpoint: Path, out: Path) -> None:
     model, tokenizer = load_run(checkpoint)
     try:
         hf_config, tensors = to_transformers(model.config, model.state_dict(), end_of_text_id(tokenizer))
+        hf_config.update({k: v for k, v in generation_config(tokenizer).items() if k.endswith("_token_id")})
     except Unsupported as e:
         raise UserError(f"{checkpoint} cannot be exported: {e}") from None
     files = {"config.json": json.dumps(hf_config, indent=2) + "\n",

@@ -21,7 +21,7 @@ from common.checkpoint import DEFAULT_RUN, load_run
 from common.cli import OneLineParser, UserError, locale_language, run_main
 from common.prompt import encode_prompt
 from common.device import DTYPES, resolve_device, resolve_dtype
-from data.tokenizer import encode_or_start, suppressed_ids
+from data.tokenizer import encode_or_start, end_of_text_ids, suppressed_ids
 from explorer.data import MAX_TOKENS, page_data
 from explorer.page import render
 from model import Sampling
@@ -153,6 +153,7 @@ def generate(model, tokenizer, prompts: list[str], settings: Settings, device, o
     new_ids: list[list[int]] = [[] for _ in range(rows)]
     texts = list(prefixes)
     done = [False] * rows
+    ends = set(end_of_text_ids(tokenizer))
     stream = Stream(out, settings.stop) if rows == 1 and settings.stream else None
     if stream:
         stream.update(texts[0])
@@ -162,6 +163,9 @@ def generate(model, tokenizer, prompts: list[str], settings: Settings, device, o
         for token in tokens:
             for row, t in enumerate(token.tolist()):
                 if done[row]:
+                    continue
+                if t in ends:  # the end of a text: the sample ends with it (as transformers' generate does)
+                    done[row] = True
                     continue
                 new_ids[row].append(t)
                 text = prefixes[row] + tokenizer.decode(new_ids[row])

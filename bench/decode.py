@@ -84,6 +84,25 @@ def cost_per_token(ours, block_size: int, steps: int, rounds: int) -> list[dict]
     return per_token
 
 
+def grouped(block_size: int, new_tokens: int, rounds: int) -> list[dict]:
+    """Grouped-query attention: the KV cache's bytes per sequence (its own tensors, at
+    block_size) and cached greedy tokens/s at batch 16, for 4, 2 and 1 key/value heads of
+    the same 4-head, 128-dim rope model."""
+    prompt = torch.randint(0, VOCAB, (16, 8), generator=torch.Generator().manual_seed(0))
+    models, sizes = {}, {}
+    for kv in (4, 2, 1):
+        torch.manual_seed(0)
+        models[kv] = GPT(GPTConfig(vocab_size=VOCAB, block_size=block_size, n_layer=4, n_head=4, n_kv_head=kv,
+                                   n_embd=128, pos_encoding="rope")).eval()
+        cache = KVCache(models[kv].config, 1, block_size, "cpu", torch.float32)
+        sizes[kv] = cache.k.nbytes + cache.v.nbytes
+    with torch.inference_mode():
+        medians = alternate({kv: (lambda m=m: 16 * new_tokens / timed(lambda: m.generate(prompt, new_tokens, temperature=0)))
+                             for kv, m in models.items()}, rounds)
+    return [{"n_kv_head": kv, "cache_bytes_per_sequence": sizes[kv], "cache_ratio": sizes[4] / sizes[kv],
+             "tokens_per_sec": medians[kv]} for kv in models]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small and short, seconds (exercised by a test)")
@@ -102,7 +121,13 @@ def main() -> None:
     print("\ntime for one new token (batch 1) against the context length\n")
     print(table(["context", "cached ms/token", "uncached ms/token", "cache speedup"],
                 [[p["context"], p["cached_ms"], p["uncached_ms"], f"{p['speedup']:.1f}×"] for p in per_token]))
-    path = save("decode", {"machine": machine(args.threads), "results": results, "per_token": per_token}, args.out)
+    gqa = grouped(block_size, new_tokens, rounds)
+    print("\ngrouped-query attention (n_head 4, rope): the KV cache per sequence and cached tokens/s at batch 16\n")
+    print(table(["n_kv_head", "KV cache per sequence (KiB)", "smaller by", "tokens/s"],
+                [[g["n_kv_head"], g["cache_bytes_per_sequence"] / 1024, f"{g['cache_ratio']:.0f}×", g["tokens_per_sec"]]
+                 for g in gqa]))
+    path = save("decode", {"machine": machine(args.threads), "results": results, "per_token": per_token,
+                           "grouped": gqa}, args.out)
     print(f"\nwrote {path}")
 
 

@@ -1,12 +1,14 @@
 """Hugging Face transformers' formats, both ways, without importing transformers.
 
-A GPT of this project is a GPT2LMHeadModel when its positions are learned, and a
-GPTNeoXForCausalLM when they are rotary: GPT-NeoX with sequential residuals
-(use_parallel_residual false), rotary on every dimension of each head (rotary_pct 1),
-the same base, tied embeddings, and rotate_half's pairing of dimension i with i + d/2,
-which is ours. Other configurations have no transformers class that computes exactly
-what they compute, and are refused. Only the config.json dictionary and the tensors are
-converted here; the files are written and read by the callers.
+A GPT of this project is a GPT2LMHeadModel when its positions are learned; a
+GPTNeoXForCausalLM when they are rotary with LayerNorm and the GELU network (sequential
+residuals, rotary on every dimension of each head, the same base, tied embeddings, and
+rotate_half's pairing of dimension i with i + d/2, which is ours); and a
+LlamaForCausalLM when it has the modern block (rotary positions, RMSNorm, the SwiGLU
+network; grouped-query attention and an untied head included). Other configurations
+have no transformers class that computes exactly what they compute, and are refused,
+naming what differs. Only the config.json dictionary and the tensors are converted
+here; the files are written and read by the callers.
 """
 
 from __future__ import annotations
@@ -28,38 +30,96 @@ class Unsupported(ValueError):
     """This configuration or checkpoint has no exact counterpart; the message says what does."""
 
 
-def check_exportable(c: GPTConfig) -> None:
-    problems = [f"pos_encoding={c.pos_encoding}" if c.pos_encoding == "sinusoidal" else None,
+KINDS = "GPT-2 (learned positions, LayerNorm, GELU), GPT-NeoX (rope, LayerNorm, GELU) or Llama (rope, RMSNorm, SwiGLU)"
+
+
+def export_kind(c: GPTConfig) -> str:
+    """The transformers class a config becomes: "gpt2", "gpt_neox" or "llama"; raises
+    Unsupported naming, in one line, what that class cannot express."""
+    kind = "llama" if c.norm == "rmsnorm" or c.mlp == "swiglu" else "gpt2" if c.pos_encoding == "learned" else "gpt_neox"
+    name = {"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "llama": "Llama"}[kind]
+    problems = [f"pos_encoding={c.pos_encoding}" if c.pos_encoding == "sinusoidal" or
+                (kind == "llama" and c.pos_encoding != "rope") else None,
                 f"norm_position={c.norm_position}" if c.norm_position != "pre" else None,
-                f"norm={c.norm}" if c.norm != "layernorm" else None]
+                f"mlp={c.mlp} (Llama's feed-forward network is SwiGLU)" if kind == "llama" and c.mlp != "swiglu" else None,
+                f"norm={c.norm} (Llama normalises with RMSNorm)" if kind == "llama" and c.norm != "rmsnorm" else None,
+                "qk_norm=true" if c.qk_norm else None]
+    if kind != "llama":
+        problems += [f"n_kv_head={c.n_kv_head} < n_head={c.n_head} ({name} cannot hold grouped-query attention)"
+                     if c.n_kv_head != c.n_head else None,
+                     "tie_embeddings=false" if not c.tie_embeddings else None]
     problems = [p for p in problems if p]
     if problems:
-        raise Unsupported(f"no transformers class computes a model with {', '.join(problems)}; models with "
-                          "learned (GPT-2) or rope (GPT-NeoX) positions, pre-LN and LayerNorm can be exported")
+        raise Unsupported(f"as {name}, no transformers class computes a model with {', '.join(problems)}; "
+                          f"the kinds that export are {KINDS}")
+    return kind
 
 
 def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int | None) -> tuple[dict, dict]:
-    """(config.json as a dict, tensors by transformers' names) for GPT2LMHeadModel or
-    GPTNeoXForCausalLM. A model without biases gets zero biases, which compute the same."""
-    check_exportable(config)
-    c = config
+    """(config.json as a dict, tensors by transformers' names) for GPT2LMHeadModel,
+    GPTNeoXForCausalLM or LlamaForCausalLM. A GPT-2 or GPT-NeoX model without biases gets
+    zero biases, which compute the same."""
+    c, kind = config, export_kind(config)
+    common = {"vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_embeddings, "bos_token_id": eot,
+              "eos_token_id": eot, "torch_dtype": "float32"}
+    if kind == "llama":
+        return to_llama(c, state, common)
     state = with_zero_biases(c, state)
-    common = {"vocab_size": c.vocab_size, "tie_word_embeddings": True, "bos_token_id": eot, "eos_token_id": eot,
-              "torch_dtype": "float32"}
-    if c.pos_encoding == "learned":
+    if kind == "gpt2":
         hf = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_positions": c.block_size,
-              "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": None,
-              "activation_function": ACTIVATIONS[c.activation], "layer_norm_epsilon": 1e-5,
+              "n_embd": c.n_embd, "n_layer": c.n_layer, "n_head": c.n_head, "n_inner": c.ffn_hidden,
+              "activation_function": ACTIVATIONS[c.activation], "layer_norm_epsilon": c.norm_eps,
               "resid_pdrop": c.dropout, "embd_pdrop": c.dropout, "attn_pdrop": c.dropout, **common}
         tensors = {name: t.t() if name.endswith(tuple(f"{m}.weight" for m in LINEARS_GPT2)) else t
                    for name, t in state.items() if name != "lm_head.weight"}
         return hf, tensors
     hf = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": c.n_embd,
-          "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head, "intermediate_size": 4 * c.n_embd,
-          "hidden_act": ACTIVATIONS[c.activation], "max_position_embeddings": c.block_size, "layer_norm_eps": 1e-5,
+          "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head, "intermediate_size": c.ffn_hidden,
+          "hidden_act": ACTIVATIONS[c.activation], "max_position_embeddings": c.block_size, "layer_norm_eps": c.norm_eps,
           "use_parallel_residual": False, "rotary_pct": 1.0, "rotary_emb_base": c.rope_base, "attention_bias": True,
           "attention_dropout": c.dropout, "hidden_dropout": c.dropout, **common}
     return hf, rename_neox(state, c, to_neox=True)
+
+
+def to_llama(c: GPTConfig, state: dict[str, torch.Tensor], common: dict) -> tuple[dict, dict]:
+    """LlamaForCausalLM: what its defaults would get wrong is written out (the norms' ε,
+    the tying, the key/value heads, the SwiGLU width, the rope base, the context)."""
+    hf = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": c.n_embd,
+          "intermediate_size": c.ffn_hidden, "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head,
+          "num_key_value_heads": c.n_kv_head, "head_dim": c.head_size, "hidden_act": "silu",
+          "max_position_embeddings": c.block_size, "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base,
+          "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base}, "attention_bias": c.bias,
+          "mlp_bias": c.bias, "attention_dropout": c.dropout, **common}
+    return hf, rename_llama(state, c, to_llama=True)
+
+
+def rename_llama(tensors: dict[str, torch.Tensor], c: GPTConfig, to_llama: bool) -> dict[str, torch.Tensor]:
+    """Our names to Llama's (to_llama) or back; c_attn splits into q_proj, k_proj, v_proj
+    rows as they are (the rotary layouts are the same)."""
+    pairs = [("transformer.wte.weight", "model.embed_tokens.weight"), ("transformer.ln_f.weight", "model.norm.weight")]
+    if not c.tie_embeddings:
+        pairs.append(("lm_head.weight", "lm_head.weight"))
+    renamed = {}
+    for ours, theirs in pairs:
+        source, target = (ours, theirs) if to_llama else (theirs, ours)
+        renamed[target] = tensors[source]
+    kv = c.n_kv_head * c.head_size
+    for i in range(c.n_layer):
+        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
+        names = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight"}
+        for kind in ("weight", "bias") if c.bias else ("weight",):
+            names |= {f"attn.c_proj.{kind}": f"self_attn.o_proj.{kind}", f"mlp.c_gate.{kind}": f"mlp.gate_proj.{kind}",
+                      f"mlp.c_fc.{kind}": f"mlp.up_proj.{kind}", f"mlp.c_proj.{kind}": f"mlp.down_proj.{kind}"}
+            parts = [f"{theirs}self_attn.{p}_proj.{kind}" for p in "qkv"]
+            if to_llama:
+                split = tensors[f"{ours}attn.c_attn.{kind}"].split([c.n_embd, kv, kv])
+                renamed.update(zip(parts, split))
+            else:
+                renamed[f"{ours}attn.c_attn.{kind}"] = torch.cat([tensors[p] for p in parts])
+        for mine, other in names.items():
+            source, target = (ours + mine, theirs + other) if to_llama else (theirs + other, ours + mine)
+            renamed[target] = tensors[source]
+    return renamed
 
 
 def rename_neox(tensors: dict[str, torch.Tensor], c: GPTConfig, to_neox: bool) -> dict[str, torch.Tensor]:
@@ -90,7 +150,7 @@ def with_zero_biases(c: GPTConfig, state: dict[str, torch.Tensor]) -> dict[str, 
         return dict(state)
     state = dict(state)
     widths = {"ln_1": c.n_embd, "ln_2": c.n_embd, "attn.c_attn": 3 * c.n_embd, "attn.c_proj": c.n_embd,
-              "mlp.c_fc": 4 * c.n_embd, "mlp.c_proj": c.n_embd}
+              "mlp.c_fc": c.ffn_hidden, "mlp.c_proj": c.n_embd}
     for i in range(c.n_layer):
         for name, width in widths.items():
             state[f"transformer.h.{i}.{name}.bias"] = torch.zeros(width)
@@ -99,6 +159,15 @@ def with_zero_biases(c: GPTConfig, state: dict[str, torch.Tensor]) -> dict[str, 
 
 
 def config_from_transformers(hf: dict) -> GPTConfig:
+    """Our config for a transformers config.json (config_of), or Unsupported naming what is
+    missing or different."""
+    try:
+        return config_of(hf)
+    except KeyError as e:
+        raise Unsupported(f"its config.json ({hf.get('model_type')}) has no {e.args[0]!r}") from None
+
+
+def config_of(hf: dict) -> GPTConfig:
     """Our config for a GPT-2 family config.json, or a GPT-NeoX one of the shape
     to_transformers writes; anything else raises Unsupported naming what differs."""
     kind = hf.get("model_type")
@@ -118,8 +187,32 @@ def config_from_transformers(hf: dict) -> GPTConfig:
                          dropout=float(hf.get("hidden_dropout", 0.0)), bias=True, pos_encoding="rope",
                          activation=activation_of(hf, "hidden_act"),
                          rope_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))))
-    raise Unsupported(f"model_type {kind!r} is not supported; init_from takes a run directory of this project "
-                      "or a GPT-2 family model (gpt2, distilgpt2, ...)")
+    if kind == "llama":
+        return config_from_llama(hf)
+    raise Unsupported(f"model_type {kind!r} is not supported; init_from takes a run directory of this project, "
+                      "a GPT-2 family model (gpt2, distilgpt2, ...) or a Llama-family one (model_type llama)")
+
+
+def config_from_llama(hf: dict) -> GPTConfig:
+    """Our config for a LlamaForCausalLM config.json; what our block cannot express (a
+    rope scaling, another activation, biases on attention alone, a head size other than
+    hidden_size / heads) is refused naming the setting."""
+    rope = hf.get("rope_parameters") or {}  # (transformers 5; 4 wrote rope_theta and rope_scaling)
+    scaling = hf.get("rope_scaling") or rope
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type != "default":
+        raise Unsupported(f"llama with rope scaling {rope_type!r} is not supported (this model's rotary "
+                          "positions are unscaled: rope_type 'default')")
+    heads = hf["num_attention_heads"]
+    require(hf, {"hidden_act": "silu", "pretraining_tp": 1, "head_dim": hf["hidden_size"] // heads,
+                 "mlp_bias": hf.get("attention_bias", False)})
+    return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"],
+                     n_layer=hf["num_hidden_layers"], n_head=heads, n_embd=hf["hidden_size"],
+                     n_kv_head=hf.get("num_key_value_heads") or heads, dropout=float(hf.get("attention_dropout", 0.0)),
+                     bias=bool(hf.get("attention_bias", False)), pos_encoding="rope", norm="rmsnorm", mlp="swiglu",
+                     ffn_hidden=hf["intermediate_size"], norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                     rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+                     tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
 
 
 def require(hf: dict, expected: dict) -> None:
@@ -137,8 +230,8 @@ def activation_of(hf: dict, key: str) -> str:
 
 
 def state_from_transformers(config: GPTConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our state dict (the tied head included) from transformers' tensors, for the
-    config that config_from_transformers gave."""
+    """Our state dict (a tied head included) from transformers' tensors, for the config
+    that config_from_transformers gave."""
     state = {}
     if config.pos_encoding == "learned":  # GPT-2, with or without the "transformer." prefix
         for name, t in tensors.items():
@@ -147,7 +240,10 @@ def state_from_transformers(config: GPTConfig, tensors: dict[str, torch.Tensor])
                 continue  # causal-mask buffers of old checkpoints; the head is the tied embedding
             transpose = name.endswith(tuple(f"{m}.weight" for m in LINEARS_GPT2))
             state[f"transformer.{name}"] = t.t().contiguous() if transpose else t
+    elif config.norm == "rmsnorm":  # Llama
+        state = rename_llama(tensors, config, to_llama=False)
     else:
         state = rename_neox(tensors, config, to_neox=False)
-    state["lm_head.weight"] = state["transformer.wte.weight"]
+    if config.tie_embeddings:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
     return state

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from .config import DataConfig
 from .sources import END, DataError, Piece, open_source
-from .tokenizer import Encoder, end_of_text_id, load_tokenizer, train_tokenizer
+from .tokenizer import Encoder, end_of_text_id, load_tokenizer, start_ids, train_tokenizer
 
 FORMAT_VERSION = 2  # 2: BPE text cut only where the tokens cannot change; char vocabularies hold "\n"
 CHUNK_CHARS = 1 << 20  # text is tokenized in chunks of about 1M characters
@@ -192,12 +192,13 @@ def chunked(pieces: Iterable[Piece]) -> Iterator[Piece]:
 def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtype,
                  advance: Callable[[int], object] = lambda size: None) -> dict:
     """Encode chunks and append their ids to `path`; each document is encoded as one text,
-    separated by <|endoftext|> where the tokenizer has it, else by a blank line. Documents
+    separated by <|endoftext|> (or the tokenizer's end-of-text token) where it has one, else by
+    a blank line, and each starts with the tokenizer's start_ids (none for ours). Documents
     that arrive whole (one chunk, then END: rows of a .jsonl file) are queued and encoded
     many at a time (Encoder.many: one call over the cores); longer ones stream through feed
     and flush. Unknown characters are counted; advance(bytes) follows each chunk's UTF-8 size.
     Returns the counts of tokens, characters, UTF-8 bytes and unknown characters."""
-    eot = end_of_text_id(tokenizer)
+    eot, start = end_of_text_id(tokenizer), start_ids(tokenizer)  # (start: a Llama tokenizer's BOS)
     encode = Encoder(tokenizer)
     tokens = characters = size = unknown = 0
     tail = ""  # end of the text read so far, to place blank lines between documents
@@ -211,10 +212,13 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
             ids.astype(dtype).tofile(f)
             tokens += len(ids)
 
+        def starting(ids: np.ndarray) -> np.ndarray:  # a document's first ids, after the start ids
+            return np.concatenate([np.asarray(start, dtype=np.int64), ids]) if start else ids
+
         def drain() -> None:
             encoded = iter(encode.many([item for item in queue if isinstance(item, str)]))
             for item in queue:
-                write(next(encoded) if isinstance(item, str) else item)
+                write(starting(next(encoded)) if isinstance(item, str) else item)
             queue.clear()
 
         held = None  # a document's first chunk: whole if END comes next
@@ -239,7 +243,7 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
             else:  # a long document: stream it, after what waits in the queue
                 drain()
                 if held is not None:
-                    write(encode.feed(held))
+                    write(starting(encode.feed(held)))
                     held = None
                 write(encode.feed(chunk))
             characters += len(chunk)

@@ -91,8 +91,29 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return tokenizer
 
 
+# The end-of-text tokens of the model families this project reads (ours and GPT-2's first):
+# the special tokens that end a document, and so a generated sample.
+END_OF_TEXT = (EOT, "<|end_of_text|>", "<|eot_id|>", "</s>", "<|im_end|>")
+
+
+def end_of_text_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
+    """The ids of the tokenizer's end-of-text tokens (special tokens named in END_OF_TEXT)."""
+    special = {token.content: i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special}
+    return tuple(special[name] for name in END_OF_TEXT if name in special)
+
+
 def end_of_text_id(tokenizer: Tokenizer) -> int | None:
-    return tokenizer.token_to_id(EOT)
+    """The token that separates documents: the first of end_of_text_ids, or None."""
+    ids = end_of_text_ids(tokenizer)
+    return ids[0] if ids else None
+
+
+def start_ids(tokenizer: Tokenizer) -> list[int]:
+    """What the tokenizer puts before every text it encodes (a Llama tokenizer's <s> or
+    <|begin_of_text|>; nothing for this project's tokenizers and GPT-2's). Each document
+    of the training data starts with them, as every prompt does, so that the data and
+    generation agree."""
+    return tokenizer.encode("").ids
 
 
 def suppressed_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
@@ -100,12 +121,12 @@ def suppressed_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
     the model never saw, so no text continues with it. (Byte-level BPE has none: every
     token, <|endoftext|> included, can be a right next token.)"""
     unk = tokenizer.token_to_id(UNK)
-    return (unk,) if unk is not None and end_of_text_id(tokenizer) is None else ()
+    return (unk,) if unk is not None and tokenizer.token_to_id(EOT) is None else ()
 
 
 def encode_or_start(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Token ids of text; for empty text, the token a document starts after:
-    <|endoftext|> (bpe) or a newline (char)."""
+    """Token ids of text (after start_ids, where the tokenizer has them); for empty text,
+    the token a document starts after: <|endoftext|> (bpe) or a newline (char)."""
     ids = tokenizer.encode(text).ids
     if ids:
         return ids

@@ -5,15 +5,9 @@ Without Chromium these tests skip, saying how to install it; under CI=true a mis
 browser is a failure. A screenshot of each page goes to $TEST_ARTIFACTS (default
 out/test-artifacts)."""
 
-import http.client
 import json
 import math
 import os
-import re
-import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -26,6 +20,7 @@ from model import Sampling
 from model.sampling import next_token_probabilities
 from explorer.data import decoded
 from test_explorer import HOSTILE, embedded, make_run
+from test_explorer_server import server, served_run  # noqa: F401 (fixtures)
 
 try:
     from playwright.sync_api import expect, sync_playwright
@@ -369,98 +364,7 @@ def test_a_hostile_prompt_runs_nothing(pages, open_page):
     assert page.page.evaluate("document.scripts.length") == 4
 
 
-# ---- explore.py --serve --------------------------------------------------------------
-
-def start_server(run: Path) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, str(ROOT / "explore.py"), "--serve", "--port", "0", "--checkpoint",
-                             str(run), "--prompt", "ROMEO:", "--lang", "en"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
-    assert match, line + proc.stderr.read()
-    return proc, int(match.group(1))
-
-
-@pytest.fixture(scope="module")
-def served_run(tmp_path_factory):
-    run = make_run(tmp_path_factory.mktemp("served") / "run")
-    (run / "config.yaml").write_text("train:\n  seed: 3\n")  # so that it can re-create its initial model
-    return run
-
-
-@pytest.fixture
-def server(served_run):
-    proc, port = start_server(served_run)
-    yield proc, port
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-
-
-def request(port: int, method: str, path: str, body: bytes | None = None, host: str | None = None):
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Host": host or f"127.0.0.1:{port}"}
-    if body is not None:
-        headers["Content-Type"] = "application/json"
-    connection.request(method, path, body=body, headers=headers)
-    response = connection.getresponse()
-    answer = response.status, dict(response.getheaders()), response.read()
-    connection.close()
-    return answer
-
-
-def api(port: int, path: str, payload) -> tuple[int, dict]:
-    status, _, body = request(port, "POST", path, json.dumps(payload).encode())
-    return status, json.loads(body)
-
-
-def test_the_server_answers_its_api_and_refuses_the_rest(server):
-    _, port = server
-    status, headers, body = request(port, "GET", "/")
-    assert status == 200 and headers["Content-Type"].startswith("text/html") and b"explorer-data" in body
-    assert not any(h.lower().startswith("access-control") for h in headers)  # no CORS
-    status, answer = api(port, "/api/explore", {"prompt": "But soft"})
-    assert status == 200 and "".join(t["text"] for t in answer["data"]["tokens"]) == "But soft"
-    status, answer = api(port, "/api/next", {"ids": answer["ids"], "temperature": 0})
-    assert status == 200 and answer["prompt"].startswith("But soft") and len(answer["ids"]) == 9
-    status, init = api(port, "/api/explore", {"ids": answer["ids"], "model": "init"})  # the same tokens, at init
-    assert status == 200 and init["data"]["model"] == "init" and init["data"]["tokens"] == answer["data"]["tokens"]
-    assert init["data"]["layers"][0]["attn"] != answer["data"]["layers"][0]["attn"]
-    refused = [
-        (request(port, "GET", "/", host="evil.example:80"), 421, "answers only to"),
-        (request(port, "GET", "/tokenizer.json"), 404, "nothing at"),
-        (request(port, "GET", "/../model.safetensors"), 404, "nothing at"),
-        (request(port, "POST", "/api/run", b"{}"), 404, "no API"),
-        (request(port, "PUT", "/", b"{}"), 405, "not supported"),
-        (request(port, "POST", "/api/explore", b"{not json"), 400, "not JSON"),
-        (request(port, "POST", "/api/explore", b'{"prompt": "\xff\xfe"}'), 400, "not UTF-8"),
-        (request(port, "POST", "/api/explore", json.dumps({"prompt": "x" * 10_001}).encode()), 413, "at most 10,000"),
-        (request(port, "POST", "/api/explore", b" " * (64 * 1024 + 1)), 413, "at most 65,536"),
-        (request(port, "POST", "/api/explore", json.dumps({"prompt": "Zebra"}).encode()), 400, "never saw"),
-        (request(port, "POST", "/api/explore", json.dumps({"prompt": ""}).encode()), 400, "empty"),
-        (request(port, "POST", "/api/next", json.dumps({"ids": [10**6]}).encode()), 400, "token ids"),
-        (request(port, "POST", "/api/next", json.dumps({"prompt": "R", "top_k": 0}).encode()), 400, "top_k"),
-        (request(port, "POST", "/api/explore", json.dumps({"prompt": "R", "model": "other"}).encode()), 400, "model"),
-    ]
-    for (status, _, body), expected, reason in refused:
-        assert status == expected and reason in json.loads(body)["error"], body
-    _, _, body = request(port, "POST", "/api/explore", json.dumps({"prompt": "Zebra"}).encode())
-    assert json.loads(body)["code"] == "unknown" and json.loads(body)["values"] == {"characters": "'Z'"}
-    assert request(port, "GET", "/")[0] == 200  # still serving
-
-
-def test_concurrent_requests_are_all_answered(server):
-    _, port = server
-    results = []
-    threads = [threading.Thread(target=lambda i=i: results.append(api(port, "/api/next", {"prompt": "ROMEO:",
-                                                                                          "temperature": 1.0})[0]))
-               for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert results == [200] * 8
-
+# ---- explore.py --serve, in the browser (the server itself: tests/test_explorer_server.py) ----
 
 def test_a_typed_prompt_updates_the_page_token_by_token(server, open_page):
     _, port = server
@@ -497,10 +401,3 @@ def test_the_servers_refusals_are_in_the_pages_language(server, open_page):
     page.page.click("#model-switch")  # served: the server re-creates the model at initialisation
     expect(page.page.locator("#model-state")).to_have_text("初始化时的模型")
     assert [e for e in page.errors if "status of 400" not in e] == []  # (Chromium notes each refused request)
-
-
-def test_ctrl_c_stops_the_server(server):
-    proc, port = server
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=20) == 0
-    assert "stopped" in proc.stderr.read()

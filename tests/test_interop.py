@@ -193,23 +193,31 @@ def test_model_card(runs, exported):
     assert "a GPT-2 model has no position embedding past 48, and transformers stops with an IndexError" in learned
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("model.pos_encoding=sinusoidal", "pos_encoding=sinusoidal"),
-    ("model.norm_position=post", "norm_position=post"),
-    ("model.norm=rmsnorm", "norm=rmsnorm"),
+@pytest.mark.parametrize("settings, message", [
+    ({"pos_encoding": "sinusoidal"}, "as GPT-NeoX, no transformers class computes a model with pos_encoding=sinusoidal"),
+    ({"norm_position": "post"}, "as GPT-2, no transformers class computes a model with norm_position=post"),
+    ({"norm": "rmsnorm", "pos_encoding": "rope"}, "as Llama, no transformers class computes a model with mlp=gelu "
+                                                  "(Llama's feed-forward network is SwiGLU)"),
+    ({"mlp": "swiglu", "pos_encoding": "rope"}, "norm=layernorm (Llama normalises with RMSNorm)"),
+    ({"mlp": "swiglu", "norm": "rmsnorm"}, "as Llama, no transformers class computes a model with pos_encoding=learned"),
+    ({"n_kv_head": 1, "pos_encoding": "rope"}, "n_kv_head=1 < n_head=2 (GPT-NeoX cannot hold grouped-query attention)"),
+    ({"n_kv_head": 1}, "n_kv_head=1 < n_head=2 (GPT-2 cannot hold grouped-query attention)"),
+    ({"tie_embeddings": False, "pos_encoding": "rope"}, "as GPT-NeoX, no transformers class computes a model with "
+                                                        "tie_embeddings=false"),
 ])
-def test_export_refuses_what_no_transformers_class_computes(tmp_path, setting, message, capsys):
+def test_export_refuses_what_no_transformers_class_computes(tmp_path, settings, message, capsys):
     from data.tokenizer import train_tokenizer as make
     from model import GPTConfig
 
-    key, value = setting.removeprefix("model.").split("=")
     tokenizer = make("char", ["abcdefghijklmnopqrs"], 0)
     GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=8, n_layer=1, n_head=2, n_embd=8,
-                  **{key: value})).save_pretrained(tmp_path)
+                  **settings)).save_pretrained(tmp_path)
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     assert export.main(["--checkpoint", str(tmp_path), "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err and "learned (GPT-2) or rope (GPT-NeoX)" in err
+    assert err.count("\n") == 1 and message in err and err.endswith(
+        "the kinds that export are GPT-2 (learned positions, LayerNorm, GELU), GPT-NeoX (rope, LayerNorm, GELU) or "
+        "Llama (rope, RMSNorm, SwiGLU)\n")
     assert not (tmp_path / "hf").exists()
 
 
@@ -442,9 +450,12 @@ def test_init_from_bad_input(gpt2_folder, tmp_path, corpus, monkeypatch, capsys)
     llama.mkdir()
     for name in ("model.safetensors", "tokenizer.json"):
         (llama / name).write_bytes((gpt2_folder / name).read_bytes())
-    (llama / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    assert fails(llama) == (f"error: train.init_from={llama}: model_type 'llama' is not supported; init_from takes "
-                            "a run directory of this project or a GPT-2 family model (gpt2, distilgpt2, ...)\n")
+    (llama / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    assert fails(llama) == (f"error: train.init_from={llama}: model_type 'mamba' is not supported; init_from takes "
+                            "a run directory of this project, a GPT-2 family model (gpt2, distilgpt2, ...) or a "
+                            "Llama-family one (model_type llama)\n")
+    (llama / "config.json").write_text(json.dumps({"model_type": "llama", "rope_scaling": None}))
+    assert fails(llama) == f"error: train.init_from={llama}: its config.json (llama) has no 'num_attention_heads'\n"
     assert "model.n_layer=4 differs from train.init_from" in fails(gpt2_folder, "model.n_layer=4")
     untied = tmp_path / "untied"  # its own lm_head.weight: our model ties the head to the embedding
     config = transformers.GPT2Config.from_pretrained(gpt2_folder, tie_word_embeddings=False)

@@ -1,7 +1,7 @@
 """train.init_from: begin a new run with existing weights, from a run directory of this
-project or from a Hugging Face GPT-2 family model (a local folder, or a hub id such as
-gpt2 or distilgpt2, downloaded once with huggingface_hub: config, safetensors weights and
-tokenizer only). The model's settings and tokenizer come from the source; the run may
+project or from a Hugging Face GPT-2 family or Llama-family model (a local folder, or a hub
+id such as gpt2 or HuggingFaceTB/SmolLM2-135M, downloaded once with huggingface_hub:
+config, safetensors weights and tokenizer only). The model's settings and tokenizer come from the source; the run may
 change only model.dropout, model.attn_impl (the same computation) and a smaller
 model.block_size.
 """
@@ -21,6 +21,7 @@ from common.checkpoint import TOKENIZER_FILE
 from common.cli import UserError
 from common.hf import Unsupported, config_from_transformers, state_from_transformers
 from data import load_tokenizer
+from data.tokenizer import END_OF_TEXT, end_of_text_ids
 from model import GPTConfig
 from model.gpt import CONFIG_FILE, WEIGHTS_FILE
 
@@ -49,7 +50,8 @@ class BaseModel:
         tensors = load_file(str(self.folder / WEIGHTS_FILE))
         if "model_type" in read_json(self.folder / CONFIG_FILE):
             tensors = state_from_transformers(self.config, tensors)
-        tensors["transformer.wte.weight"] = tensors["lm_head.weight"]  # one tensor, stored once (tied)
+        elif self.config.tie_embeddings:
+            tensors["transformer.wte.weight"] = tensors["lm_head.weight"]  # one tensor, stored once (tied)
         if "transformer.wpe.weight" in tensors:
             tensors["transformer.wpe.weight"] = tensors["transformer.wpe.weight"][:config.block_size]
         return tensors
@@ -87,7 +89,22 @@ def open_base_model(init_from: str) -> BaseModel:
             config = GPTConfig.from_dict(settings)
     except (Unsupported, ValueError, KeyError) as e:
         raise UserError(f"train.init_from={init_from}: {e}") from None
-    return BaseModel(init_from, folder, config)
+    base = BaseModel(init_from, folder, config)
+    if "model_type" in settings:
+        check_end_of_text(base, settings.get("eos_token_id"))
+    return base
+
+
+def check_end_of_text(base: BaseModel, declared) -> None:
+    """The end-of-text tokens a transformers folder declares must be ones this project
+    stops generation at and separates documents with (data.tokenizer.END_OF_TEXT)."""
+    tokenizer = base.tokenizer()
+    known = end_of_text_ids(tokenizer)
+    for token_id in [] if declared is None else declared if isinstance(declared, list) else [declared]:
+        if token_id not in known:
+            raise UserError(f"train.init_from={base.name} declares end-of-text token {tokenizer.id_to_token(token_id)!r} "
+                            f"(id {token_id}), which is not among the end-of-text tokens this project knows "
+                            f"({', '.join(END_OF_TEXT)}): generation would not stop at it")
 
 
 def download(repo_id: str) -> Path:

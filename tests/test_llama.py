@@ -1,0 +1,188 @@
+"""Llama in and out, with no network: a small random LlamaForCausalLM made by transformers
+here (2 layers, grouped-query attention, a tied and an untied head) with a small BPE
+tokenizer of Llama's kind beside it (<s> before every text, </s> at the end) loads with
+transformers' logits and greedy text; fine-tuning from it runs and resumes; every program
+works on the run; and a run of the modern block exports back to LlamaForCausalLM."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate
+import explore
+import export
+import generate
+import train
+from common.checkpoint import load_run
+from conftest import ROOT
+from data import DataConfig, prepare
+from model import GPT
+
+transformers = pytest.importorskip("transformers")
+FINETUNE = str(ROOT / "configs" / "finetune-llama.yaml")
+
+
+def llama_tokenizer(text: str):
+    """Byte-level BPE with Llama's special tokens: <s> (id 1) put before every text by the
+    post-processor, </s> (id 2) the end of a text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([text], trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return tokenizer
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
+def llama_folder(request, tmp_path_factory, corpus):
+    folder = tmp_path_factory.mktemp("llama")
+    tokenizer = llama_tokenizer(corpus.read_text())
+    config = transformers.LlamaConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=88,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+                                      tie_word_embeddings=request.param, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_a_llama_folder_loads_with_transformers_logits_and_greedy_text(llama_folder):
+    from training.init_from import open_base_model
+
+    base = open_base_model(str(llama_folder))
+    c = base.config
+    assert (c.norm, c.mlp, c.n_kv_head, c.ffn_hidden, c.norm_eps, c.bias) == ("rmsnorm", "swiglu", 2, 88, 1e-6, False)
+    ours = GPT(c).eval()
+    ours.load_state_dict(base.state_dict(c))
+    hf = transformers.LlamaForCausalLM.from_pretrained(llama_folder).eval()
+    assert ours.config.tie_embeddings == hf.config.tie_word_embeddings
+    idx = torch.randint(3, c.vocab_size, (2, 30))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
+    prompt = torch.tensor([base.tokenizer().encode("ROMEO:").ids])
+    assert prompt[0, 0] == 1  # <s>, as Llama puts it
+    theirs = hf.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(ours.generate(prompt, 40, temperature=0), theirs)
+
+
+def micro_finetune(corpus, tmp, source, *extra):
+    return ["--config", FINETUNE, f"train.init_from={source}", f"data.source={corpus}",
+            f"data.cache_dir={tmp / 'cache'}", f"out_dir={tmp / 'ft'}", "train.max_iters=4", "model.block_size=32",
+            "train.batch_size=4", "train.grad_accum=1", "train.eval_interval=2", "train.eval_windows=4",
+            "train.sample_tokens=10", "train.dtype=float32", "train.threads=1", *extra]
+
+
+def test_fine_tuning_a_llama_folder_runs_resumes_and_every_program_works(llama_folder, corpus, tmp_path, capsys):
+    assert train.main(micro_finetune(corpus, tmp_path, llama_folder)) == 0
+    assert train.main([*micro_finetune(corpus, tmp_path, llama_folder), "train.max_iters=6"]) == 0
+    assert "resuming at iteration 4" in capsys.readouterr().out
+    run = tmp_path / "ft"
+    model, tokenizer = load_run(run)
+    assert model.config.mlp == "swiglu" and model.config.n_kv_head == 2
+    # the data as Llama was trained: each document starts with <s>; documents end with </s>
+    data = prepare(DataConfig(str(corpus), cache_dir=str(tmp_path / "cache")), progress=False, tokenizer=tokenizer)
+    assert data.train[0] == 1 and 2 not in np.asarray(data.train[:-1])[np.asarray(data.train[1:]) != 1]
+    assert generate.main(["--checkpoint", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("ROMEO:")
+    assert evaluate.main(["--checkpoint", str(run), "--split", "val", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] > 0
+    assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:", "--out", str(tmp_path / "page.html")]) == 0
+    assert "no page of the model at initialisation" in capsys.readouterr().err  # it started from the folder's weights
+    assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "back")]) == 0
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    assert type(back).__name__ == "LlamaForCausalLM"
+    idx = torch.tensor([tokenizer.encode("ROMEO: what light").ids])
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx).logits, model.eval()(idx)[0], atol=1e-5, rtol=0)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
+    assert hf_tokenizer("ROMEO:")["input_ids"] == tokenizer.encode("ROMEO:").ids  # <s> and all
+    assert (hf_tokenizer.bos_token, hf_tokenizer.eos_token) == ("<s>", "</s>")
+    assert json.loads((tmp_path / "back" / "generation_config.json").read_text())["eos_token_id"] == 2
+
+
+def test_generation_stops_at_the_end_of_a_text(tmp_path, capsys):
+    """A sample ends at </s> (or <|endoftext|>), as transformers' generate ends at eos."""
+    from conftest import favour_token
+    from data.tokenizer import train_tokenizer
+    from model import GPTConfig
+
+    tokenizer = llama_tokenizer("hear me speak. " * 50)
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=16, n_layer=1, n_head=2, n_embd=16))
+    favour_token(model, 2)  # every next token: </s>
+    model.save_pretrained(tmp_path)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    assert generate.main(["--checkpoint", str(tmp_path), "--prompt", "hear", "--max-new-tokens", "20",
+                          "--temperature", "0", "--stats"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "hear\n" and "new tokens: 0 |" in err
+    ours = train_tokenizer("bpe", ["hear me speak. " * 50], 300)  # and this project's <|endoftext|>
+    favour_token(model := GPT(GPTConfig(vocab_size=ours.get_vocab_size(), block_size=16, n_layer=1, n_head=2,
+                                        n_embd=16)), ours.token_to_id("<|endoftext|>"))
+    model.save_pretrained(tmp_path)
+    ours.save(str(tmp_path / "tokenizer.json"))
+    assert generate.main(["--checkpoint", str(tmp_path), "--prompt", "hear", "--max-new-tokens", "20",
+                          "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == "hear\n"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama with rope scaling 'llama3' is not supported"),
+    ({"hidden_act": "gelu"}, "llama with hidden_act='gelu' is not supported (this model computes hidden_act='silu')"),
+    ({"attention_bias": True}, "llama with mlp_bias=False is not supported (this model computes mlp_bias=True)"),
+    ({"head_dim": 16}, "llama with head_dim=16 is not supported (this model computes head_dim=8)"),
+    ({"eos_token_id": 5}, "declares end-of-text token"),
+])
+def test_what_our_block_cannot_express_is_refused_in_one_line(llama_folder, tmp_path, corpus, change, message, capsys):
+    folder = shutil.copytree(llama_folder, tmp_path / "changed")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    assert train.main(micro_finetune(corpus, tmp_path, folder)) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "ft").exists()
+
+
+def test_a_modern_block_run_exports_as_llama(tmp_path, micro, capsys):
+    """Our run (rope, RMSNorm, SwiGLU, grouped-query attention, an untied head, no biases,
+    a char tokenizer) as a LlamaForCausalLM: the same logits and greedy text within
+    block_size, the suppressed <unk> kept, the model card naming the kind."""
+    settings = ["model.pos_encoding=rope", "model.norm=rmsnorm", "model.mlp=swiglu", "model.n_kv_head=1",
+                "model.tie_embeddings=false", "model.bias=false", "model.norm_eps=1e-6", "train.max_iters=6"]
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *micro(*settings)]) == 0
+    run = tmp_path / "run"
+    assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert "LlamaForCausalLM" in capsys.readouterr().out
+    hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (hf_config["num_key_value_heads"], hf_config["intermediate_size"], hf_config["rms_norm_eps"],
+            hf_config["tie_word_embeddings"], hf_config["max_position_embeddings"]) == (1, 96, 1e-6, False, 32)
+    model, tokenizer = load_run(run)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    idx = torch.tensor([tokenizer.encode("ROMEO:\nWhat say you").ids])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, model.eval()(idx)[0], atol=1e-5, rtol=0)
+    suppressed = json.loads((tmp_path / "hf" / "generation_config.json").read_text())["suppress_tokens"]
+    assert suppressed == [tokenizer.token_to_id("<unk>")]
+    ours = model.generate(idx, 32 - idx.size(1), temperature=0, suppress_tokens=tuple(suppressed))
+    theirs = hf.generate(idx, max_new_tokens=32 - idx.size(1), do_sample=False, suppress_tokens=suppressed,
+                         attention_mask=torch.ones_like(idx), pad_token_id=0)
+    assert torch.equal(ours, theirs)
+    assert "exported as\n`LlamaForCausalLM`" in (tmp_path / "hf" / "README.md").read_text()
+
+
+def test_the_finetune_config_names_a_real_llama_family_model():
+    import yaml
+
+    config = yaml.safe_load(Path(FINETUNE).read_text())
+    assert config["train"]["init_from"] == "HuggingFaceTB/SmolLM2-135M" and config["out_dir"] == "out/finetune-llama"
