@@ -186,3 +186,22 @@ def test_the_finetune_config_names_a_real_llama_family_model():
 
     config = yaml.safe_load(Path(FINETUNE).read_text())
     assert config["train"]["init_from"] == "HuggingFaceTB/SmolLM2-135M" and config["out_dir"] == "out/finetune-llama"
+
+
+def test_smollm2s_own_config_json_reads_as_the_block_it_describes():
+    """SmolLM2-135M's config.json as the hub serves it (written by transformers 4.46: rope_theta
+    at the top, rope_scaling null, keys ours ignores such as rope_interleaved)."""
+    from common.hf import config_from_transformers
+
+    hub = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+           "bos_token_id": 0, "eos_token_id": 0, "head_dim": 64, "hidden_act": "silu", "hidden_size": 576,
+           "initializer_range": 0.041666666666666664, "intermediate_size": 1536, "is_llama_config": True,
+           "max_position_embeddings": 8192, "mlp_bias": False, "model_type": "llama", "num_attention_heads": 9,
+           "num_hidden_layers": 30, "num_key_value_heads": 3, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+           "rope_interleaved": False, "rope_scaling": None, "rope_theta": 100000, "tie_word_embeddings": True,
+           "torch_dtype": "bfloat16", "transformers_version": "4.46.3", "use_cache": True, "vocab_size": 49152}
+    c = config_from_transformers(hub)
+    assert (c.n_layer, c.n_embd, c.n_head, c.n_kv_head, c.head_size, c.ffn_hidden) == (30, 576, 9, 3, 64, 1536)
+    assert (c.rope_base, c.norm_eps, c.tie_embeddings, c.bias, c.block_size) == (100000.0, 1e-5, True, False, 8192)
+    with torch.device("meta"):  # sizes only
+        assert 134e6 < GPT(c).num_parameters() < 136e6  # the 135 M of its name
