@@ -43,6 +43,23 @@ def server(served_run):
         proc.wait()
 
 
+@pytest.fixture
+def served(served_run):
+    """The server of explore.py --serve in a thread of this process (the API tests reach its
+    code here, where mutation testing sees them): (its port, what its log printed)."""
+    from common.checkpoint import load_run
+    from explore import initial
+    from explorer.server import Explorer, Server
+
+    model, tokenizer = load_run(served_run)
+    server = Server(0, Explorer(model.eval(), tokenizer, "en", "ROMEO:", 64, lambda: initial(model, served_run)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
 def request(port: int, method: str, path: str, body: bytes | None = None, host: str | None = None):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     headers = {"Host": host or f"127.0.0.1:{port}"}
@@ -60,8 +77,8 @@ def api(port: int, path: str, payload) -> tuple[int, dict]:
     return status, json.loads(body)
 
 
-def test_the_server_answers_its_api_and_refuses_the_rest(server):
-    _, port = server
+def test_the_server_answers_its_api_and_refuses_the_rest(served):
+    port = served
     status, headers, body = request(port, "GET", "/")
     assert status == 200 and headers["Content-Type"].startswith("text/html") and b"explorer-data" in body
     assert not any(h.lower().startswith("access-control") for h in headers)  # no CORS
@@ -95,8 +112,8 @@ def test_the_server_answers_its_api_and_refuses_the_rest(server):
     assert request(port, "GET", "/")[0] == 200  # still serving
 
 
-def test_concurrent_requests_are_all_answered(server):
-    _, port = server
+def test_concurrent_requests_are_all_answered(served):
+    port = served
     results = []
     threads = [threading.Thread(target=lambda i=i: results.append(api(port, "/api/next", {"prompt": "ROMEO:",
                                                                                           "temperature": 1.0})[0]))
@@ -106,6 +123,40 @@ def test_concurrent_requests_are_all_answered(server):
     for thread in threads:
         thread.join(timeout=60)
     assert results == [200] * 8
+
+
+def test_the_page_is_served_with_the_prompt_and_without_one(served, served_run, capsys):
+    from common.checkpoint import load_run
+    from explorer.server import Explorer
+
+    status, headers, body = request(served, "GET", "/")
+    page = body.decode()
+    assert status == 200 and headers["Cache-Control"] == "no-store" and headers["X-Content-Type-Options"] == "nosniff"
+    assert '"server":true' in page and '"prompt":"ROMEO:"' in page and '"model":"trained"' in page
+    model, tokenizer = load_run(served_run)
+    assert '<script type="application/json" id="explorer-data">null</script>' in Explorer(
+        model, tokenizer, "zh", "", 8).page()  # no prompt: an empty page that waits for one
+    assert request(served, "HEAD", "/")[0] == 405
+    assert "GET / -> 200" in capsys.readouterr().err  # one line of log a request
+    status, answer = api(served, "/api/explore", {"prompt": "ROMEO: But soft, what light through yonder window"})
+    assert answer["data"]["truncated"] == 0 and len(answer["data"]["tokens"]) == len(answer["ids"])
+    status, answer = api(served, "/api/next", {"prompt": "ROMEO:", "temperature": 0, "top_k": 1, "top_p": 0.5,
+                                               "model": "init"})
+    assert status == 200 and answer["data"]["model"] == "init" and len(answer["ids"]) == 7
+    status, answer = api(served, "/api/next", {"prompt": "R", "temperature": -1})
+    assert status == 400 and answer["code"] == "bad_sampling" and "temperature" in answer["values"]["detail"]
+
+
+def test_a_run_without_its_initial_model_says_why(tmp_path):
+    from common.checkpoint import load_run
+    from explorer.server import BadRequest, Explorer
+
+    run = make_run(tmp_path / "run")  # no config.yaml: no seed recorded
+    model, tokenizer = load_run(run)
+    explorer = Explorer(model, tokenizer, "en", "", 8, lambda: (None, "no seed"))
+    with pytest.raises(BadRequest) as refused:
+        explorer.explore({"prompt": "R", "model": "init"})
+    assert refused.value.status == 404 and refused.value.code == "no_init" and refused.value.values == {"init_from": "no seed"}
 
 
 def test_ctrl_c_stops_the_server(server):
