@@ -66,7 +66,7 @@ def check_text(path: Path, tokenizer) -> None:
                         "its training characters")
 
 
-def windows(chunks: Iterable[np.ndarray], block_size: int, stride: int) -> Iterator[tuple[np.ndarray, int]]:
+def scored_windows(chunks: Iterable[np.ndarray], block_size: int, stride: int) -> Iterator[tuple[np.ndarray, int]]:
     """(tokens of one window, how many of its last targets to score), along a stream of
     token arrays. Inputs are window[:-1], targets window[1:]; target j (the token after
     j) is scored in the first window that ends past it, so each is scored exactly once."""
@@ -156,7 +156,7 @@ def evaluate(args) -> dict:
         chunks = val_source(args.checkpoint, tokenizer, counts, Path(scratch)) if args.split else \
             text_source(args.text, tokenizer, counts)
         start = time.perf_counter()
-        nll, tokens = score(model, windows(chunks, block, stride), args.batch_size, device)
+        nll, tokens = score(model, scored_windows(chunks, block, stride), args.batch_size, device)
         chunks.close()  # lets go of the tokens' file
     if tokens == 0:
         raise UserError(f"{args.text or 'the validation split'} is too short to score: it needs at least 2 tokens")

@@ -92,7 +92,7 @@ class Settings:
         return cls(**options, **more)
 
 
-def load(checkpoint: Path, device: torch.device, dtype: torch.dtype):
+def load_model(checkpoint: Path, device: torch.device, dtype: torch.dtype):
     """The run's model, in eval mode and in dtype, and its tokenizer."""
     model, tokenizer = load_run(checkpoint, device)
     return model.to(dtype).eval(), tokenizer
@@ -136,43 +136,56 @@ def cut_at_stop(text: str, start: int, stop: list[str]) -> tuple[str, bool]:
     return (text[:min(hits)], True) if hits else (text, False)
 
 
+class Samples:
+    """The rows of one batch as they grow: each row's new ids, its text so far, and whether
+    it has ended (at an end-of-text token, as transformers' generate ends, or a stop string)."""
+
+    def __init__(self, tokenizer, encoded: list[list[int]], stop: list[str]):
+        self.tokenizer, self.stop = tokenizer, stop
+        self.prefixes = [tokenizer.decode(p) for p in encoded]
+        self.texts = list(self.prefixes)
+        self.new_ids: list[list[int]] = [[] for _ in encoded]
+        self.done = [False] * len(encoded)
+        self.ends = set(end_of_text_ids(tokenizer))
+
+    def add(self, token: list[int]) -> bool:
+        """One new token for each row (ignored where the row has ended); True once all have."""
+        for row, t in enumerate(token):
+            if self.done[row]:
+                continue
+            if t in self.ends:  # the sample ends with the end of a text, which it does not show
+                self.done[row] = True
+                continue
+            self.new_ids[row].append(t)
+            text = self.prefixes[row] + self.tokenizer.decode(self.new_ids[row])
+            self.texts[row], self.done[row] = cut_at_stop(text, len(self.prefixes[row]), self.stop)
+        return all(self.done)
+
+
 def generate(model, tokenizer, prompts: list[str], settings: Settings, device, out=None) -> list[str]:
     """Sample settings.num_samples continuations of each prompt, in the order of the
     prompts; returns the texts."""
     out = out or sys.stdout
-    block_size = model.config.block_size
-    encoded = [encode_prompt(tokenizer, p, block_size) for p in prompts for _ in range(settings.num_samples)]
+    encoded = [encode_prompt(tokenizer, p, model.config.block_size) for p in prompts
+               for _ in range(settings.num_samples)]
     idx, mask = batch(encoded, device)
     generator = torch.Generator(device=device)
     if settings.seed is not None:
         generator.manual_seed(settings.seed)
     else:
         generator.seed()
-    rows = len(encoded)
-    prefixes = [tokenizer.decode(p) for p in encoded]
-    new_ids: list[list[int]] = [[] for _ in range(rows)]
-    texts = list(prefixes)
-    done = [False] * rows
-    ends = set(end_of_text_ids(tokenizer))
+    samples, rows = Samples(tokenizer, encoded, settings.stop), len(encoded)
     stream = Stream(out, settings.stop) if rows == 1 and settings.stream else None
     if stream:
-        stream.update(texts[0])
+        stream.update(samples.texts[0])
     start = time.perf_counter()
     tokens = model.generate_tokens(idx, settings.max_new_tokens, settings.sampling, settings.use_cache, mask, generator)
     try:
         for token in tokens:
-            for row, t in enumerate(token.tolist()):
-                if done[row]:
-                    continue
-                if t in ends:  # the end of a text: the sample ends with it (as transformers' generate does)
-                    done[row] = True
-                    continue
-                new_ids[row].append(t)
-                text = prefixes[row] + tokenizer.decode(new_ids[row])
-                texts[row], done[row] = cut_at_stop(text, len(prefixes[row]), settings.stop)
+            ended = samples.add(token.tolist())
             if stream:
-                stream.update(texts[0])
-            if all(done):
+                stream.update(samples.texts[0])
+            if ended:
                 break
     except KeyboardInterrupt:
         if not settings.interactive:
@@ -180,20 +193,20 @@ def generate(model, tokenizer, prompts: list[str], settings: Settings, device, o
         print("\n[stopped]", file=sys.stderr)
     elapsed = time.perf_counter() - start
     if stream:
-        stream.update(texts[0], final=True)
+        stream.update(samples.texts[0], final=True)
         out.write("\n")
     else:
-        for row, text in enumerate(texts):
+        for row, text in enumerate(samples.texts):
             if rows > 1:
                 out.write(f"{'-' * 20} sample {row + 1} of {rows} {'-' * 20}\n")
             out.write(text + "\n")
     out.flush()
     if settings.stats:
-        generated = sum(len(ids) for ids in new_ids)
+        generated = sum(len(ids) for ids in samples.new_ids)
         print(f"prompt tokens: {sum(len(p) for p in encoded)} | new tokens: {generated} | "
               f"{elapsed:.2f} s | {generated / max(elapsed, 1e-9):,.1f} tokens/s | "
               f"batch {rows} | kv cache {'on' if settings.use_cache else 'off'} | {device}", file=sys.stderr)
-    return texts
+    return samples.texts
 
 
 def interactive(model, tokenizer, settings: Settings, device) -> None:
@@ -249,7 +262,7 @@ def run(args) -> int:
     dtype = resolve_dtype(args.dtype, device, training=False)  # 'auto': bf16 on GPUs, float32 on CPUs
     if args.show_attention is not None:
         check_attention_path(args.show_attention, interactive_mode)
-    model, tokenizer = load(args.checkpoint, device, dtype)
+    model, tokenizer = load_model(args.checkpoint, device, dtype)
     settings = dataclasses.replace(settings, suppress_tokens=suppressed_ids(tokenizer))
     if interactive_mode:
         interactive(model, tokenizer, dataclasses.replace(settings, interactive=True), device)

@@ -22,7 +22,7 @@ from model.attention import KVCache
 VOCAB = 65
 
 
-def build(n_layer, n_head, n_embd, block_size):
+def twin_models(n_layer, n_head, n_embd, block_size):
     import transformers
 
     torch.manual_seed(0)
@@ -112,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     block_size, new_tokens, rounds = (128, 16, 1) if args.quick else (1024, 512, args.rounds)
-    ours, hf = build(4, 4, 128, block_size)
+    ours, hf = twin_models(4, 4, 128, block_size)
     rows, results = throughput(ours, hf, new_tokens, rounds)
     print(f"threads {args.threads}, fp32, greedy, {new_tokens} new tokens from an 8-token prompt, "
           f"medians of {rounds} alternating rounds\n")

@@ -146,7 +146,7 @@ def main() -> None:
     payload["results"] += [{"bench": "decoding", **r} for r in decoding]
     print(table(["batch", "variant", "tokens/s"], [[r["batch"], r["variant"], r["tokens_per_sec"]] for r in decoding]),
           flush=True)
-    path = save("gpu", payload, args.out)  # the throughput figures are safe before the long run
+    save("gpu", payload, args.out)  # the throughput figures are safe before the long run
     run_dir = tempfile.mkdtemp(prefix="gpu-small-run-")  # not next to the JSON: $OUT brings back only small files
     run = train_small(args.data, 0.1 if args.quick else args.minutes, args.quick, run_dir)
     payload["results"].append({"bench": "small.yaml", **run})

@@ -65,7 +65,7 @@ def iterations_for(tflops: float, config: Path, overrides: list[str]) -> tuple[i
     return max(1, round(tflops * 1e12 / (per_token * tokens))), per_token, tokens
 
 
-def run(script: str, args: list[str]) -> str:
+def run_script(script: str, args: list[str]) -> str:
     out = subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"{script} {' '.join(args)} failed:\n{out.stderr[-2000:]}")
@@ -82,10 +82,10 @@ def median_mfu(run_dir: str) -> float:
 
 
 def train_and_score(config: Path, overrides: list[str], iters: int, run_dir: str) -> dict:
-    stdout = run("train.py", ["--config", str(config), *overrides, f"train.max_iters={iters}",
+    stdout = run_script("train.py", ["--config", str(config), *overrides, f"train.max_iters={iters}",
                               f"train.eval_interval={iters}", f"out_dir={run_dir}", "--fresh"])
     wall = float(re.search(r"done: \d+ iterations in [\d.]+ min \((\d+) s\)", stdout).group(1))
-    scores = json.loads(run("evaluate.py", ["--checkpoint", run_dir, "--split", "val", "--json"]))
+    scores = json.loads(run_script("evaluate.py", ["--checkpoint", run_dir, "--split", "val", "--json"]))
     return {"val_nats_per_token": scores["loss"], "val_bits_per_char": scores["bits_per_char"],
             "val_nats_per_char": scores["bits_per_char"] * math.log(2), "wall_seconds": wall,
             "mfu": median_mfu(run_dir)}
@@ -124,7 +124,7 @@ def step_speed(recipes: list[str], common: list[str], tmp: str, rounds: int, ste
     return results
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tflops", type=float, nargs="+", default=[30, 60], help="training compute budgets")
     parser.add_argument("--recipes", nargs="+", default=["baseline", "tiny"])
@@ -136,11 +136,29 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a micro model, a tiny budget (a test runs this)")
     parser.add_argument("--out", help="JSON path (default bench/results/learning.json)")
     args = parser.parse_args()
-    budgets = [0.001] if args.quick else args.tflops
     for corpus in args.corpus:
         if corpus != "shakespeare" and not Path(corpus).is_file():
             raise SystemExit(f"--corpus {corpus}: no such file (or use shakespeare, the built-in corpus)")
+    return args
 
+
+def scored(corpus: str, recipe: str, tflops: float, common: list[str], out_dir: str) -> dict:
+    """Train one recipe for `tflops` of compute and score it; prints its line."""
+    config, overrides = recipe_args(recipe)
+    overrides = [*common, *overrides]
+    iters, per_token, tokens = iterations_for(tflops, config, overrides)
+    r = {"corpus": corpus, "recipe": recipe, "tflops": tflops, "iterations": iters,
+         "tokens": iters * tokens, "flops_per_token": per_token, "dtype": dtype_of(config, overrides),
+         **train_and_score(config, overrides, iters, out_dir)}
+    print(f"{corpus}, {tflops:g} TFLOPs, {recipe}: {iters} iterations, "
+          f"{r['val_nats_per_char']:.4f} nats/char ({r['val_bits_per_char']:.4f} bits/char), "
+          f"{r['wall_seconds']:.0f} s, MFU {r['mfu']:.1%}", flush=True)
+    return r
+
+
+def main() -> None:
+    args = arguments()
+    budgets = [0.001] if args.quick else args.tflops
     rows, results, path = [], [], None
     with tempfile.TemporaryDirectory() as tmp:
         for corpus in args.corpus:
@@ -159,18 +177,10 @@ def main() -> None:
                     continue
             for tflops in budgets:
                 for recipe in args.recipes:
-                    config, overrides = recipe_args(recipe)
-                    overrides = [*common, *overrides]
-                    iters, per_token, tokens = iterations_for(tflops, config, overrides)
-                    r = {"corpus": corpus, "recipe": recipe, "tflops": tflops, "iterations": iters,
-                         "tokens": iters * tokens, "flops_per_token": per_token, "dtype": dtype_of(config, overrides),
-                         **train_and_score(config, overrides, iters, f"{tmp}/{len(results)}")}
+                    r = scored(corpus, recipe, tflops, common, f"{tmp}/{len(results)}")
                     results.append(r)
-                    rows.append([corpus, recipe, tflops, iters, r["tokens"] / 1e6, r["val_nats_per_token"],
+                    rows.append([corpus, recipe, tflops, r["iterations"], r["tokens"] / 1e6, r["val_nats_per_token"],
                                  r["val_nats_per_char"], r["val_bits_per_char"], r["wall_seconds"], f"{r['mfu']:.1%}"])
-                    print(f"{corpus}, {tflops:g} TFLOPs, {recipe}: {iters} iterations, "
-                          f"{r['val_nats_per_char']:.4f} nats/char ({r['val_bits_per_char']:.4f} bits/char), "
-                          f"{r['wall_seconds']:.0f} s, MFU {r['mfu']:.1%}", flush=True)
                     path = save("learning", {"machine": machine(args.threads), "results": results}, args.out)
     if rows:
         print(f"\nTraining FLOPs = flops_per_token (model/gpt.py) × tokens; scored by evaluate.py --split val; "

@@ -64,8 +64,8 @@ def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | No
     A given tokenizer (a model's own, when fine-tuning) is used instead of training one."""
     src, settings, fingerprint, directory = locate(config, tokenizer)
     if not (directory / "meta.json").is_file():
-        build(src, settings, fingerprint, directory, progress, tokenizer)
-    return load(directory)
+        build_cache(src, settings, fingerprint, directory, progress, tokenizer)
+    return load_cache(directory)
 
 
 def locate(config: DataConfig, tokenizer: Tokenizer | None = None):
@@ -90,7 +90,7 @@ def find_prepared(config: DataConfig, tokenizer: Tokenizer) -> TokenData | None:
     for given in (None, tokenizer):
         directory = locate(config, given)[3]
         if (directory / "meta.json").is_file():
-            data = load(directory)
+            data = load_cache(directory)
             if data.tokenizer.to_str() == tokenizer.to_str():
                 return data
     return None
@@ -106,7 +106,7 @@ def tokenize_split(config: DataConfig, tokenizer: Tokenizer, split: str, path: P
     return tokens, sizes
 
 
-def load(directory: Path) -> TokenData:
+def load_cache(directory: Path) -> TokenData:
     meta = json.loads((directory / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])
     splits = [np.memmap(directory / f"{name}.bin", dtype=dtype, mode="r") for name in ("train", "val")]
@@ -123,7 +123,7 @@ def content_digest(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def build(src, settings: dict, fingerprint: str, directory: Path, progress: bool,
+def build_cache(src, settings: dict, fingerprint: str, directory: Path, progress: bool,
           tokenizer: Tokenizer | None) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
     # one builder at a time; the OS drops the lock of a killed one, whose half-built folder goes
@@ -189,69 +189,85 @@ def chunked(pieces: Iterable[Piece]) -> Iterator[Piece]:
         yield "".join(buffer)
 
 
+class TokenFile:
+    """The ids of one split as they reach the file: counted, <unk> counted, and each document
+    started with the tokenizer's start_ids (a Llama tokenizer's BOS; none for ours). Whole
+    documents wait in a queue, with the separators between them, so that they are encoded
+    many at a time (Encoder.many: one call over the cores)."""
+
+    def __init__(self, f, encode: Encoder, dtype, start: list[int]):
+        self.f, self.encode, self.dtype, self.start = f, encode, dtype, start
+        self.tokens = self.unknown = 0
+        self.queue: list[str | list[int]] = []  # whole documents and separators (text, or ids), in file order
+
+    def write(self, ids) -> None:
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.encode.unk is not None:
+            self.unknown += int((ids == self.encode.unk).sum())
+        ids.astype(self.dtype).tofile(self.f)
+        self.tokens += len(ids)
+
+    def write_start(self, ids) -> None:
+        """A document's first ids, after the start ids."""
+        self.write(np.concatenate([np.asarray(self.start, dtype=np.int64), ids]) if self.start else ids)
+
+    def queued_characters(self) -> int:
+        return sum(len(item) for item in self.queue if isinstance(item, str))
+
+    def drain(self) -> None:
+        encoded = iter(self.encode.many([item for item in self.queue if isinstance(item, str)]))
+        for item in self.queue:
+            if isinstance(item, str):
+                self.write_start(next(encoded))
+            else:
+                self.write(item)
+        self.queue.clear()
+
+
 def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtype,
                  advance: Callable[[int], object] = lambda size: None) -> dict:
     """Encode chunks and append their ids to `path`; each document is encoded as one text,
     separated by <|endoftext|> (or the tokenizer's end-of-text token) where it has one, else by
-    a blank line, and each starts with the tokenizer's start_ids (none for ours). Documents
-    that arrive whole (one chunk, then END: rows of a .jsonl file) are queued and encoded
-    many at a time (Encoder.many: one call over the cores); longer ones stream through feed
-    and flush. Unknown characters are counted; advance(bytes) follows each chunk's UTF-8 size.
-    Returns the counts of tokens, characters, UTF-8 bytes and unknown characters."""
-    eot, start = end_of_text_id(tokenizer), start_ids(tokenizer)  # (start: a Llama tokenizer's BOS)
-    encode = Encoder(tokenizer)
-    tokens = characters = size = unknown = 0
+    a blank line. Documents that arrive whole (one chunk, then END: rows of a .jsonl file) are
+    queued and encoded many at a time; longer ones stream through feed and flush. Unknown
+    characters are counted; advance(bytes) follows each chunk's UTF-8 size. Returns the
+    counts of tokens, characters, UTF-8 bytes and unknown characters."""
+    eot, encode = end_of_text_id(tokenizer), Encoder(tokenizer)
+    characters = size = 0
     tail = ""  # end of the text read so far, to place blank lines between documents
-    queue: list[str | list[int]] = []  # whole documents and separators (text, or ids), in file order
     with open(path, "wb") as f:
-        def write(ids) -> None:
-            nonlocal tokens, unknown
-            ids = np.asarray(ids, dtype=np.int64)
-            if encode.unk is not None:
-                unknown += int((ids == encode.unk).sum())
-            ids.astype(dtype).tofile(f)
-            tokens += len(ids)
-
-        def starting(ids: np.ndarray) -> np.ndarray:  # a document's first ids, after the start ids
-            return np.concatenate([np.asarray(start, dtype=np.int64), ids]) if start else ids
-
-        def drain() -> None:
-            encoded = iter(encode.many([item for item in queue if isinstance(item, str)]))
-            for item in queue:
-                write(starting(next(encoded)) if isinstance(item, str) else item)
-            queue.clear()
-
+        out = TokenFile(f, encode, dtype, start_ids(tokenizer))
         held = None  # a document's first chunk: whole if END comes next
         in_document = between_documents = False
         for chunk in chunks:
             if chunk is END:
                 if held is not None:
-                    queue.append(held)
+                    out.queue.append(held)
                     held = None
                 else:
-                    write(encode.flush())
-                if sum(len(item) for item in queue if isinstance(item, str)) >= CHUNK_CHARS:
-                    drain()
+                    out.write(encode.flush())
+                if out.queued_characters() >= CHUNK_CHARS:
+                    out.drain()
                 in_document, between_documents = False, characters > 0
                 continue
             if between_documents:  # a separator only between documents, none at the end
-                queue.append([eot] if eot is not None else
-                             "" if tail.endswith("\n\n") else "\n" if tail.endswith("\n") else "\n\n")
+                out.queue.append([eot] if eot is not None else
+                                 "" if tail.endswith("\n\n") else "\n" if tail.endswith("\n") else "\n\n")
                 between_documents = False
             if not in_document:
                 held, in_document = chunk, True
             else:  # a long document: stream it, after what waits in the queue
-                drain()
+                out.drain()
                 if held is not None:
-                    write(starting(encode.feed(held)))
+                    out.write_start(encode.feed(held))
                     held = None
-                write(encode.feed(chunk))
+                out.write(encode.feed(chunk))
             characters += len(chunk)
             size += (nbytes := len(chunk.encode("utf-8")))
             tail = (tail + chunk)[-2:]
             advance(nbytes)
         if held is not None:
-            queue.append(held)
-        drain()
-        write(encode.flush())
-    return {"tokens": tokens, "characters": characters, "bytes": size, "unknown": unknown}
+            out.queue.append(held)
+        out.drain()
+        out.write(encode.flush())
+    return {"tokens": out.tokens, "characters": characters, "bytes": size, "unknown": out.unknown}

@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from inspection.words import table as words
+from inspection.words import word_table
 
 from .data import to_json
 
@@ -28,7 +28,7 @@ def render(data: dict | None, lang: str = "en", server: bool = False, prompt: st
     parts = {
         "STYLE": (PAGE / "explorer.css").read_text(encoding="utf-8"),
         "SCRIPT": "\n".join((PAGE / name).read_text(encoding="utf-8") for name in SCRIPTS),
-        "STRINGS": to_json({**strings(), "words": words()}),
+        "STRINGS": to_json({**strings(), "words": word_table()}),
         "SETTINGS": to_json({"lang": lang, "server": server, "prompt": prompt, "counterpart": counterpart}),
         "DATA": to_json(data) if data is not None else "null",
     }

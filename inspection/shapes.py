@@ -293,7 +293,8 @@ def pad(text: str, columns: int) -> str:
     return text + " " * (columns - width(text))
 
 
-def table(rows: list[Row], header: tuple[str, ...]) -> list[str]:
+def aligned(rows: list[Row], header: tuple[str, ...]) -> list[str]:
+    """The rows as text columns under the header, each as wide as its widest cell."""
     widths = [max(width(r.step) for r in rows), max(len(str(list(r.shape))) for r in rows),
               max(len(r.symbolic) for r in rows)]
     lines = ["  ".join(pad(h, w) for h, w in zip(header, widths)) + "  " + header[3],
@@ -310,7 +311,7 @@ def report(model: GPT, idx: torch.Tensor, targets: torch.Tensor, dtype: torch.dt
     rows = trace(model, idx, targets, lang)
     sizes = ", ".join(f"{k}={v}" for k, v in symbolic_sizes(model, idx).items() if k not in ("3C", "QKV") and (k != "H_kv" or v != model.config.n_head)
                       and (k != "F" or model.config.mlp == "swiglu"))
-    lines = [words["title"].format(sizes=sizes), "", *table(rows, words["header"]), "", words["parameters"]]
+    lines = [words["title"].format(sizes=sizes), "", *aligned(rows, words["header"]), "", words["parameters"]]
     lines += [f"  {pad(name, 48)} {n:>12,}" for name, n in parameter_groups(model, lang)]
     nbytes, name = torch.tensor([], dtype=dtype).element_size(), str(dtype)[6:]
     per_token = 2 * c.n_layer * c.n_embd  # a key and a value of C numbers per layer

@@ -12,10 +12,10 @@ LANGUAGES = ("en", "zh")
 
 
 @functools.cache
-def table() -> dict[str, dict]:
+def word_table() -> dict[str, dict]:
     """{"en": {"steps": {...}, "pieces": {...}, "positions": {...}, "norms": {...}}, "zh": {...}}"""
     return json.loads((Path(__file__).resolve().parent / "words.json").read_text(encoding="utf-8"))
 
 
 def words(lang: str) -> dict:
-    return table()[lang]
+    return word_table()[lang]

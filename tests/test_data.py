@@ -516,6 +516,7 @@ def test_preparation_shows_its_progress_in_bytes_of_the_whole_corpus(tmp_path, c
     assert "tokenizing: 100%" in err and f"{size / 1000:.1f}k/{size / 1000:.1f}k" in err and "B/s" in err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads RssAnon from /proc")
 def test_preparation_memory_does_not_grow_with_the_corpus(tmp_path):
     """The process's own memory (RssAnon: not the page cache the text passes through)
@@ -646,7 +647,7 @@ def test_a_folder_finished_while_waiting_for_the_lock_is_left_as_it_is(tmp_path)
         raise AssertionError("read the corpus again")
 
     src = sources.Source("corpus", {}, unreadable, unreadable)
-    prepare_module.build(src, {"tokenizer": "char", "vocab_size": 0}, "0123", directory, False, None)
+    prepare_module.build_cache(src, {"tokenizer": "char", "vocab_size": 0}, "0123", directory, False, None)
     assert [p.name for p in directory.iterdir()] == ["meta.json"]
 
 

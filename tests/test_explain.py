@@ -28,7 +28,8 @@ def evaluate_symbolic(symbolic: str, sizes: dict[str, int]) -> tuple[int, ...]:
     return tuple(int(n) if n.isdigit() else sizes[n] for n in names)
 
 
-def micro(**overrides) -> GPT:
+def small_model(**overrides) -> GPT:
+    """A 3-layer model to trace (the `micro` fixture is a training run's overrides)."""
     torch.manual_seed(0)
     return GPT(GPTConfig(**{"vocab_size": 37, "block_size": 16, "n_layer": 3, "n_head": 2, "n_embd": 24,
                             **overrides}))
@@ -37,7 +38,7 @@ def micro(**overrides) -> GPT:
 @pytest.mark.parametrize("norm_position", ["pre", "post"])
 @pytest.mark.parametrize("pos_encoding", ["sinusoidal", "learned", "rope"])
 def test_trace_shapes_match_the_config(pos_encoding, norm_position):
-    model = micro(pos_encoding=pos_encoding, norm_position=norm_position, dropout=0.1, attn_impl="sdpa")
+    model = small_model(pos_encoding=pos_encoding, norm_position=norm_position, dropout=0.1, attn_impl="sdpa")
     idx = torch.randint(0, 37, (5, 11))
     rows = trace(model, idx, idx)
     sizes = symbolic_sizes(model, idx)
@@ -58,7 +59,7 @@ def test_trace_shapes_match_the_config(pos_encoding, norm_position):
     # the symbolic shapes are not trivially equal: T, C and d_k differ here
     assert dict(zip(steps, (r.shape for r in rows)))["1. similarity Q Kᵀ"] == (5, 2, 11, 11)
     assert [b.attn.explicit for b in model.transformer.h] == [False] * 3  # the model is left as it was
-    rms = trace(micro(norm="rmsnorm"), idx, idx)
+    rms = trace(small_model(norm="rmsnorm"), idx, idx)
     assert [r.step for r in rms if "RMSNorm" in r.step] == ["RMSNorm (before attention)",
                                                            "RMSNorm (before feed-forward)", "final RMSNorm (ln_f)"]
     assert parameter_groups(model)[-1] == ("total", sum(n for _, n in parameter_groups(model)[:-1]))
@@ -92,7 +93,7 @@ def test_explain_prints_the_table_and_trains_nothing(tmp_path, micro, capsys):
 @pytest.mark.parametrize("settings", [{"n_kv_head": 1, "mlp": "swiglu", "tie_embeddings": False, "norm": "rmsnorm"},
                                       {"n_kv_head": 2, "ffn_hidden": 40}])
 def test_the_trace_follows_the_modern_block(settings):
-    model = micro(pos_encoding="rope", n_head=4, n_embd=32, **settings)
+    model = small_model(pos_encoding="rope", n_head=4, n_embd=32, **settings)
     idx = torch.randint(0, 37, (3, 9))
     rows = {r.step: r for r in trace(model, idx, idx)}
     sizes = symbolic_sizes(model, idx)
@@ -117,7 +118,7 @@ def test_the_report_lines_up_at_a_size_where_the_columns_differ(impl):
     figures are MiB (2²⁰ bytes) and a path keeps at least its attention weights."""
     from inspection.shapes import WORDS, report
 
-    model = micro(block_size=128, n_layer=2, n_head=4, n_embd=128, attn_impl=impl)
+    model = small_model(block_size=128, n_layer=2, n_head=4, n_embd=128, attn_impl=impl)
     idx = torch.randint(0, 37, (16, 128))
     text = report(model, idx, idx, torch.float32)
     table = text.split("\n\n")[1].splitlines()
@@ -142,9 +143,9 @@ def test_memory_kept_for_the_backward_pass_is_measured(dropout):
 
     idx = torch.randint(0, 37, (4, 16))
     B, T, L, H = 4, 16, 3, 2
-    explicit_total, explicit_weights = saved_for_backward(micro(attn_impl="explicit", dropout=dropout), idx, idx,
+    explicit_total, explicit_weights = saved_for_backward(small_model(attn_impl="explicit", dropout=dropout), idx, idx,
                                                           torch.float32)
-    sdpa_total, sdpa_weights = saved_for_backward(micro(attn_impl="sdpa", dropout=dropout), idx, idx, torch.float32)
+    sdpa_total, sdpa_weights = saved_for_backward(small_model(attn_impl="sdpa", dropout=dropout), idx, idx, torch.float32)
     assert explicit_weights >= L * B * H * T * T * 4
     assert (sdpa_weights == 0) == (dropout == 0.0) and sdpa_total < explicit_total
     assert explicit_total > explicit_weights > 0
@@ -152,7 +153,7 @@ def test_memory_kept_for_the_backward_pass_is_measured(dropout):
 
 def test_attention_maps_are_causal_distributions_for_either_impl():
     for impl in ("explicit", "sdpa"):
-        model = micro(attn_impl=impl)
+        model = small_model(attn_impl=impl)
         maps = attention_maps(model, torch.randint(0, 37, (1, 9)))
         assert maps.shape == (3, 2, 9, 9)
         torch.testing.assert_close(maps.sum(-1), torch.ones(3, 2, 9))
@@ -240,7 +241,7 @@ def test_a_rewritten_attention_step_keeps_every_row(monkeypatch):
         weights = torch.nn.functional.dropout(scores.softmax(-1), p=dropout_p)
         return torch.einsum("...ts,...sd->...td", weights, value), weights
 
-    model_ = micro(pos_encoding="rope", dropout=0.1)
+    model_ = small_model(pos_encoding="rope", dropout=0.1)
     idx = torch.randint(0, 37, (2, 9))
     expected = [(r.step, r.shape) for r in trace(model_, idx, idx)]
     monkeypatch.setattr(model.attention, "scaled_dot_product_attention", rewritten)

@@ -68,7 +68,7 @@ def test_same_seed_same_samples(checkpoint, capsys):
 
 
 def test_streaming_prints_the_same_text(checkpoint):
-    model, tokenizer = generate.load(checkpoint, torch.device("cpu"), torch.float32)
+    model, tokenizer = generate.load_model(checkpoint, torch.device("cpu"), torch.float32)
     texts = []
     for stream in (True, False):
         out = io.StringIO()
@@ -261,7 +261,7 @@ def test_interactive_mode_reads_prompts_until_eof(checkpoint, capsys, monkeypatc
 
 
 def test_ctrl_c_ends_the_sample_in_interactive_mode_and_the_program_otherwise(checkpoint, capsys, monkeypatch):
-    model, tokenizer = generate.load(checkpoint, torch.device("cpu"), torch.float32)
+    model, tokenizer = generate.load_model(checkpoint, torch.device("cpu"), torch.float32)
     real = model.generate_tokens
 
     def interrupted(*args):

@@ -533,12 +533,12 @@ def test_evaluate_scores_every_token_once(runs, tmp_path, capsys, corpus, length
 
 @pytest.mark.parametrize("length, block, stride, chunk", [(9, 8, 4, 100), (10, 4, 4, 3), (23, 4, 1, 5), (4, 8, 8, 2)])
 def test_windows_score_every_target_once_in_full_windows(length, block, stride, chunk):
-    """windows() over a stream in chunks: each window is at most block + 1 tokens (all of
+    """scored_windows() over a stream in chunks: each window is at most block + 1 tokens (all of
     them but the last exactly that), moves by the stride, and scores its last n targets:
     together, every target 1 … length - 1 exactly once, none twice, no window without one."""
     tokens = np.arange(length)
     chunks = [tokens[i:i + chunk] for i in range(0, length, chunk)]
-    got = list(evaluate.windows(chunks, block, stride))
+    got = list(evaluate.scored_windows(chunks, block, stride))
     scored = [t for window, n in got for t in window[len(window) - n:]]
     assert scored == list(range(1, length)) and all(n > 0 for _, n in got)
     assert all(len(w) == block + 1 for w, _ in got[:-1]) and len(got[-1][0]) <= block + 1
@@ -657,7 +657,7 @@ def test_evaluate_reads_newlines_as_training_does_and_batches_16_windows(tmp_pat
     monkeypatch.setattr(evaluate, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "unix.txt")]) == 0
     assert sizes == [16, 16, 4, 1]  # 36 full windows, then the shorter last one alone
-    assert f"299 tokens scored (300 characters, 300 bytes) in 0.5 s, 598 tokens/s;" in capsys.readouterr().out
+    assert "299 tokens scored (300 characters, 300 bytes) in 0.5 s, 598 tokens/s;" in capsys.readouterr().out
     monkeypatch.setattr(evaluate, "CHUNK", 128)  # a long text is read a bounded piece at a time
     counts = {"characters": 0, "bytes": 0}
     assert list(evaluate.text_chunks(tmp_path / "windows.txt", counts)) == [text[:128], text[128:256], text[256:]]

@@ -1,9 +1,11 @@
 """The layers: model/ and data/ at the bottom, common/ above them, inspection/ (what shows
 the model) above that, training/, explorer/ and the programs on top; generate.py needs
 nothing of training/; no import cycles; nothing POSIX-only at import time; the shape
-trace observes the model, it never replaces its functions."""
+trace observes the model, it never replaces its functions; each function fits on a screen,
+the Trainer only trains, and a public name means one thing."""
 
 import ast
+import collections
 import subprocess
 import sys
 
@@ -90,3 +92,31 @@ def test_the_tools_that_show_the_model_only_observe_it():
     for path in (ROOT / "inspection").glob("*.py"):
         source = path.read_text(encoding="utf-8")
         assert "model.attention" not in source and "setattr(" not in source, path
+
+
+def test_each_function_fits_on_a_screen():
+    """No function outside the tests is longer than 50 lines (docstring included)."""
+    paths = [*modules().values(), *(ROOT / "docs").glob("*.py")]
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= 50, f"{path.relative_to(ROOT)}:{node.lineno} {node.name} is {length} lines"
+
+
+def test_the_trainer_only_trains():
+    """The loop's file stays small: the budget, resume, the average and the setup live beside it."""
+    lines = (ROOT / "training" / "trainer.py").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, len(lines)
+
+
+def test_a_public_name_means_one_thing():
+    """No two modules define the same public function or class (the programs' entry points,
+    main, parse_args and run, excepted: each program has its own)."""
+    defined = collections.defaultdict(list)
+    for name, path in modules().items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                defined[node.name].append(name)
+    twice = {n: where for n, where in defined.items() if len(where) > 1 and n not in ("main", "parse_args", "run")}
+    assert not twice, twice

@@ -153,7 +153,7 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
         except yaml.YAMLError:
             parsed = value  # not YAML: take it as a plain string
         set_dotted(raw, key, parsed, path)
-    return build(raw, path)
+    return run_config(raw, path)
 
 
 def set_dotted(raw: dict, key: str, value: Any, path: Path) -> None:
@@ -172,7 +172,7 @@ def set_dotted(raw: dict, key: str, value: Any, path: Path) -> None:
     raw[section] = {**current, name: value}
 
 
-def build(raw: dict, path: Path) -> RunConfig:
+def run_config(raw: dict, path: Path) -> RunConfig:
     for key in sorted(set(raw) - {*SECTIONS, "out_dir"}):
         raise ConfigError(f"{path}: unknown key {key!r}{suggest(key, [*SECTIONS, 'out_dir'])}")
     sections = {}
