@@ -1,5 +1,6 @@
-"""The attention explorer: one HTML page that shows the five steps of attention with the
-real numbers of a trained model, for a prompt, in English or Chinese.
+"""The explorer: one HTML page that follows one token of a prompt through a trained model
+(embedding, norms, q/k/v, the five steps of attention, W_O, residuals, the feed-forward
+network, the logits), with the model's own numbers, in English or Chinese.
 
 data.py turns a model and a prompt into the page's data through the model's own forward
 pass (return_attention=True); page.py puts that data, and the files in page/ (template,
