@@ -126,8 +126,25 @@ def test_the_largest_hidden_units_and_every_layers_lens(run):
         with torch.no_grad():
             lens = torch.softmax(gpt.lm_head(gpt.transformer.ln_f(layer.residual_out[0])), -1).topk(5)
         assert stored["lens"]["ids"] == lens.indices.tolist()
+        c_attn = gpt.transformer.h[0 if stored is data["layers"][0] else 1].attn.c_attn
         weight = as_tensor(stored["c_attn"]["weight"])  # W_Q, W_K, W_V for q's sum of products
-        assert torch.equal(weight, gpt.transformer.h[0 if stored is data["layers"][0] else 1].attn.c_attn.weight.detach())
+        assert torch.equal(weight, c_attn.weight.detach()) and torch.equal(as_tensor(stored["c_attn"]["bias"]),
+                                                                           c_attn.bias.detach())
+
+
+def test_projection_weights_over_the_budget_are_left_out(run, monkeypatch):
+    """A model whose W_Q, W_K, W_V are too many numbers for the page leaves them out, and
+    says so (the page then shows q, k, v without their sums of products)."""
+    import explorer.data
+
+    gpt = GPT.from_pretrained(run).eval()
+    tokenizer = train_tokenizer("char", [TEXT], 0)
+    monkeypatch.setattr(explorer.data, "MAX_WEIGHT_VALUES", 3 * 32 * 32 * 2 - 1)  # one value short
+    data = page_data(gpt, tokenizer, tokenizer.encode("But soft").ids)
+    assert data["left_out"] == ["c_attn"] and all(layer["c_attn"] is None for layer in data["layers"])
+    assert all(layer["heads"][0]["q"] is not None for layer in data["layers"])
+    monkeypatch.setattr(explorer.data, "MAX_WEIGHT_VALUES", 3 * 32 * 32 * 2)  # exactly enough
+    assert page_data(gpt, tokenizer, tokenizer.encode("But soft").ids)["left_out"] == []
 
 
 def test_a_head_switched_off_is_the_models_pass_with_that_head_zeroed(run):
@@ -234,6 +251,9 @@ def test_explore_writes_the_page(run, tmp_path, capsys):
     data = embedded(html)
     assert "".join(t["text"] for t in data["tokens"]) == "But soft" and data["truncated"] == 7
     assert '"lang":"zh"' in html
+    assert explore.main(["--checkpoint", str(run), "--prompt", "But soft" * 10, "--out", str(out),
+                         "--max-tokens", "100"]) == 0  # 80 tokens: more than block_size (64)
+    assert "keeping the last 64 (block_size)" in capsys.readouterr().err
 
 
 def test_explore_writes_the_page_of_the_model_at_initialisation_beside_it(tmp_path, capsys):
@@ -242,26 +262,30 @@ def test_explore_writes_the_page_of_the_model_at_initialisation_beside_it(tmp_pa
     weights (train.init_from) has no initial model of its own: one page, and a note why."""
     run = make_run(tmp_path / "run")
     (run / "config.yaml").write_text("train:\n  seed: 7\n  init_from: null\n")
-    out = tmp_path / "page.html"
-    assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:\nBut soft", "--out", str(out)]) == 0
-    assert f"wrote {tmp_path / 'page.init.html'}" in capsys.readouterr().out
-    trained, init = embedded(out.read_text()), embedded((tmp_path / "page.init.html").read_text())
+    out = tmp_path / "page.HTM"  # (.htm, in any case, is an HTML file too)
+    assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:\nBut soft", "--out", str(out),
+                         "--lang", "zh"]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)" in printed
+    assert f"wrote {tmp_path / 'page.init.HTM'} ({(tmp_path / 'page.init.HTM').stat().st_size / 1e6:.2f} MB)" in printed
+    trained, init = embedded(out.read_text()), embedded((tmp_path / "page.init.HTM").read_text())
     assert (trained["model"], init["model"]) == ("trained", "init") and trained["tokens"] == init["tokens"]
-    assert '"counterpart":"page.init.html"' in out.read_text() and '"counterpart":"page.html"' in (tmp_path / "page.init.html").read_text()
+    assert '"counterpart":"page.init.HTM"' in out.read_text() and '"counterpart":"page.HTM"' in (tmp_path / "page.init.HTM").read_text()
+    assert '"lang":"zh"' in out.read_text() and '"lang":"zh"' in (tmp_path / "page.init.HTM").read_text()
     from explorer.data import initial_model
 
     expected = initial_model(GPT.from_pretrained(run), 7)
     torch.testing.assert_close(as_tensor(init["embedding"]["token"]), expected.transformer.wte.weight[
         [t["id"] for t in init["tokens"]]].detach(), atol=0, rtol=0)
     (run / "config.yaml").write_text("train:\n  seed: 7\n  init_from: gpt2\n")
-    (tmp_path / "page.init.html").unlink()
+    (tmp_path / "page.init.HTM").unlink()
     assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:", "--out", str(out)]) == 0
     assert "note: no page of the model at initialisation: gpt2" in capsys.readouterr().err
-    assert not (tmp_path / "page.init.html").exists() and '"counterpart":null' in out.read_text()
+    assert not (tmp_path / "page.init.HTM").exists() and '"counterpart":null' in out.read_text()
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--prompt", ""], "the prompt is empty"),
+    (["--prompt", ""], 'the prompt is empty; give some text, e.g. --prompt "ROMEO:"'),
     (["--prompt", "Zebra €"], "characters this model never saw in training: 'Z' '€'"),
     (["--prompt", "R", "--out", "{tmp}/missing/page.html"], "does not exist; create it first"),
     (["--prompt", "R", "--out", "{tmp}"], "is a folder"),
@@ -311,3 +335,66 @@ def test_every_string_exists_in_both_languages():
     unused = [key for key in table["en"] if key not in shown
               and not any(key.startswith(prefix) and key.endswith(suffix) for prefix, suffix in made)]
     assert unused == []  # no string that nothing shows
+
+
+def test_byte_level_pieces_map_to_their_bytes_as_gpt2s_table_does():
+    """The 256 characters are those of tokenizers' ByteLevel alphabet; the printable bytes
+    stand for themselves and the others move to 256 and up in order (byte 0 is 'Ā')."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    from explorer.data import byte_alphabet
+
+    table = byte_alphabet()
+    assert set(table) == set(ByteLevel.alphabet()) and sorted(table.values()) == list(range(256))
+    assert (table["A"], table["ÿ"], table["Ā"], table["Ġ"]) == (65, 255, 0, 32)  # Ġ: the space
+
+
+def test_character_spans_follow_utf8_and_mark_broken_bytes():
+    from explorer.data import char_spans
+
+    data = "aé你🙂".encode() + b"\xff" + "你".encode()[:2] + b"z"
+    assert char_spans(data) == [(0, 1, "a"), (1, 3, "é"), (3, 6, "你"), (6, 10, "🙂"), (10, 11, "\ufffd"),
+                                (11, 12, "\ufffd"), (12, 13, "\ufffd"), (13, 14, "z")]
+
+
+def test_a_token_id_the_tokenizer_lacks_has_no_bytes(run):
+    from data.tokenizer import load_tokenizer
+    from explorer.data import token_bytes
+
+    bpe = train_tokenizer("bpe", ["hello world " * 20], 260)
+    assert token_bytes(bpe, 10**6) is None and token_bytes(bpe, bpe.token_to_id("Ġ")) == b" "
+    assert token_bytes(load_tokenizer(run / "tokenizer.json"), 3) is None  # a char tokenizer's piece
+
+
+def test_a_page_is_a_file_page_unless_told_otherwise(run):
+    gpt = GPT.from_pretrained(run).eval()
+    tokenizer = train_tokenizer("char", [TEXT], 0)
+    data = page_data(gpt, tokenizer, tokenizer.encode("But").ids)
+    assert '"server":false' in render(data) and '"server":true' in render(data, server=True)
+    assert '"lang":"en"' in render(data)
+
+
+def test_explore_parses_its_options(monkeypatch, tmp_path):
+    monkeypatch.setattr(explore, "DEFAULT_RUN", tmp_path / "default-run")
+    args = explore.parse_args(["--serve", "--port", "0", "--lang", "en"])
+    assert (args.serve, args.port, args.lang, args.checkpoint, args.prompt) == (True, 0, "en", tmp_path / "default-run", None)
+    assert explore.parse_args(["--prompt", "R"]).serve is False
+
+
+def test_explore_serve_hands_the_server_the_run_and_its_initial_model(tmp_path, monkeypatch):
+    """--serve: the server gets the trained model, the port, the language, the prompt ("" when
+    none is given), the token limit, and a way to make the model at initialisation."""
+    import explorer.server
+
+    run = make_run(tmp_path / "run")
+    (run / "config.yaml").write_text("train:\n  seed: 7\n")
+    handed = {}
+    monkeypatch.setattr(explorer.server, "serve", lambda *args: handed.setdefault("args", args) and 0)
+    assert explore.main(["--serve", "--checkpoint", str(run), "--port", "0", "--lang", "zh", "--max-tokens", "9"]) == 0
+    model, tokenizer, port, lang, prompt, max_tokens, make_initial = handed["args"]
+    assert (port, lang, prompt, max_tokens, model.training) == (0, "zh", "", 9, False)
+    init_model, why = make_initial()
+    from explorer.data import initial_model
+
+    assert why == "" and torch.equal(init_model.lm_head.weight, initial_model(model, 7).lm_head.weight)
+    assert not torch.equal(init_model.lm_head.weight, model.lm_head.weight)

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import ROOT
 from test_explorer import make_run
@@ -134,8 +135,9 @@ def test_the_page_is_served_with_the_prompt_and_without_one(served, served_run, 
     assert status == 200 and headers["Cache-Control"] == "no-store" and headers["X-Content-Type-Options"] == "nosniff"
     assert '"server":true' in page and '"prompt":"ROMEO:"' in page and '"model":"trained"' in page
     model, tokenizer = load_run(served_run)
-    assert '<script type="application/json" id="explorer-data">null</script>' in Explorer(
-        model, tokenizer, "zh", "", 8).page()  # no prompt: an empty page that waits for one
+    empty = Explorer(model, tokenizer, "zh", "", 8)
+    assert '<script type="application/json" id="explorer-data">null</script>' in empty.page()  # waits for a prompt
+    assert empty.data(tokenizer.encode("ROMEO").ids)["model"] == "trained"
     assert request(served, "HEAD", "/")[0] == 405
     assert "GET / -> 200" in capsys.readouterr().err  # one line of log a request
     status, answer = api(served, "/api/explore", {"prompt": "ROMEO: But soft, what light through yonder window"})
@@ -145,6 +147,71 @@ def test_the_page_is_served_with_the_prompt_and_without_one(served, served_run, 
     assert status == 200 and answer["data"]["model"] == "init" and len(answer["ids"]) == 7
     status, answer = api(served, "/api/next", {"prompt": "R", "temperature": -1})
     assert status == 400 and answer["code"] == "bad_sampling" and "temperature" in answer["values"]["detail"]
+
+
+def test_refusals_carry_the_code_and_values_the_page_words_them_with(served):
+    """Each refusal is JSON with the code of a strings.json message and its values; a body
+    that is JSON but no object is refused too."""
+    for path, payload, status, code, values in [
+        ("/api/next", {"ids": [10**6]}, 400, "bad_ids", {}),
+        ("/api/explore", {"prompt": "x" * 10_001}, 413, "too_long", {"count": 10_001, "limit": 10_000}),
+        ("/api/next", {"prompt": "R", "top_k": "3"}, 400, "bad_sampling", {"detail": "top_k, top_p"}),
+    ]:
+        got, headers, body = request(served, "POST", path, json.dumps(payload).encode())
+        answer = json.loads(body)
+        assert (got, answer["code"], answer["values"]) == (status, code, values), answer
+        assert headers["Content-Type"] == "application/json"
+    got, _, body = request(served, "POST", "/api/explore", b"[1, 2]")
+    assert got == 400 and json.loads(body) == {"error": "the request body must be a JSON object"}
+
+
+def test_the_next_token_is_sampled_from_the_last_position_with_generates_rule(served, served_run, monkeypatch):
+    """/api/next samples from the logits of the prompt's last position, at temperature 1
+    unless told, never a suppressed token (a char tokenizer's <unk>)."""
+    import explorer.server
+    from common.checkpoint import load_run
+    from data.tokenizer import suppressed_ids
+
+    seen = []
+    real = explorer.server.sample_next
+    monkeypatch.setattr(explorer.server, "sample_next", lambda logits, sampling: seen.append((logits, sampling))
+                        or real(logits, sampling))
+    model, tokenizer = load_run(served_run)
+    ids = tokenizer.encode("ROMEO: But").ids
+    status, answer = api(served, "/api/next", {"ids": ids})
+    (logits, sampling), = seen
+    assert status == 200 and sampling.temperature == 1.0 and sampling.suppress_tokens == suppressed_ids(tokenizer) != ()
+    with torch.no_grad():
+        torch.testing.assert_close(logits, model.eval()(torch.tensor([ids]))[0][:, -1])
+    status, answer = api(served, "/api/next", {"ids": ids, "temperature": 0})
+    assert answer["ids"][-1] == int(seen[-1][0].argmax()) and answer["data"]["model"] == "trained"
+
+
+def test_a_failure_inside_is_a_500_and_the_server_goes_on(served, monkeypatch):
+    import explorer.server
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(explorer.server, "page_data", broken)
+    status, headers, body = request(served, "POST", "/api/explore", json.dumps({"prompt": "R"}).encode())
+    assert (status, json.loads(body)) == (500, {"error": "internal error: a bug"})
+    assert headers["Content-Type"] == "application/json"
+    monkeypatch.undo()
+    assert api(served, "/api/explore", {"prompt": "R"})[0] == 200
+
+
+def test_an_answer_to_head_has_no_body(served):
+    """HEAD is refused (405) with the headers of the answer and, as HTTP asks, no body."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", served), timeout=30) as connection:
+        connection.sendall(f"HEAD / HTTP/1.1\r\nHost: 127.0.0.1:{served}\r\nConnection: close\r\n\r\n".encode())
+        raw = b""
+        while chunk := connection.recv(65536):
+            raw += chunk
+    head, body = raw.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.0 405") and b"Content-Length: " in head and body == b""
 
 
 def test_a_run_without_its_initial_model_says_why(tmp_path):
