@@ -290,7 +290,7 @@ def test_explore_writes_the_page_of_the_model_at_initialisation_beside_it(tmp_pa
     (["--prompt", "R", "--out", "{tmp}/missing/page.html"], "does not exist; create it first"),
     (["--prompt", "R", "--out", "{tmp}"], "is a folder"),
     (["--prompt", "R", "--out", "{tmp}/page.txt"], "must end in .html"),
-    (["--prompt", "R", "--max-tokens", "0"], "--max-tokens=0: must be at least 1"),
+    (["--prompt", "R", "--max-tokens", "0"], "--max-tokens=0: must be at least 1 (see python explore.py --help)"),
     ([], "give --prompt TEXT"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(run, tmp_path, capsys, args, message):

@@ -401,3 +401,32 @@ def test_the_servers_refusals_are_in_the_pages_language(server, open_page):
     page.page.click("#model-switch")  # served: the server re-creates the model at initialisation
     expect(page.page.locator("#model-state")).to_have_text("初始化时的模型")
     assert [e for e in page.errors if "status of 400" not in e] == []  # (Chromium notes each refused request)
+
+
+def test_the_docs_screenshots_are_taken_of_what_was_clicked(pages, browser, tmp_path):
+    """python -m explorer.screenshot (the docs' pictures; a process of its own, as Playwright
+    allows one sync session a thread): a clip of --height pixels at the page's width, or one
+    panel; the clicks and the language change what the picture shows."""
+    import struct
+    import subprocess
+    import sys
+
+    def screenshot(*args: str) -> str:
+        result = subprocess.run([sys.executable, "-m", "explorer.screenshot", str(pages["char"][0]), *args],
+                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout
+
+    def size(png: Path) -> tuple[int, int]:
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+        return struct.unpack(">II", data[16:24])
+
+    assert f"wrote {tmp_path / 'clip.png'}" in screenshot(str(tmp_path / "clip.png"), "--height", "400")
+    assert size(tmp_path / "clip.png") == (1280, 400)
+    chosen = ["--panel", "#qkv-panel", "--layer", "1", "--head", "1", "--query", "3", "--coordinate", "0"]
+    screenshot(str(tmp_path / "en.png"), *chosen)
+    screenshot(str(tmp_path / "zh.png"), *chosen, "--lang", "zh")
+    screenshot(str(tmp_path / "other.png"), *chosen[:-2])  # no coordinate expanded
+    assert size(tmp_path / "en.png")[0] < 1280  # the panel alone
+    assert len({(tmp_path / f"{name}.png").read_bytes() for name in ("en", "zh", "other")}) == 3

@@ -231,3 +231,32 @@ def test_ctrl_c_stops_the_server(server):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=20) == 0
     assert "stopped" in proc.stderr.read()
+
+
+def test_a_log_line_without_a_status_ends_with_the_arrow(capsys):
+    """http.server logs errors (a timed-out request) through log_message too, with no status."""
+    from explorer.server import Handler
+
+    handler = Handler.__new__(Handler)  # no connection: only the log line is made
+    handler.command, handler.path = "GET", "/"
+    handler.log_message("Request timed out: %r", TimeoutError())
+    handler.log_message('"%s" %s %s', "GET / HTTP/1.1", "200", "-")
+    assert capsys.readouterr().err == "GET / -> \nGET / -> 200\n"
+
+
+def test_serve_checks_its_prompt_before_listening_and_stops_on_ctrl_c(served_run, monkeypatch, capsys):
+    from common.checkpoint import load_run
+    from common.cli import UserError
+    from explorer.server import Server, serve
+
+    model, tokenizer = load_run(served_run)
+    with pytest.raises(UserError, match="characters this model never saw in training: 'Z'"):
+        serve(model, tokenizer, 0, "en", "Zebra", 8)
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Server, "serve_forever", interrupted)
+    assert serve(model, tokenizer, 0, "en", "ROMEO:", 8) == 0
+    printed = capsys.readouterr()
+    assert re.search(r"at http://127\.0\.0\.1:\d+/ \(Ctrl-C stops\)", printed.out) and "stopped" in printed.err
