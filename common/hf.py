@@ -196,7 +196,7 @@ def config_of(hf: dict) -> GPTConfig:
 def config_from_llama(hf: dict) -> GPTConfig:
     """Our config for a LlamaForCausalLM config.json; what our block cannot express (a
     rope scaling, another activation, biases on attention alone, a head size other than
-    hidden_size / heads) is refused naming the setting."""
+    hidden_size / heads, a sliding window) is refused naming the setting."""
     rope = hf.get("rope_parameters") or {}  # (transformers 5; 4 wrote rope_theta and rope_scaling)
     scaling = hf.get("rope_scaling") or rope
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
@@ -205,7 +205,7 @@ def config_from_llama(hf: dict) -> GPTConfig:
                           "positions are unscaled: rope_type 'default')")
     heads = hf["num_attention_heads"]
     require(hf, {"hidden_act": "silu", "pretraining_tp": 1, "head_dim": hf["hidden_size"] // heads,
-                 "mlp_bias": hf.get("attention_bias", False)})
+                 "mlp_bias": hf.get("attention_bias", False), "sliding_window": None})  # every key, every layer
     return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"],
                      n_layer=hf["num_hidden_layers"], n_head=heads, n_embd=hf["hidden_size"],
                      n_kv_head=hf.get("num_key_value_heads") or heads, dropout=float(hf.get("attention_dropout", 0.0)),

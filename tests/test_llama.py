@@ -143,6 +143,7 @@ def test_generation_stops_at_the_end_of_a_text(tmp_path, capsys):
     ({"hidden_act": "gelu"}, "llama with hidden_act='gelu' is not supported (this model computes hidden_act='silu')"),
     ({"attention_bias": True}, "llama with mlp_bias=False is not supported (this model computes mlp_bias=True)"),
     ({"head_dim": 16}, "llama with head_dim=16 is not supported (this model computes head_dim=8)"),
+    ({"sliding_window": 32}, "llama with sliding_window=32 is not supported (this model computes sliding_window=None)"),
     ({"eos_token_id": 5}, "declares end-of-text token"),
 ])
 def test_what_our_block_cannot_express_is_refused_in_one_line(llama_folder, tmp_path, corpus, change, message, capsys):
