@@ -227,7 +227,7 @@ def serve(model, tokenizer, port: int, lang: str, prompt: str, max_tokens: int, 
     except OSError as e:
         raise UserError(f"cannot listen on {HOST}:{port} ({e.strerror or e}); choose another --port") from None
     try:  # from the moment the address is printed, Ctrl-C stops the server cleanly
-        print(f"serving the attention explorer at http://{server.hosts[0]}/ (Ctrl-C stops)", flush=True)
+        print(f"serving the explorer at http://{server.hosts[0]}/ (Ctrl-C stops)", flush=True)
         server.serve_forever()
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
