@@ -42,8 +42,7 @@ def export_kind(c: GPTConfig) -> str:
                 (kind == "llama" and c.pos_encoding != "rope") else None,
                 f"norm_position={c.norm_position}" if c.norm_position != "pre" else None,
                 f"mlp={c.mlp} (Llama's feed-forward network is SwiGLU)" if kind == "llama" and c.mlp != "swiglu" else None,
-                f"norm={c.norm} (Llama normalises with RMSNorm)" if kind == "llama" and c.norm != "rmsnorm" else None,
-                "qk_norm=true" if c.qk_norm else None]
+                f"norm={c.norm} (Llama normalises with RMSNorm)" if kind == "llama" and c.norm != "rmsnorm" else None]
     if kind != "llama":
         problems += [f"n_kv_head={c.n_kv_head} < n_head={c.n_head} ({name} cannot hold grouped-query attention)"
                      if c.n_kv_head != c.n_head else None,

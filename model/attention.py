@@ -103,7 +103,7 @@ class MultiHeadAttention(nn.Module):
         self.layer = layer
         self.n_head, self.n_kv_head, self.d_k = config.n_head, config.n_kv_head, config.head_size
         self.explicit = config.attn_impl == "explicit"
-        self.dropout, self.qk_norm, self.norm_eps = config.dropout, config.qk_norm, config.norm_eps
+        self.dropout = config.dropout
         kv = 2 * config.n_kv_head * config.head_size
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + kv, bias=config.bias)  # W_Q, W_K, W_V
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
@@ -127,8 +127,6 @@ class MultiHeadAttention(nn.Module):
         v = v.view(B, T, H_kv, d_k).transpose(1, 2)  # [B, H_kv, T, d_k]
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        if self.qk_norm:  # every q and k of length √d_k: scores bounded by d_k, whatever the weights
-            q, k = F.rms_norm(q, (d_k,), eps=self.norm_eps), F.rms_norm(k, (d_k,), eps=self.norm_eps)
         if cache is not None:
             k, v = cache.write(self.layer, k, v)  # [B, H_kv, S, d_k], S = past + T
         if record is not None:

@@ -46,7 +46,6 @@ class GPTConfig:
                    multiple of 32, the width that keeps the 4× GELU network's parameter count
     norm_eps:      the ε of every LayerNorm or RMSNorm
     tie_embeddings: the LM head shares the token embedding's matrix (GPT-2); false: its own
-    qk_norm:       RMSNorm (without parameters) of each head's q and k before the scores (nanochat)
     """
 
     vocab_size: int = 65
@@ -67,7 +66,6 @@ class GPTConfig:
     ffn_hidden: int | None = None
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
-    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         for name, value in checked_types(type(self), dataclasses.asdict(self)).items():
