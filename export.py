@@ -95,9 +95,19 @@ print(pipeline("text-generation", model={str(out)!r})({prompt!r}, max_new_tokens
   `generate.py` compute the same logits. Past them they part ways: `generate.py` slides its window (the
   model always sees the last {c.block_size} tokens), while transformers keeps counting positions
   ({past_context(c)}). Keep the prompt and the new tokens within {c.block_size} to get the same text.
-- Text that spells a special token (`<unk>`, `<|endoftext|>`) is read as that token by transformers,
+{shared_heads(c, hf_config)}- Text that spells a special token (`<unk>`, `<|endoftext|>`) is read as that token by transformers,
   as characters by the project's own tokenizer; other text is encoded identically.
 """
+
+
+def shared_heads(c, hf_config: dict) -> str:
+    """A bullet of the model card where the export repeats shared key/value heads."""
+    if c.n_kv_head == c.n_head or hf_config["model_type"] == "llama":
+        return ""
+    return (f"- **Key/value heads**: the run shares each of its {c.n_kv_head} key/value heads among "
+            f"{c.n_head // c.n_kv_head} query heads (grouped-query attention), which "
+            f"`{hf_config['architectures'][0]}` cannot; the export repeats them, one per query head: the same\n"
+            f"  logits, with {c.n_head // c.n_kv_head}× the key/value weights and KV cache.\n")
 
 
 def past_context(c) -> str:

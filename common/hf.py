@@ -5,7 +5,9 @@ GPTNeoXForCausalLM when they are rotary with LayerNorm and the GELU network (seq
 residuals, rotary on every dimension of each head, the same base, tied embeddings, and
 rotate_half's pairing of dimension i with i + d/2, which is ours); and a
 LlamaForCausalLM when it has the modern block (rotary positions, RMSNorm, the SwiGLU
-network; grouped-query attention and an untied head included). Other configurations
+network; grouped-query attention and an untied head included). GPT-2 and GPT-NeoX hold
+grouped-query attention as multi-head attention, each key/value head repeated for the
+query heads that share it (the same logits). Other configurations
 have no transformers class that computes exactly what they compute, and are refused,
 naming what differs. Only the config.json dictionary and the tensors are converted
 here; the files are written and read by the callers.
@@ -13,6 +15,7 @@ here; the files are written and read by the callers.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
@@ -44,9 +47,7 @@ def export_kind(c: GPTConfig) -> str:
                 f"mlp={c.mlp} (Llama's feed-forward network is SwiGLU)" if kind == "llama" and c.mlp != "swiglu" else None,
                 f"norm={c.norm} (Llama normalises with RMSNorm)" if kind == "llama" and c.norm != "rmsnorm" else None]
     if kind != "llama":
-        problems += [f"n_kv_head={c.n_kv_head} < n_head={c.n_head} ({name} cannot hold grouped-query attention)"
-                     if c.n_kv_head != c.n_head else None,
-                     "tie_embeddings=false" if not c.tie_embeddings else None]
+        problems.append("tie_embeddings=false" if not c.tie_embeddings else None)
     problems = [p for p in problems if p]
     if problems:
         raise Unsupported(f"as {name}, no transformers class computes a model with {', '.join(problems)}; "
@@ -63,6 +64,7 @@ def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int 
               "eos_token_id": eot, "torch_dtype": "float32"}
     if kind == "llama":
         return to_llama(c, state, common)
+    c, state = with_every_kv_head(c, state)
     state = with_zero_biases(c, state)
     if kind == "gpt2":
         hf = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_positions": c.block_size,
@@ -142,6 +144,25 @@ def qkv_layout(t: torch.Tensor, n_head: int, to_neox: bool) -> torch.Tensor:
     rest = t.shape[1:]
     shape = (3, n_head, -1, *rest) if to_neox else (n_head, 3, -1, *rest)
     return t.reshape(shape).transpose(0, 1).reshape(-1, *rest).contiguous()
+
+
+def with_every_kv_head(c: GPTConfig, state: dict[str, torch.Tensor]) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """Grouped-query attention as plain multi-head attention, for GPT-2 and GPT-NeoX, which
+    have no shared key/value heads: each k and v head's rows of c_attn are repeated for the
+    n_head / n_kv_head query heads that read it (as the model repeats k and v), so the
+    logits are the same and the key/value weights that many times larger."""
+    group = c.n_head // c.n_kv_head
+    if group == 1:
+        return c, state
+    state, kv = dict(state), c.n_kv_head * c.head_size
+    for i in range(c.n_layer):
+        for kind in ("weight", "bias") if c.bias else ("weight",):
+            name = f"transformer.h.{i}.attn.c_attn.{kind}"
+            q, k, v = state[name].split([c.n_embd, kv, kv])  # k, v: [H_kv d_k, ...]
+            k, v = (t.reshape(c.n_kv_head, c.head_size, *t.shape[1:]).repeat_interleave(group, 0)
+                    .reshape(c.n_embd, *t.shape[1:]) for t in (k, v))  # [H d_k, ...]
+            state[name] = torch.cat([q, k, v])
+    return dataclasses.replace(c, n_kv_head=c.n_head), state
 
 
 def with_zero_biases(c: GPTConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
