@@ -63,7 +63,7 @@ WORDS = {
         "c_proj": "mix the heads' results", "residual": "the sub-layer adds to x, never replaces it",
         "c_fc": "widen to F = {F}", "activation": "the non-linearity", "mlp_proj": "back to C",
         "c_gate": "widen to F = {F}: what SiLU turns into a gate", "c_up": "widen to F = {F}: what the gate scales",
-        "blocks": "{n} blocks in all", "ln_f": "normalise before the head",
+        "blocks": "{n} blocks in all", "end": "the only block", "ln_f": "normalise before the head",
         "lm_head": "a score for every token of the vocabulary", "loss": "{loss:.4f} at init ≈ ln V = {ln_v:.4f}",
         "title": "One forward pass of this model on a batch of training data ({sizes}); shapes from hooks, "
                  "block 0 in full (steps 1–4 all have the weights' shape):",
@@ -115,7 +115,7 @@ WORDS = {
         "c_proj": "混合各个头的结果", "residual": "子层的结果加到 x 上，而不是取代 x",
         "c_fc": "扩展到 F = {F}", "activation": "非线性激活", "mlp_proj": "变回 C",
         "c_gate": "扩展到 F = {F}：经 SiLU 变成门", "c_up": "扩展到 F = {F}：被门缩放的部分",
-        "blocks": "共 {n} 个块", "ln_f": "进入输出层之前先归一化",
+        "blocks": "共 {n} 个块", "end": "唯一的一个块", "ln_f": "进入输出层之前先归一化",
         "lm_head": "为词表中的每个 token 打一个分数", "loss": "初始化时的 loss {loss:.4f} ≈ ln V = {ln_v:.4f}",
         "title": "本模型在一批训练数据上的一次前向传播（{sizes}）；形状取自钩子，完整展示第 0 个块"
                  "（第 1–4 步的形状都与注意力权重相同）：",
@@ -184,7 +184,7 @@ def trace(model: GPT, idx: torch.Tensor, targets: torch.Tensor, lang: str = "en"
                  row("add_position", rec.inputs["transformer.drop"], "[B, T, C]")]
     rows += block_rows(model, rec, passed.layers[0], row)
     last = rec.outputs[f"transformer.h.{c.n_layer - 1}"]
-    rows.append(row("blocks" if c.n_layer > 1 else "end", last, "[B, T, C]", "blocks", n=c.n_layer, last=c.n_layer - 1))
+    rows.append(row("blocks" if c.n_layer > 1 else "end", last, "[B, T, C]", n=c.n_layer, last=c.n_layer - 1))
     if c.norm_position == "pre":
         rows.append(row("ln_f", rec.outputs["transformer.ln_f"], "[B, T, C]", norm=norm_name(c)))
     rows.append(row("lm_head" if c.tie_embeddings else "lm_head_untied", rec.outputs["lm_head"], "[B, T, V]", "lm_head"))

@@ -48,7 +48,7 @@ TRAIN = [
     ("misspelled key", lambda t, r: ["--config", TINY, "train.lrr=1"], "did you mean 'lr'"),
     ("wrong type", lambda t, r: ["--config", TINY, "train.max_iters=ten"], "must be an integer"),
     ("negative lr", lambda t, r: ["--config", TINY, "train.lr=-0.1"], "train.lr=-0.1: must be positive"),
-    ("heads do not divide", lambda t, r: ["--config", TINY, "model.n_head=3"], "not divisible by n_head=3"),
+    ("heads do not divide", lambda t, r: ["--config", TINY, "model.n_head=6"], "not divisible by n_head=6"),
     ("block_size 0", lambda t, r: ["--config", TINY, "model.block_size=0"], "block_size=0"),
     ("unknown option", lambda t, r: ["--config", TINY, "model.pos_encoding=alibi"], "must be one of"),
     ("override without =", lambda t, r: ["--config", TINY, "train.lr"], "section.key=value"),

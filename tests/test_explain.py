@@ -105,10 +105,19 @@ def test_the_trace_follows_the_modern_block(settings):
     if settings.get("mlp") == "swiglu":
         assert rows["SiLU(gate) ⊙ up"].shape == (3, 9, 96) and "feed-forward network, the gate (W_gate)" in rows
         assert "LM head" in rows and "LM head (its own matrix)" in dict(parameter_groups(model))
+        assert rows["feed-forward network, the gate (W_gate)"].meaning == "widen to F = 96: what SiLU turns into a gate"
     else:
         assert rows["feed-forward network, layer 1 (W_1)"].shape == (3, 9, 40) and "widen to F = 40" in rows[
             "feed-forward network, layer 1 (W_1)"].meaning
+        assert "LM head (tied to wte)" in rows and "LM head" not in rows
     assert parameter_groups(model)[-1] == ("total", sum(n for _, n in parameter_groups(model)[:-1]))
+
+
+@pytest.mark.parametrize("lang, many, one", [("en", "3 blocks in all", "the only block"), ("zh", "共 3 个块", "唯一的一个块")])
+def test_the_trace_says_how_many_blocks_follow_block_0(lang, many, one):
+    idx = torch.randint(0, 37, (2, 5))
+    assert trace(small_model(), idx, idx, lang)[-4].meaning == many
+    assert trace(small_model(n_layer=1), idx, idx, lang)[-4].meaning == one
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "explicit"])
@@ -121,6 +130,7 @@ def test_the_report_lines_up_at_a_size_where_the_columns_differ(impl):
     model = small_model(block_size=128, n_layer=2, n_head=4, n_embd=128, attn_impl=impl)
     idx = torch.randint(0, 37, (16, 128))
     text = report(model, idx, idx, torch.float32)
+    assert "C=128, H=4, d_k=32" in text.splitlines()[0] and "3C=" not in text and "QKV=" not in text
     table = text.split("\n\n")[1].splitlines()
     columns = [table[0].index("shape"), table[0].index("symbolic"), table[0].index("meaning")]
     for line in table[2:]:

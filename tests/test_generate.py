@@ -67,15 +67,53 @@ def test_same_seed_same_samples(checkpoint, capsys):
     assert a == b and a != c and "sample 2 of 2" in a
 
 
-def test_streaming_prints_the_same_text(checkpoint):
+def test_streaming_prints_the_same_text_as_it_grows(checkpoint):
     model, tokenizer = generate.load_model(checkpoint, torch.device("cpu"), torch.float32)
-    texts = []
+    texts, writes = [], []
     for stream in (True, False):
         out = io.StringIO()
+        out.write = lambda text, out=out, write=out.write: (writes.append(stream), write(text))[1]
         settings = generate.Settings(stream=stream, seed=3, max_new_tokens=60, stop=["\n\n"])
         generate.generate(model, tokenizer, ["ROMEO:"], settings, torch.device("cpu"), out=out)
         texts.append(out.getvalue())
     assert texts[0] == texts[1]
+    assert writes.count(True) > 10 and writes.count(False) == 1  # streamed: piece by piece; else at the end
+
+
+@pytest.mark.parametrize("no_cache", [False, True])
+def test_generation_feeds_one_new_token_a_step_with_the_cache(checkpoint, capsys, monkeypatch, no_cache):
+    lengths, real = [], GPT.forward
+
+    def recorded(self, idx, *args, **kw):
+        lengths.append(idx.shape[1])
+        return real(self, idx, *args, **kw)
+
+    monkeypatch.setattr(GPT, "forward", recorded)
+    code, _, _ = run(checkpoint, capsys, "--prompt", "ROMEO:", "--max-new-tokens", "5", "--seed", "0",
+                     *(["--no-kv-cache"] if no_cache else []))
+    prompt = lengths[0]
+    assert code == 0 and lengths[1:] == ([prompt + 1, prompt + 2, prompt + 3, prompt + 4] if no_cache else [1] * 4)
+
+
+def test_ctrl_c_ends_the_sample_at_a_terminal_without_interactive(checkpoint, capsys, monkeypatch):
+    """No --prompt on a terminal is interactive mode too: Ctrl-C stops the sample, not the program."""
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    answers = iter(["ROMEO:"])
+
+    def typed():
+        for answer in answers:
+            return answer
+        raise EOFError  # Ctrl-D
+
+    monkeypatch.setattr("builtins.input", typed)
+
+    def interrupted(self, *args):
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(GPT, "generate_tokens", interrupted)
+    code, out, err = run(checkpoint, capsys)
+    assert code == 0 and out == "ROMEO:\n" and "[stopped]" in err
 
 
 def test_stream_holds_back_partial_stop_strings():

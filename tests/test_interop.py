@@ -498,6 +498,24 @@ def test_init_from_a_hub_id_downloads_the_three_files(gpt2_folder, tmp_path, cor
     assert DOWNLOAD == ["config.json", "model.safetensors", "tokenizer.json"]
 
 
+@pytest.mark.parametrize("message, shown", [("401 Client Error\nRepository gated: ask for access", "401 Client Error"),
+                                             ("", "")])
+def test_a_failed_download_names_the_first_line_of_its_reason(tmp_path, corpus, monkeypatch, capsys, message, shown):
+    import huggingface_hub
+
+    from data import sources
+
+    def refused(repo_id, **kw):
+        raise OSError(message)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refused)
+    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert train.main(micro_finetune(corpus, tmp_path, "someone/gated-model")) == 2
+    assert capsys.readouterr().err == (f"error: train.init_from=someone/gated-model: could not download it (OSError: "
+                                       f"{shown}); give a local folder instead\n")
+
+
 # ---- evaluate.py -------------------------------------------------------------------
 
 

@@ -116,7 +116,8 @@ def test_signal_saves_and_exits(tmp_path, micro, sig, code):
     assert 0 < state["iter"] < 100000
 
 
-def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, micro, monkeypatch, capsys):
+@pytest.mark.parametrize("good_steps", [3, 0])  # 0: the first step read in an interval is the bad one
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, micro, monkeypatch, capsys, good_steps):
     assert train.main(["--config", TINY, *micro("train.max_iters=10")]) == 0
     before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file() and "events" not in p.name}
     real_forward = GPT.forward
@@ -125,14 +126,14 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, micro, monkey
     def poisoned(self, idx, targets=None, **kw):
         logits, loss = real_forward(self, idx, targets, **kw)
         calls["n"] += 1
-        if self.training and calls["n"] > 3:
+        if self.training and calls["n"] > good_steps:
             loss = loss * float("nan")
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", poisoned)
     assert train.main(["--config", TINY, *micro("train.max_iters=20", "train.eval_interval=100")]) == 1
     err = capsys.readouterr().err
-    assert "loss became nan" in err and "iteration 14" in err and "last good checkpoint" in err
+    assert "loss became nan" in err and f"iteration {11 + good_steps}" in err and "last good checkpoint" in err
     assert err.endswith(". Try a lower train.lr, train.grad_clip=1.0 or train.dtype=float32\n")
     after = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file() and "events" not in p.name}
     assert {k: v for k, v in after.items() if k != "config.yaml"} == {k: v for k, v in before.items() if k != "config.yaml"}
