@@ -113,6 +113,12 @@ def test_the_trace_follows_the_modern_block(settings):
     assert parameter_groups(model)[-1] == ("total", sum(n for _, n in parameter_groups(model)[:-1]))
 
 
+@pytest.mark.parametrize("activation, name", [("gelu", "GELU"), ("gelu_tanh", "GELU TANH")])
+def test_the_trace_names_the_activation(activation, name):
+    idx = torch.randint(0, 37, (2, 5))
+    assert name in [r.step for r in trace(small_model(activation=activation), idx, idx)]
+
+
 @pytest.mark.parametrize("lang, many, one", [("en", "3 blocks in all", "the only block"), ("zh", "共 3 个块", "唯一的一个块")])
 def test_the_trace_says_how_many_blocks_follow_block_0(lang, many, one):
     idx = torch.randint(0, 37, (2, 5))
