@@ -19,9 +19,12 @@ from test_explorer import make_run
 
 
 def start_server(run: Path) -> tuple[subprocess.Popen, int]:
+    # Ctrl-C's default action, even where these tests run in a background job (whose shell
+    # ignores SIGINT for it, and the child would inherit that and never stop)
+    default_ctrl_c = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sys.platform != "win32" else None
     proc = subprocess.Popen([sys.executable, str(ROOT / "explore.py"), "--serve", "--port", "0", "--checkpoint",
                              str(run), "--prompt", "ROMEO:", "--lang", "en"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
     line = proc.stdout.readline()
     match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
     assert match, line + proc.stderr.read()
