@@ -314,7 +314,8 @@ def report(model: GPT, idx: torch.Tensor, targets: torch.Tensor, dtype: torch.dt
     lines = [words["title"].format(sizes=sizes), "", *aligned(rows, words["header"]), "", words["parameters"]]
     lines += [f"  {pad(name, 48)} {n:>12,}" for name, n in parameter_groups(model, lang)]
     nbytes, name = torch.tensor([], dtype=dtype).element_size(), str(dtype)[6:]
-    per_token = 2 * c.n_layer * c.n_embd  # a key and a value of C numbers per layer
+    kv_width = c.n_kv_head * c.head_size  # what the cache holds of a key (and of a value): H_kv·d_k = C without GQA
+    per_token = 2 * c.n_layer * kv_width
     paths = [model]
     if c.attn_impl != "explicit":  # the five steps, for comparison
         paths.append(GPT(dataclasses.replace(c, attn_impl="explicit")))
@@ -325,7 +326,7 @@ def report(model: GPT, idx: torch.Tensor, targets: torch.Tensor, dtype: torch.dt
                                         train=model.flops_per_token(T) / 1e6),
               words["memory"].format(device=idx.device.type.upper(), dtype=name, paths=words["and"].join(kept),
                                      L=c.n_layer, n=B * c.n_head * T * T),
-              words["cache"].format(L=c.n_layer, C=c.n_embd, n=per_token, kib=per_token * nbytes / 1024, dtype=name,
+              words["cache"].format(L=c.n_layer, C=kv_width, n=per_token, kib=per_token * nbytes / 1024, dtype=name,
                                     mib=per_token * nbytes * c.block_size / 2**20, T=c.block_size)]
     if c.attn_impl == "sdpa":
         lines.append(words["sdpa"])

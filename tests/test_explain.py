@@ -13,7 +13,7 @@ import train
 from conftest import ROOT
 from model import GPT, GPTConfig
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
-from inspection.shapes import parameter_groups, symbolic_sizes, trace
+from inspection.shapes import parameter_groups, report, symbolic_sizes, trace
 
 STEPS = ["token embedding", "Q, K, V projections", "split into heads", "1. similarity Q Kᵀ",
          "2. scale by 1/√d_k", "3. causal mask", "4. softmax", "dropout", "5. weighted sum", "merge heads",
@@ -96,6 +96,8 @@ def test_the_trace_follows_the_modern_block(settings):
     model = small_model(pos_encoding="rope", n_head=4, n_embd=32, **settings)
     idx = torch.randint(0, 37, (3, 9))
     rows = {r.step: r for r in trace(model, idx, idx)}
+    kv_values = 2 * 3 * model.config.n_kv_head * 8  # a key and a value of H_kv·d_k numbers in each of 3 layers
+    assert f"KV cache: 2 × 3 layers × {kv_values // 6} = {kv_values} values per token" in report(model, idx, idx, torch.float32)
     sizes = symbolic_sizes(model, idx)
     assert all(r.shape == evaluate_symbolic(r.symbolic, sizes) for r in rows.values())
     kv = model.config.n_kv_head
@@ -131,7 +133,7 @@ def test_the_report_lines_up_at_a_size_where_the_columns_differ(impl):
     """At B=16, T=128, C=128 the shapes ([16, 4, 128, 128]) are wider than the symbolic
     shapes: each column keeps its own width. Parameter lines are 63 columns; the memory
     figures are MiB (2²⁰ bytes) and a path keeps at least its attention weights."""
-    from inspection.shapes import WORDS, report
+    from inspection.shapes import WORDS
 
     model = small_model(block_size=128, n_layer=2, n_head=4, n_embd=128, attn_impl=impl)
     idx = torch.randint(0, 37, (16, 128))
