@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from common.checkpoint import RUN_CONFIG_FILE, load_run
 from common.cli import OneLineParser, UserError, run_main
-from common.device import resolve_device, resolve_dtype
+from common.device import DTYPES, resolve_device, resolve_dtype
 from data import DataConfig, DataError, unknown_characters
 from data.prepare import find_prepared, tokenize_split
 from data.sources import check_readable
@@ -145,7 +145,7 @@ def val_source(checkpoint: Path, tokenizer, counts: dict, scratch: Path) -> Iter
 def evaluate(args) -> dict:
     device = resolve_device(args.device)
     model, tokenizer = load_run(args.checkpoint, device)
-    model = model.to(resolve_dtype("auto", device, training=False)).eval()
+    model = model.to(resolve_dtype(args.dtype, device, training=False)).eval()
     block = model.config.block_size
     stride = max(1, block // 2) if args.stride is None else args.stride
     if not 1 <= stride <= block:
@@ -190,6 +190,8 @@ def parse_args(argv):
     p.add_argument("--stride", type=int, help="how far each window moves (default block_size // 2)")
     p.add_argument("--batch-size", type=int, default=16, help="windows per forward pass")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                   help="the weights' dtype while scoring (auto: bfloat16 on a GPU that has it, else float32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = p.parse_args(argv)

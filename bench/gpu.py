@@ -1,10 +1,10 @@
 """On one GPU, in one run: training tokens/s and MFU of configs/small.yaml's model against
 transformers' GPT2LMHeadModel of the same size (bf16 autocast, sdpa, eager and compiled),
-batch-1 and batch-16 decoding against transformers' generate, and configs/small.yaml
-trained for a few minutes on a text file, with its validation loss. bench/gpu.sh runs
-the CUDA tests first, then this. Figures go to one JSON file.
+and batch-1 and batch-16 decoding against transformers' generate. bench/gpu.sh runs the
+race with nanoGPT (bench/gpu_race.py) and the CUDA tests first, then this. Figures go to
+one JSON file.
 
-    python -m bench.gpu --data tinyshakespeare.txt --out $OUT/gpu.json [--minutes 3] [--quick]
+    python -m bench.gpu --out $OUT/gpu.json [--quick]
 
 --quick runs tiny sizes for seconds on any device (a CPU test runs it so it never rots).
 """
@@ -12,15 +12,11 @@ the CUDA tests first, then this. Figures go to one JSON file.
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
-import sys
-import tempfile
 import time
 
 import torch
 
-from bench.common import ROOT, alternate, save, table, timed
+from bench.common import alternate, save, table, timed
 from common.device import autocast, measure_peak_flops
 from model import GPT, GPTConfig
 
@@ -107,27 +103,8 @@ def decode_throughput(device, shape: dict, new_tokens: int, rounds: int) -> list
     return results
 
 
-def train_small(data: str, minutes: float, quick: bool, out_dir: str) -> dict:
-    """configs/small.yaml on the given text for about `minutes` minutes: the final val loss."""
-    overrides = [f"data.source={data}", f"out_dir={out_dir}", f"train.max_minutes={minutes}",
-                 "train.max_iters=1000000", "--fresh"]
-    if quick:
-        overrides += ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
-                      "train.batch_size=4", "train.eval_iters=2", "train.sample_tokens=0"]
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, "train.py", "--config", "configs/small.yaml", *overrides],
-                            cwd=ROOT, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"train.py failed:\n{result.stderr[-3000:]}")
-    done = re.search(r"done: (\d+) iterations .*val loss ([\d.]+) \(best ([\d.]+)\)", result.stdout)
-    return {"iterations": int(done.group(1)), "val_loss": float(done.group(2)), "best_val_loss": float(done.group(3)),
-            "wall_seconds": time.perf_counter() - start, "log_tail": result.stdout[-1500:]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="a text file to train on, e.g. tinyshakespeare.txt")
-    parser.add_argument("--minutes", type=float, default=3.0, help="the training run's time budget")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, seconds, any device")
     parser.add_argument("--out", help="JSON path (default bench/results/gpu.json)")
     args = parser.parse_args()
@@ -142,16 +119,11 @@ def main() -> None:
     payload["results"] += [{"bench": "training", **r} for r in training]
     print(table(["variant", "tokens/s", "MFU"], [[r["variant"], r["tokens_per_sec"], f"{100 * r['mfu']:.1f}%"]
                                                for r in training]), flush=True)
+    save("gpu", payload, args.out)  # kept if the decoding bench does not end
     decoding = decode_throughput(device, shape, new_tokens, rounds)
     payload["results"] += [{"bench": "decoding", **r} for r in decoding]
     print(table(["batch", "variant", "tokens/s"], [[r["batch"], r["variant"], r["tokens_per_sec"]] for r in decoding]),
           flush=True)
-    save("gpu", payload, args.out)  # the throughput figures are safe before the long run
-    run_dir = tempfile.mkdtemp(prefix="gpu-small-run-")  # not next to the JSON: $OUT brings back only small files
-    run = train_small(args.data, 0.1 if args.quick else args.minutes, args.quick, run_dir)
-    payload["results"].append({"bench": "small.yaml", **run})
-    print(f"configs/small.yaml: {run['iterations']} iterations in {run['wall_seconds']:.0f} s, "
-          f"val loss {run['val_loss']:.4f} (best {run['best_val_loss']:.4f})")
     print(f"wrote {save('gpu', payload, args.out)}")
 
 

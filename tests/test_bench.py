@@ -15,14 +15,13 @@ SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer"
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_benchmark_quick_mode(tmp_path, name, corpus):
+def test_benchmark_quick_mode(tmp_path, name):
     pytest.importorskip("transformers")
     if name == "explorer" and not os.path.exists("/usr/bin/chromium") and os.environ.get("CI") != "true":
         pytest.skip("no Chromium: apt-get install -y chromium")
     out = tmp_path / f"{name}.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # as if run from the repository root
-    data = ["--data", str(corpus)] if name == "gpu" else []  # (on a CPU here: its --quick runs anywhere)
-    result = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out), *data],
+    result = subprocess.run([sys.executable, "-m", f"bench.{name}", "--quick", "--out", str(out)],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "|---" in result.stdout  # a markdown table

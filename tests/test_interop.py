@@ -551,6 +551,20 @@ def test_evaluate_scores_every_token_once(runs, tmp_path, capsys, corpus, length
     assert result["perplexity"] == pytest.approx(math.exp(expected), rel=1e-5)
 
 
+def test_evaluate_scores_in_the_dtype_asked_for(tmp_path, capsys):
+    run = untrained_run(tmp_path / "run")
+    (tmp_path / "t.txt").write_text("hear me speak. " * 10)
+    argv = ["--checkpoint", str(run), "--text", str(tmp_path / "t.txt"), "--json", "--dtype"]
+    losses = {}
+    for dtype in ("auto", "float32", "bfloat16"):
+        assert evaluate.main(argv + [dtype]) == 0
+        losses[dtype] = json.loads(capsys.readouterr().out)["loss"]
+    assert losses["auto"] == losses["float32"] != losses["bfloat16"]  # on a CPU, auto scores in float32
+    assert losses["bfloat16"] == pytest.approx(losses["float32"], abs=0.05)
+    assert evaluate.main(argv + ["float16"]) == 2
+    assert "dtype=float16 is for GPUs; on the CPU use bfloat16 or float32" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("length, block, stride, chunk", [(9, 8, 4, 100), (10, 4, 4, 3), (23, 4, 1, 5), (4, 8, 8, 2)])
 def test_windows_score_every_target_once_in_full_windows(length, block, stride, chunk):
     """scored_windows() over a stream in chunks: each window is at most block + 1 tokens (all of
@@ -747,12 +761,14 @@ def test_evaluate_command_line_help_requirements_and_debug(tmp_path, capsys):
     shown = " ".join(capsys.readouterr().out.split())  # (argparse re-wraps the lines)
     assert shown == (
         "usage: evaluate.py [-h] --checkpoint CHECKPOINT (--text TEXT | --split {val}) [--stride STRIDE] "
-        "[--batch-size BATCH_SIZE] [--device DEVICE] [--json] [--debug] Score a text with a trained model: python "
+        "[--batch-size BATCH_SIZE] [--device DEVICE] [--dtype {auto,float32,bfloat16,float16}] [--json] "
+        "[--debug] Score a text with a trained model: python "
         "evaluate.py --checkpoint out/tiny --text FILE (or --split val) options: -h, --help show this help message "
         "and exit --checkpoint CHECKPOINT run directory, e.g. out/tiny --text TEXT a UTF-8 text file to score "
         "--split {val} the run's own validation split --stride STRIDE how far each window moves (default "
         "block_size // 2) --batch-size BATCH_SIZE windows per forward pass --device DEVICE auto, cpu, cuda or mps "
-        "--json print one JSON object --debug show full tracebacks")
+        "--dtype {auto,float32,bfloat16,float16} the weights' dtype while scoring (auto: bfloat16 on a GPU that has "
+        "it, else float32) --json print one JSON object --debug show full tracebacks")
     for argv, message in [([], "the following arguments are required: --checkpoint"),
                           (["--checkpoint", "x"], "one of the arguments --text --split is required"),
                           (["--checkpoint", "x", "--text", "a", "--split", "val"],
