@@ -119,8 +119,9 @@ def ablated(model: GPT, ids: list[int]) -> list[list[dict]]:
 def initial_model(model: GPT, seed: int) -> GPT:
     """The run's model at initialisation, as training made it (GPT.initialised with the
     run's seed), on the same device; the global random state is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        return GPT.initialised(model.config, seed).to(model.lm_head.weight.device).eval()
+    device = model.lm_head.weight.device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # manual_seed seeds CUDA's too
+        return GPT.initialised(model.config, seed).to(device).eval()
 
 
 def to_json(data: dict) -> str:

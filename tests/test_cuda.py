@@ -1,12 +1,15 @@
 """Every CUDA path, on one GPU (skipped without one): bf16 and fp16 training (the gradient
-scaler skipping an overflow), explicit = sdpa with causal and padding masks, cached =
-uncached generation in bf16 and float32, a bit-identical resume with the CUDA RNG, both
-programs end to end, and DDP over NCCL when there are two GPUs."""
+scaler skipping an overflow), compiled training, explicit = sdpa with causal and padding
+masks, cached = uncached generation in bf16 and float32 with every number of key/value
+heads, the explorer's data and the model's trace equal to the CPU's, a bit-identical
+resume with the CUDA RNG, both programs end to end, and DDP over NCCL when there are two
+GPUs."""
 
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -14,6 +17,7 @@ from safetensors.torch import load_file
 import train
 from common import checkpoint
 from conftest import ROOT, run_cli
+from explorer.data import decoded
 from model import GPT, GPTConfig
 from training.config import load_config
 from training.setup import prepare_run
@@ -64,17 +68,67 @@ def test_explicit_and_sdpa_agree(dtype, tolerance, padded):
     torch.testing.assert_close(a, b, atol=tolerance, rtol=tolerance)
 
 
+def test_compiled_training_on_cuda(micro):
+    trainer = cuda_trainer(micro, torch.bfloat16, "train.compile=true")
+    losses = [trainer.step()[0].item() for _ in range(25)]
+    assert losses[-1] < losses[0] - 0.5
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("pos", ["learned", "rope"])
-def test_cached_and_uncached_generation_agree(dtype, pos):
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
+def test_cached_and_uncached_generation_agree(dtype, pos, kv_heads):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=64, pos_encoding=pos))
+    model = GPT(GPTConfig(vocab_size=50, block_size=32, n_layer=2, n_head=4, n_embd=64, pos_encoding=pos,
+                          n_kv_head=kv_heads))
     model = model.to(CUDA, dtype).eval()
     idx = torch.randint(0, 50, (2, 5), device=CUDA)
     cached = model.generate(idx, 80, temperature=0, use_cache=True)
     uncached = model.generate(idx, 80, temperature=0, use_cache=False)
     agreement = (cached == uncached).float().mean().item()
     assert agreement == 1.0 if dtype == torch.float32 else agreement > 0.9  # bf16 may flip a near-tie
+
+
+def assert_same_page_data(a, b, path="data"):
+    """The explorer's data of one model on two devices: every array and number within
+    float32 rounding (the likeliest tokens' ids may swap on a near-tie, so ids are left out)."""
+    if isinstance(a, dict) and "base64" in a:
+        np.testing.assert_allclose(decoded(a), decoded(b), atol=2e-4, rtol=1e-3, err_msg=path)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a.keys() - {"ids", "texts"}:
+            assert_same_page_data(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list) and a and not isinstance(a[0], str):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_page_data(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, abs=2e-4, rel=1e-3), path
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("block", ["gpt2", "llama"])
+def test_the_explorer_data_on_cuda_is_the_cpus(block):
+    """page_data runs the model's traced pass, its logit lens and every head switched off
+    (head_mask) on the model's device: on CUDA they give the CPU's numbers."""
+    from data.tokenizer import train_char
+    from explorer.data import initial_model, page_data
+
+    text = "So foul and fair a day I have not seen."
+    tokenizer = train_char([text])
+    shape = {"gpt2": dict(pos_encoding="learned"),
+             "llama": dict(pos_encoding="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2, bias=False)}[block]
+    model = GPT.initialised(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=64, n_layer=2, n_head=4,
+                                      n_embd=64, **shape), 0).eval()
+    ids = tokenizer.encode(text).ids
+    on_cpu = page_data(model, tokenizer, ids)
+    torch.cuda.manual_seed(123)
+    torch.rand(1, device=CUDA)  # a state no seed of 0 could restore by chance
+    state = torch.cuda.get_rng_state()
+    cuda_model = initial_model(model.to(CUDA), 0)  # the run's model at initialisation, built again on CUDA
+    assert torch.equal(torch.cuda.get_rng_state(), state)  # and CUDA's random state left as it was
+    assert_same_page_data(on_cpu, page_data(cuda_model, tokenizer, ids, which="trained"))
 
 
 def test_resume_on_cuda_is_bit_identical(tmp_path, micro, monkeypatch):
