@@ -12,9 +12,9 @@ script, scored by one rule.
    kept under its iteration rather than written over ckpt.pt, and without the optimizer
    state, which nothing scores (so nanoGPT writes less than its standard run).
 2. This project's recipes (RECIPES, or --recipes): train.py with the recipe's config and
-   overrides, the same cadence, a hard link to the weights kept at each
-   checkpoint (the run writes every file by renaming a new one into place, so a link is
-   a copy that costs nothing).
+   overrides, the same cadence, a hard link to the weights kept at each checkpoint (the
+   run writes every file by renaming a new one into place, so a link is a copy that
+   costs nothing).
 3. Every kept checkpoint of both, scored after the runs by evaluate.py's own function in
    float32 on the validation text (the file's last 10%, nanoGPT's split): every character
    once, windows of block_size moved by block_size // 2; nats per character.
@@ -23,8 +23,10 @@ Wall time counts from the launch of each training process: Python's start, impor
 project's data preparation and nanoGPT's compilation are in it; nanoGPT's prepare.py, run
 once before, is not. The target is the best score of nanoGPT's 5,000-iteration run; each
 side's time to the target is that of its first checkpoint at or below it. Each side's
-best score within --budget seconds is reported too. One run at a time: none shares the
-device. The JSON file is written again after each run, so a stop keeps what was done.
+best score within --budget seconds is reported too. This project's runs are stopped when
+nanoGPT's time to its best has passed (a slower side is out of the race; at least MIN_CAP
+seconds). One run at a time: none shares the device. The JSON file is written again after
+each run, so a stop keeps what was done.
 --quick: tiny sizes on any device, seconds (a test runs it).
 """
 
@@ -52,15 +54,18 @@ from bench.common import ROOT, save, table
 LAUNCHED = "GPU_RACE_LAUNCHED"  # the launch time (time.time()) handed to each training process
 TIMES = "times.jsonl"  # one line per kept checkpoint: {"iter": ..., "seconds": ...}
 EVERY = 100  # iterations between checkpoints, for both sides
+MIN_CAP = 60  # seconds: this project's runs stop once nanoGPT's time to its best, or this, has passed
 NANOGPT_CONFIG = "config/train_shakespeare_char.py"
 NANOGPT_SETTINGS = [f"--eval_interval={EVERY}", "--eval_iters=1", "--always_save_checkpoint=True"]
 OURS = [f"train.eval_interval={EVERY}", "train.eval_iters=1", "train.sample_tokens=0", "train.max_minutes=null",
         "--fresh"]
-RECIPES = [  # the candidates, in bench.learning's form: a config (or tiny), then overrides
-    "tiny,model.dropout=0.1,train.max_iters=2866",  # 30 TFLOPs: 1.4389 nats/char on this file, on a CPU
-    "tiny,model.dropout=0.1,train.max_iters=5731",  # 60 TFLOPs
+RECIPES = [  # the candidates, in bench.learning's form (a config, or tiny, then overrides), likeliest first
+    # nanoGPT's baby GPT (configs/small.yaml) with the optimizer, average and positions of tiny.yaml
     "configs/small.yaml,train.optimizer=muon,train.muon_lr=0.01,train.ema=0.99,model.pos_encoding=rope,"
-    "train.max_iters=2000",  # nanoGPT's baby GPT with the optimizer, average and positions of tiny.yaml
+    "train.max_iters=2000",
+    "tiny,model.dropout=0.1,train.max_iters=2866",  # 30 TFLOPs: 1.4389 nats/char on this file on a CPU
+    "configs/small.yaml,train.optimizer=muon,train.muon_lr=0.01,train.ema=0.99,model.pos_encoding=rope,"
+    "data.tokenizer=bpe,data.vocab_size=512,train.max_iters=1500",  # the same at tiny.yaml's BPE
 ]
 QUICK_NANOGPT = ["--device=cpu", "--compile=False", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=32",
                  "--block_size=32", "--batch_size=4", "--max_iters=20", "--lr_decay_iters=20", "--eval_interval=10"]
@@ -175,6 +180,14 @@ def best_within(rows: list[dict], seconds: float) -> float | None:
     return min((r["nats_per_char"] for r in rows if r["seconds"] <= seconds), default=None)
 
 
+def cap_for_ours(nanogpt: list[dict], cap: float) -> float:
+    """This project's runs stop once nanoGPT's time to its best has passed (at least
+    MIN_CAP seconds, at most `cap`): a side slower than that is out of the race."""
+    if not nanogpt:
+        return cap
+    return min(cap, max(MIN_CAP, time_to(nanogpt, min(r["nats_per_char"] for r in nanogpt))))
+
+
 def summary(payload: dict, budget: float) -> list[list]:
     """One row per side: time to nanoGPT's best score, the ratio, the best within budget."""
     nanogpt = payload["sides"]["nanoGPT"]["scores"]
@@ -210,15 +223,18 @@ def race(args) -> dict:
         sides[recipe] = [sys.executable, "-m", "bench.gpu_race", "ours", "{snapshots}", "--", "--config", str(config),
                          *OURS, f"data.source={args.data.resolve()}", f"data.cache_dir={work / f'{i}' / 'cache'}",
                          f"out_dir={work / f'{i}' / 'run'}", *overrides, *(QUICK_OURS if args.quick else [])]
+    cap = args.cap
     for i, (name, command) in enumerate(sides.items()):
         snapshots = work / f"{i}" / "snapshots"
         snapshots.mkdir(parents=True, exist_ok=True)
-        run = run_training([part.replace("{snapshots}", str(snapshots)) for part in command], args.cap)
+        run = run_training([part.replace("{snapshots}", str(snapshots)) for part in command], cap)
         run["scores"] = scores(snapshots, text, val, work / "scratch")
         payload["sides"][name] = run
         print(f"{name}: {len(run['scores'])} checkpoints in {run['wall_seconds']:.0f} s, "
               f"exit {run['returncode']}", flush=True)
         save("gpu_race", payload, args.out)
+        if name == "nanoGPT":
+            cap = cap_for_ours(run["scores"], args.cap)
     if payload["sides"]["nanoGPT"]["scores"]:
         print(table(["side", "best nats/char", "seconds to nanoGPT's best", "speed-up",
                      f"best within {args.budget:.0f} s"], summary(payload, args.budget)))

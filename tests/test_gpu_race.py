@@ -71,6 +71,10 @@ def test_time_to_a_target_and_the_best_within_a_budget():
     assert gpu_race.time_to(rows, 1.45) == 40 and gpu_race.time_to(rows, 1.3) is None
     assert gpu_race.best_within(rows, 30) == 1.5 and gpu_race.best_within(rows, 40) == 1.4
     assert gpu_race.best_within(rows, 9) is None
+    assert gpu_race.cap_for_ours(rows, 300) == max(gpu_race.MIN_CAP, 40)  # nanoGPT's best came at 40 s
+    assert gpu_race.cap_for_ours([{**r, "seconds": 10 * r["seconds"]} for r in rows], 300) == 300  # best at 400 s
+    assert gpu_race.cap_for_ours([{**r, "seconds": 10 * r["seconds"]} for r in rows], 999) == 400
+    assert gpu_race.cap_for_ours([], 300) == 300  # nanoGPT kept nothing: the cap as given
 
 
 STAND_IN_TRAIN = '''
