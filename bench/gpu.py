@@ -1,5 +1,6 @@
 """On one GPU, in one run: training tokens/s and MFU of configs/small.yaml's model against
-transformers' GPT2LMHeadModel of the same size (bf16 autocast, sdpa, eager and compiled),
+transformers' GPT2LMHeadModel of the same size (bf16 autocast, sdpa, eager and compiled;
+ours also with Muon, whose many small operations a GPU may wait on),
 and batch-1 and batch-16 decoding against transformers' generate. bench/gpu.sh runs the
 race with nanoGPT (bench/gpu_race.py) and the CUDA tests first, then this. Figures go to
 one JSON file.
@@ -19,6 +20,8 @@ import torch
 from bench.common import alternate, save, table, timed
 from common.device import autocast, measure_peak_flops
 from model import GPT, GPTConfig
+from training.config import TrainConfig
+from training.optim import make_optimizers
 
 VOCAB = 65
 
@@ -31,7 +34,8 @@ def small_config(quick: bool) -> dict:
 
 
 def train_throughput(device, shape: dict, batch: int, steps: int, rounds: int, compile_too: bool) -> list[dict]:
-    """Tokens/s and MFU of a full training step (forward, backward, fused AdamW) in bf16."""
+    """Tokens/s and MFU of a full training step (forward, backward, fused AdamW; and ours
+    with tiny.yaml's optimizers, Muon for the blocks' matrices) in bf16."""
     import transformers
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -44,18 +48,20 @@ def train_throughput(device, shape: dict, batch: int, steps: int, rounds: int, c
     flops = ours().flops_per_token(T)
     x = torch.randint(0, VOCAB, (batch, T), device=device)
 
-    def runner(make, hf: bool, compiled: bool):
+    def runner(make, hf: bool, compiled: bool, muon: bool = False):
         model = make().to(device)
         if compiled:
             model.forward = torch.compile(model.forward)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        optimizers = make_optimizers(model, TrainConfig(optimizer="muon"), device) if muon else \
+            [torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)]
 
         def step():
             with autocast(device, dtype):
                 loss = model(input_ids=x, labels=x).loss if hf else model(x, x)[1]
             loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
 
         for _ in range(3):  # warm-up (and compilation)
             step()
@@ -66,7 +72,8 @@ def train_throughput(device, shape: dict, batch: int, steps: int, rounds: int, c
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    candidates = {"ours": runner(ours, False, False), "HF GPT2": runner(theirs, True, False)}
+    candidates = {"ours": runner(ours, False, False), "HF GPT2": runner(theirs, True, False),
+                  "ours, Muon": runner(ours, False, False, muon=True)}
     if compile_too:
         candidates.update({"ours compiled": runner(ours, False, True), "HF GPT2 compiled": runner(theirs, True, True)})
     return [{"variant": name, "tokens_per_sec": tok_s, "mfu": flops * tok_s / peak}

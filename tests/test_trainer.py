@@ -1,6 +1,7 @@
 """The Trainer's pieces: gradient accumulation (and DDP's no_sync), clipping, bf16
 autocast, compile, the learning-rate schedule, and a fast bit-identical resume."""
 
+import math
 import re
 import signal
 import sys
@@ -15,6 +16,7 @@ import train
 from common import checkpoint
 from common.device import resolve_dtype
 from data.tokenizer import UNK
+import training.optim
 import training.setup
 from conftest import ROOT, favour_token, make_trainer as trainer_for
 from model import GPT
@@ -277,6 +279,30 @@ def test_muon_matches_torch_muon():
     for w, a, b in zip(weights, ours, theirs):
         ours_step, theirs_step = (a - w).detach(), (b - w).detach()
         assert (ours_step - theirs_step).norm() < 0.02 * theirs_step.norm()
+
+
+def test_muon_orthogonalizes_the_matrices_of_one_shape_together(monkeypatch):
+    """One Newton-Schulz batch per shape, giving each matrix the step it would get alone."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(96, 32), (32, 128), (96, 32), (96, 32), (32, 128)]
+    weights = [torch.randn(shape, generator=g) for shape in shapes]
+    params = [w.clone().requires_grad_() for w in weights]
+    opt = Muon(params, lr=0.02, momentum=0.9, weight_decay=0.1)
+    batches = []
+    monkeypatch.setattr(training.optim, "orthogonalize", lambda x: (batches.append(tuple(x.shape)), orthogonalize(x))[1])
+    expected, buffers = [w.clone() for w in weights], [torch.zeros_like(w) for w in weights]
+    for _ in range(2):
+        grads = [torch.randn(w.shape, generator=g) for w in weights]
+        for p, grad in zip(params, grads):
+            p.grad = grad.clone()
+        opt.step()
+        for i, grad in enumerate(grads):  # each matrix on its own, as the algorithm is written
+            buffers[i].lerp_(grad, 1 - 0.9)
+            update = orthogonalize(grad.lerp(buffers[i], 0.9))
+            expected[i] = expected[i] * (1 - 0.02 * 0.1) - 0.02 * 0.2 * math.sqrt(max(shapes[i])) * update
+    assert batches == [(3, 96, 32), (2, 32, 128)] * 2
+    for p, e in zip(params, expected):
+        torch.testing.assert_close(p.detach(), e, atol=1e-6, rtol=1e-5)
 
 
 def test_orthogonalize_flattens_the_singular_values():
