@@ -1,9 +1,8 @@
 """On one GPU, in one run: training tokens/s and MFU of configs/small.yaml's model against
 transformers' GPT2LMHeadModel of the same size (bf16 autocast, sdpa, eager and compiled;
-ours also with Muon, whose many small operations a GPU may wait on),
-and batch-1 and batch-16 decoding against transformers' generate. bench/gpu.sh runs the
-race with nanoGPT (bench/gpu_race.py) and the CUDA tests first, then this. Figures go to
-one JSON file.
+ours also with Muon, whose many small operations a GPU may wait on), and batch-1 and
+batch-16 decoding against transformers' generate. bench/gpu.sh runs the race with nanoGPT
+(bench/gpu_race.py) and the CUDA tests first, then this. Figures go to one JSON file.
 
     python -m bench.gpu --out $OUT/gpu.json [--quick]
 
