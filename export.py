@@ -1,4 +1,6 @@
-"""Export a run for Hugging Face transformers: python export.py --checkpoint out/tiny --out out/tiny-hf
+"""Export a run for transformers or llama.cpp: python export.py --checkpoint out/tiny --out out/tiny-hf
+
+With --out FILE.gguf it writes one GGUF file for llama.cpp and Ollama instead.
 
 The folder loads with AutoModelForCausalLM.from_pretrained(folder) and
 AutoTokenizer.from_pretrained(folder), with no custom code: learned positions become a
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from common.checkpoint import RUN_CONFIG_FILE, load_run, load_state
 from common.cli import OneLineParser, UserError, run_main
+from common.gguf_file import write_gguf
 from common.hf import Unsupported, to_transformers
 from data.tokenizer import EOT, UNK, end_of_text_id, end_of_text_ids, start_ids, suppressed_ids
 from model.files import safetensors_bytes
@@ -118,6 +121,8 @@ def past_context(c) -> str:
 
 
 def export(checkpoint: Path, out: Path) -> None:
+    if out.suffix == ".gguf":
+        return export_gguf(checkpoint, out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not empty; choose another folder")
     model, tokenizer = load_run(checkpoint)
@@ -146,10 +151,24 @@ def export(checkpoint: Path, out: Path) -> None:
           f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
 
 
+def export_gguf(checkpoint: Path, out: Path) -> None:
+    """One GGUF file for llama.cpp and Ollama (common/gguf_file.py says why it is written here)."""
+    if out.exists():
+        raise UserError(f"--out {out} already exists; choose another file name")
+    if not out.parent.is_dir():
+        raise UserError(f"--out {out}: the folder {out.parent} does not exist; create it first")
+    model, tokenizer = load_run(checkpoint)
+    try:
+        arch = write_gguf(out, model.config, model.state_dict(), tokenizer, checkpoint.resolve().name)
+    except ValueError as e:
+        raise UserError(f"{checkpoint} cannot be written as GGUF: {e}") from None
+    print(f"wrote {out}: GGUF, llama.cpp's {arch} architecture, float32; run it with llama-cli -m {out}")
+
+
 def parse_args(argv):
     p = OneLineParser(prog="export.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, required=True, help="run directory, e.g. out/tiny")
-    p.add_argument("--out", type=Path, required=True, help="new folder for the transformers model")
+    p.add_argument("--out", type=Path, required=True, help="new folder for the transformers model, or a new FILE.gguf for llama.cpp")
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     return p.parse_args(argv)
 

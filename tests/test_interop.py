@@ -304,7 +304,7 @@ def test_export_command_line_help_requirements_and_debug(tmp_path, capsys):
     shown = " ".join(capsys.readouterr().out.split())  # (argparse re-wraps the lines)
     assert shown.startswith("usage: export.py [-h] --checkpoint CHECKPOINT --out OUT [--debug]")
     assert shown.split(" options:")[0].endswith(" ".join(export.__doc__.split("\n\n")[0].split()))  # all of it
-    assert ("--checkpoint CHECKPOINT run directory, e.g. out/tiny --out OUT new folder for the transformers model "
+    assert ("--checkpoint CHECKPOINT run directory, e.g. out/tiny --out OUT new folder for the transformers model, or a new FILE.gguf for llama.cpp "
             "--debug show full tracebacks") in shown
     assert export.main(["--out", str(tmp_path / "hf")]) == 2
     assert "the following arguments are required: --checkpoint (see python export.py --help)" in capsys.readouterr().err

@@ -1,0 +1,207 @@
+"""The GGUF export (export.py --out FILE.gguf, common/gguf_file.py): what llama.cpp reads.
+
+Without llama.cpp (CI): the file's tensors and keys read back with the gguf library, the
+llama rows checked against llama.cpp's rotation written out here, and the vocabulary and
+merges replayed by GPT-2's BPE algorithm (tokenizers') against our tokenizer. With
+llama.cpp's Python binding installed (pip install llama-cpp-python): its logits, token by
+token through its KV cache, equal ours, and it tokenizes as we do.
+"""
+
+import math
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+import export
+import train
+from common.checkpoint import load_run
+from common.gguf_file import write_gguf
+from conftest import ROOT
+from data.tokenizer import train_bpe, train_char
+from model import GPT, GPTConfig
+from model.positional import RotaryEmbedding, apply_rotary
+
+gguf = pytest.importorskip("gguf")
+
+TEXT = "ROMEO:\nWhat light through yonder window breaks? ’Tis the east — é!"
+KINDS = {  # the three architectures, with what each holds that the others do not
+    "gpt2": dict(pos_encoding="learned", n_kv_head=2),
+    "gptneox": dict(pos_encoding="rope", bias=False, rope_base=500.0),
+    "llama": dict(pos_encoding="rope", norm="rmsnorm", mlp="swiglu", bias=False, n_kv_head=2,
+                  tie_embeddings=False, norm_eps=1e-6),
+}
+
+
+def tokenizer_of(kind: str) -> Tokenizer:
+    pieces = [TEXT * 3, "But soft, what light?\n"]
+    return train_char(pieces) if kind == "char" else train_bpe(pieces, 300)
+
+
+def gguf_of(tmp_path, arch: str, tokenizer_kind: str = "bpe"):
+    """A random model of arch (its biases and norms moved off their initial values, so a
+    missing or misplaced one shows) written as GGUF; (model, tokenizer, reader)."""
+    tokenizer = tokenizer_of(tokenizer_kind)
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=64, n_layer=2, n_head=4, n_embd=32,
+                       **KINDS[arch])
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    path = tmp_path / f"{arch}.gguf"
+    assert write_gguf(path, config, model.state_dict(), tokenizer, "test") == arch
+    return model, tokenizer, gguf.GGUFReader(path)
+
+
+def tensors(reader) -> dict[str, torch.Tensor]:
+    """GGUF's tensors in PyTorch's [out, in] order (GGUF lists dimensions innermost first)."""
+    return {t.name: torch.from_numpy(t.data.copy()).reshape(tuple(reversed(t.shape.tolist()))) for t in reader.tensors}
+
+
+def field(reader, key: str):
+    return reader.fields[key].contents()
+
+
+@pytest.mark.parametrize("arch", KINDS)
+def test_every_parameter_is_in_the_file_under_llama_cpps_name(tmp_path, arch):
+    model, _, reader = gguf_of(tmp_path, arch)
+    c, got = model.config, tensors(reader)
+    sd = model.state_dict()
+    assert torch.equal(got["token_embd.weight"], sd["transformer.wte.weight"])
+    assert torch.equal(got["output_norm.weight"], sd["transformer.ln_f.weight"])
+    assert torch.equal(got["blk.1.attn_output.weight"], sd["transformer.h.1.attn.c_proj.weight"])
+    assert torch.equal(got["blk.1.ffn_down.weight"], sd["transformer.h.1.mlp.c_proj.weight"])
+    assert torch.equal(got["blk.0.ffn_norm.weight"], sd["transformer.h.0.ln_2.weight"])
+    kv = c.n_kv_head * c.head_size
+    if arch == "llama":
+        assert torch.equal(got["output.weight"], sd["lm_head.weight"])  # untied
+        assert torch.equal(got["blk.0.attn_v.weight"], sd["transformer.h.0.attn.c_attn.weight"][-kv:])
+        assert torch.equal(got["blk.0.ffn_gate.weight"], sd["transformer.h.0.mlp.c_gate.weight"])
+        assert not any(name.endswith(".bias") for name in got)
+    else:  # fused q, k, v rows as ours; every bias, zeros where the model has none
+        assert torch.equal(got["blk.0.attn_qkv.weight"], sd["transformer.h.0.attn.c_attn.weight"])
+        assert got["blk.0.attn_qkv.bias"].shape == (c.n_embd + 2 * kv,)
+        assert ("output.weight" in got) == (arch == "gptneox")  # gptneox requires it; tied: wte again
+    if arch == "gpt2":
+        assert torch.equal(got["position_embd.weight"], sd["transformer.wpe.weight"])
+        assert torch.equal(got["blk.0.attn_qkv.bias"], sd["transformer.h.0.attn.c_attn.bias"])
+    assert len(got) == len({n for n in got})
+    assert field(reader, "general.architecture") == arch
+    assert field(reader, f"{arch}.context_length") == 64 and field(reader, f"{arch}.block_count") == 2
+    assert field(reader, f"{arch}.attention.head_count_kv") == c.n_kv_head
+    assert field(reader, f"{arch}.feed_forward_length") == c.ffn_hidden
+    eps = f"{arch}.attention.layer_norm_rms_epsilon" if arch == "llama" else f"{arch}.attention.layer_norm_epsilon"
+    assert math.isclose(field(reader, eps), c.norm_eps, rel_tol=1e-6)
+    if arch == "gptneox":
+        assert field(reader, "gptneox.use_parallel_residual") is False
+        assert field(reader, "gptneox.rope.freq_base") == 500.0
+        assert field(reader, "gptneox.rope.dimension_count") == c.head_size
+
+
+def llama_cpp_rotation(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """llama.cpp's rope for its llama architecture (GGML's "normal" mode): dimensions 2i and
+    2i+1 of each head rotate together by position · base^(-2i/d). x: [T, H, d]."""
+    d = x.size(-1)
+    angle = positions[:, None, None] * base ** (-torch.arange(0, d, 2) / d)  # [T, 1, d/2]
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = even * angle.cos() - odd * angle.sin()
+    out[..., 1::2] = even * angle.sin() + odd * angle.cos()
+    return out
+
+
+def test_the_llama_rows_give_our_attention_scores_under_llama_cpps_rotation(tmp_path):
+    model, _, reader = gguf_of(tmp_path, "llama")
+    c, got = model.config, tensors(reader)
+    x = torch.randn(10, c.n_embd)  # 10 positions of one layer's normed input
+    positions = torch.arange(10.0)
+    q, k, _ = (x @ model.state_dict()["transformer.h.0.attn.c_attn.weight"].T).split(
+        [c.n_embd, c.n_kv_head * c.head_size, c.n_kv_head * c.head_size], -1)
+    cos, sin = RotaryEmbedding(c.head_size, c.rope_base)(positions[None])  # [1, 1, T, d]
+    ours = [apply_rotary(t.view(10, -1, c.head_size).transpose(0, 1), cos, sin)[0] for t in (q, k)]  # [H, T, d]
+    theirs = [llama_cpp_rotation((x @ got[f"blk.0.attn_{p}.weight"].T).view(10, -1, c.head_size), positions,
+                                 c.rope_base).transpose(0, 1) for p in "qk"]
+    group = c.n_head // c.n_kv_head
+    scores = lambda q, k: q @ k.repeat_interleave(group, 0).transpose(-2, -1)  # [H, T, T]
+    torch.testing.assert_close(scores(*theirs), scores(*ours), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char"])
+def test_the_vocabulary_and_merges_tokenize_as_ours_by_gpt2s_algorithm(tmp_path, kind):
+    """llama.cpp's "gpt2" tokenizer is GPT-2's: its regex, its byte letters, its merges.
+    tokenizers' BPE, built from the file's tokens and merges alone, must encode as ours,
+    characters of two and three UTF-8 bytes (é, ’, —) included."""
+    _, tokenizer, reader = gguf_of(tmp_path, "gpt2", kind)
+    assert field(reader, "tokenizer.ggml.model") == "gpt2" and field(reader, "tokenizer.ggml.pre") == "gpt-2"
+    tokens, merges = field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.merges")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    for part in (p for m in merges for p in m.split(" ")):  # the bytes of a character: symbols that are
+        vocab.setdefault(part, len(vocab))  # no token (llama.cpp merges them all the same; tokenizers needs ids)
+    replay = Tokenizer(models.BPE(vocab, [tuple(m.split(" ")) for m in merges]))
+    replay.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    replay.decoder = decoders.ByteLevel()
+    for text in (TEXT, "soft, what light?\n\n", "  east  "):
+        assert replay.encode(text).ids == tokenizer.encode(text).ids
+        assert replay.decode(replay.encode(text).ids) == text
+    types = field(reader, "tokenizer.ggml.token_type")
+    if kind == "char":
+        assert types[tokenizer.token_to_id("<unk>")] == gguf.TokenType.UNKNOWN
+        assert field(reader, "tokenizer.ggml.unknown_token_id") == tokenizer.token_to_id("<unk>")
+    else:
+        eot = tokenizer.token_to_id("<|endoftext|>")
+        assert types[eot] == gguf.TokenType.CONTROL and field(reader, "tokenizer.ggml.eos_token_id") == eot
+    assert field(reader, "tokenizer.ggml.add_bos_token") is False
+
+
+def test_export_writes_a_gguf_and_refuses_what_it_cannot_write(tmp_path, micro, capsys):
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *micro("train.max_iters=2")]) == 0
+    run, out = tmp_path / "run", tmp_path / "tiny.gguf"
+    assert export.main(["--checkpoint", str(run), "--out", str(out)]) == 0
+    assert "llama.cpp's gptneox architecture" in capsys.readouterr().out
+    before = out.read_bytes()
+    assert export.main(["--checkpoint", str(run), "--out", str(out)]) == 2  # never overwritten
+    assert "already exists" in capsys.readouterr().err and out.read_bytes() == before
+    assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "no" / "x.gguf")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    model, tokenizer = load_run(run)
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()  # as a brought-in (SentencePiece-style) tokenizer
+    with pytest.raises(ValueError, match="convert_hf_to_gguf.py"):
+        write_gguf(tmp_path / "other.gguf", model.config, model.state_dict(), tokenizer, "x")
+    assert not list(tmp_path.glob("other.gguf*"))  # nothing half-written left behind
+
+
+def test_a_configuration_gguf_cannot_hold_is_refused_in_one_line(tmp_path, micro, capsys):
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"),
+                       *micro("train.max_iters=2", "model.pos_encoding=sinusoidal")]) == 0
+    assert export.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "s.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert "pos_encoding=sinusoidal" in err and err.count("\n") == 1 and not (tmp_path / "s.gguf").exists()
+
+
+def test_without_the_gguf_package_the_error_says_what_to_install(tmp_path, micro, capsys, monkeypatch):
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *micro("train.max_iters=2")]) == 0
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # import gguf now raises ImportError
+    assert export.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "t.gguf")]) == 2
+    assert "pip install gguf" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch,tokenizer_kind", [("gpt2", "char"), ("gptneox", "bpe"), ("llama", "bpe"),
+                                                  ("llama", "char")])
+def test_llama_cpp_computes_our_logits_token_by_token(tmp_path, arch, tokenizer_kind):
+    """The real thing, where llama.cpp's Python binding is installed (it builds llama.cpp
+    from source: pip install llama-cpp-python; not in CI, which has no minutes for that)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    model, tokenizer, _ = gguf_of(tmp_path, arch, tokenizer_kind)
+    llm = llama_cpp.Llama(str(tmp_path / f"{arch}.gguf"), n_ctx=64, logits_all=True, verbose=False)
+    ids = tokenizer.encode(TEXT).ids[:64]
+    assert llm.tokenize(TEXT.encode(), add_bos=False, special=False)[:64] == ids
+    assert llm.detokenize(ids).decode() == tokenizer.decode(ids)
+    for token in ids:  # one at a time: llama.cpp's KV cache at every step
+        llm.eval([token])
+    with torch.no_grad():
+        ours = model(torch.tensor([ids]))[0][0]
+    theirs = torch.from_numpy(llm.scores[: len(ids)].copy())
+    # llama.cpp's GELU is the tanh approximation (ours: exact erf) and it sums in its own order
+    torch.testing.assert_close(theirs, ours, atol=2e-3 if arch != "llama" else 1e-4, rtol=0)
