@@ -83,10 +83,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--corpus", default="shakespeare", help="data.source (default: the built-in corpus)")
-    parser.add_argument("--quick", action="store_true", help="2 trials (a test runs this)")
+    parser.add_argument("--quick", action="store_true", help="1 trial (a test runs this; tests/test_distributed.py runs 5)")
     parser.add_argument("--out", help="JSON path (default bench/results/elastic.json)")
     args = parser.parse_args()
-    trials = 2 if args.quick else args.trials
+    trials = 1 if args.quick else args.trials
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [f"data.source={args.corpus}", f"data.cache_dir={tmp}/cache"]
         straight = trial(Path(tmp) / "straight", overrides, kill_after=None)
