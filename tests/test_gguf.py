@@ -87,7 +87,6 @@ def test_every_parameter_is_in_the_file_under_llama_cpps_name(tmp_path, arch):
     if arch == "gpt2":
         assert torch.equal(got["position_embd.weight"], sd["transformer.wpe.weight"])
         assert torch.equal(got["blk.0.attn_qkv.bias"], sd["transformer.h.0.attn.c_attn.bias"])
-    assert len(got) == len({n for n in got})
     assert field(reader, "general.architecture") == arch
     assert field(reader, f"{arch}.context_length") == 64 and field(reader, f"{arch}.block_count") == 2
     assert field(reader, f"{arch}.attention.head_count_kv") == c.n_kv_head
