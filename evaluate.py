@@ -25,14 +25,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common.checkpoint import RUN_CONFIG_FILE, load_run
 from common.cli import OneLineParser, UserError, run_main
 from common.device import DTYPES, resolve_device, resolve_dtype
-from data import DataConfig, DataError, unknown_characters
+from common.run_dir import RunDir
+from data import DataError, unknown_characters
 from data.prepare import find_prepared, tokenize_split
 from data.sources import check_readable
 from data.tokenizer import Encoder, start_ids
-from training.config import ConfigError, load_config
 
 CHUNK = 1 << 20  # characters read (or tokens taken) at a time
 PROGRESS_BYTES = 1 << 20  # a text this long shows a progress bar while it is scored
@@ -127,9 +126,9 @@ def val_source(checkpoint: Path, tokenizer, counts: dict, scratch: Path) -> Iter
     """The run's validation tokens: its own token files where they are still in the cache
     (config.yaml says where), else the validation text alone, encoded into `scratch`."""
     try:
-        data_config: DataConfig = load_config(checkpoint / RUN_CONFIG_FILE).data
-    except ConfigError as e:
-        raise UserError(f"--split val needs the run's {RUN_CONFIG_FILE}: {e}") from None
+        data_config = RunDir(checkpoint).data_config()
+    except UserError as e:
+        raise UserError(f"--split val needs the run's data settings: {e}") from None
     data = find_prepared(data_config, tokenizer)
     if data is not None and "val_bytes" in data.meta:
         tokens, counts["characters"], counts["bytes"] = data.val, data.meta["val_characters"], data.meta["val_bytes"]
@@ -144,7 +143,7 @@ def val_source(checkpoint: Path, tokenizer, counts: dict, scratch: Path) -> Iter
 
 def evaluate(args) -> dict:
     device = resolve_device(args.device)
-    model, tokenizer = load_run(args.checkpoint, device)
+    model, tokenizer = RunDir(args.checkpoint).load_model(device)
     model = model.to(resolve_dtype(args.dtype, device, training=False)).eval()
     block = model.config.block_size
     stride = max(1, block // 2) if args.stride is None else args.stride
@@ -166,7 +165,7 @@ def evaluate(args) -> dict:
             "seconds": time.perf_counter() - start, "stride": stride, "block_size": block}
 
 
-def run(args) -> int:
+def command(args) -> int:
     r = evaluate(args)
     if args.json:
         print(json.dumps({k: r[k] for k in ("loss", "perplexity", "bits_per_char", "bits_per_byte", "tokens",
@@ -201,7 +200,7 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
-    return run_main(parse_args, run, argv, {UserError: 2, DataError: 2})
+    return run_main(parse_args, command, argv, {UserError: 2, DataError: 2})
 
 
 if __name__ == "__main__":

@@ -17,11 +17,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import yaml
-
-from common.checkpoint import DEFAULT_RUN, RUN_CONFIG_FILE, load_run
 from common.cli import OneLineParser, UserError, locale_language, run_main
 from common.prompt import encode_prompt
+from common.run_dir import DEFAULT_RUN, RunDir
 from explorer.data import MAX_TOKENS, initial_model, page_data
 from explorer.page import render
 from model.files import write_atomic
@@ -42,15 +40,17 @@ def initial(model, checkpoint: Path):
     """(The run's model at initialisation, "") or (None, why it cannot be made): training
     built it with GPT.initialised and the seed its config.yaml records; a run that started
     from other weights (train.init_from) has none of its own."""
-    path = checkpoint / RUN_CONFIG_FILE
+    run = RunDir(checkpoint)
     try:
-        train = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("train") or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None, f"{path} cannot be read"
+        train = run.run_config().get("train") or {}
+    except UserError:
+        return None, f"{run.path / run.RUN_CONFIG} cannot be read"
+    if not isinstance(train, dict):
+        train = {}
     if train.get("init_from"):
         return None, str(train["init_from"])
     if not isinstance(train.get("seed"), int):
-        return None, f"{path} records no train.seed"
+        return None, f"{run.path / run.RUN_CONFIG} records no train.seed"
     return initial_model(model, train["seed"]), ""
 
 
@@ -80,6 +80,7 @@ def parse_args(argv):
     p = OneLineParser(prog="explore.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN, help=f"run directory (default {DEFAULT_RUN})")
     p.add_argument("--prompt", help="the text to look at (its last --max-tokens tokens)")
+    p.add_argument("--prompt-file", type=Path, help="read the text from a UTF-8 file instead (a sample of generate.py)")
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
                    help=f"at most this many tokens, from the end (default {MAX_TOKENS})")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the HTML file to write (default {DEFAULT_OUT})")
@@ -92,22 +93,38 @@ def parse_args(argv):
         p.error(f"--max-tokens={args.max_tokens}: must be at least 1")
     if not 0 <= args.port <= 65535:
         p.error(f"--port={args.port}: must be between 0 and 65535")
-    if not args.serve and args.prompt is None:
-        p.error("give --prompt TEXT (or --serve to type prompts in the browser)")
+    if args.prompt is not None and args.prompt_file is not None:
+        p.error("give --prompt or --prompt-file, not both")
+    if not args.serve and args.prompt is None and args.prompt_file is None:
+        p.error("give --prompt TEXT or --prompt-file FILE (or --serve to type prompts in the browser)")
     return args
 
 
-def run(args) -> int:
+def read_prompt(args) -> str | None:
+    """--prompt, or the text of --prompt-file."""
+    if args.prompt_file is None:
+        return args.prompt
+    try:
+        return args.prompt_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"prompt file {args.prompt_file} does not exist") from None
+    except (UnicodeDecodeError, IsADirectoryError):
+        raise UserError(f"prompt file {args.prompt_file} is not a UTF-8 text file") from None
+
+
+def command(args) -> int:
     lang = args.lang or locale_language()
+    run = RunDir(args.checkpoint)
+    prompt = read_prompt(args)
     if args.serve:
         from explorer.server import serve
 
-        model, tokenizer = load_run(args.checkpoint)
-        return serve(model.eval(), tokenizer, args.port, lang, args.prompt or "", args.max_tokens,
+        model, tokenizer = run.load_model()
+        return serve(model.eval(), tokenizer, args.port, lang, prompt or "", args.max_tokens,
                      lambda: initial(model, args.checkpoint))
     check_out(args.out)
-    model, tokenizer = load_run(args.checkpoint)
-    data = explore(model.eval(), tokenizer, args.prompt, args.max_tokens)
+    model, tokenizer = run.load_model()
+    data = explore(model.eval(), tokenizer, prompt, args.max_tokens)
     init_model, why = initial(model, args.checkpoint)
     other = counterpart_of(args.out)
     html = render(data, lang, counterpart=other.name if init_model is not None else None)
@@ -117,7 +134,7 @@ def run(args) -> int:
     if init_model is None:
         print(f"note: no page of the model at initialisation: {why}", file=sys.stderr)
         return 0
-    init_html = render(explore(init_model, tokenizer, args.prompt, args.max_tokens, "init"), lang,
+    init_html = render(explore(init_model, tokenizer, prompt, args.max_tokens, "init"), lang,
                        counterpart=args.out.name)
     write_page(other, init_html)
     print(f"wrote {other} ({len(init_html.encode('utf-8')) / 1e6:.2f} MB): the same prompt through the model at "
@@ -126,7 +143,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    return run_main(parse_args, run, argv, {UserError: 2})
+    return run_main(parse_args, command, argv, {UserError: 2})
 
 
 if __name__ == "__main__":

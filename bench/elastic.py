@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from bench.common import ROOT, machine, save, table
+from common.run_dir import RunDir
 
 MICRO = ["data.tokenizer=char", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.batch_size=4",
          "train.max_iters=60", "train.eval_interval=10", "train.eval_iters=2", "train.checkpoint_interval=10",
@@ -44,7 +45,7 @@ def launch(out_dir: Path, overrides: list[str]) -> subprocess.Popen:
 
 def checkpoint_iteration(out_dir: Path) -> int:
     try:
-        return torch.load(out_dir / "trainer_state.pt", weights_only=True)["iter"]
+        return torch.load(out_dir / RunDir.STATE, weights_only=True)["iteration"]
     except (OSError, RuntimeError, EOFError):  # not written yet, or being replaced right now
         return 0
 
@@ -75,7 +76,7 @@ def trial(out_dir: Path, overrides: list[str], kill_after: int | None = 20, limi
 
 
 def same_weights(a: Path, b: Path) -> bool:
-    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    wa, wb = load_file(str(a / RunDir.WEIGHTS)), load_file(str(b / RunDir.WEIGHTS))
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 

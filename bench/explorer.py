@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from bench.common import ROOT, machine, save, table
-from common.checkpoint import load_run
+from common.run_dir import RunDir
 from data import shakespeare
 from data.tokenizer import train_tokenizer
 from explorer.data import page_data
@@ -34,7 +34,7 @@ PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the 
 
 def tiny_model(checkpoint: Path | None):
     if checkpoint is not None:
-        return load_run(checkpoint)
+        return RunDir(checkpoint).load_model()
     text = "\n".join(shakespeare.markdown_to_speeches(next(iter(shakespeare.play_files())).read_text()))
     tokenizer = train_tokenizer("char", [text, PROMPT], 0)
     settings = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())["model"]

@@ -105,8 +105,7 @@ def run_ours(snapshots: Path, argv: list[str]) -> int:
     """train.py ARGV, a hard link to the weights it saves kept at each checkpoint, as
     snapshots/ITER/ (config.json, model.safetensors, tokenizer.json: a run folder)."""
     import train
-    from common.checkpoint import TOKENIZER_FILE
-    from model.gpt import CONFIG_FILE, WEIGHTS_FILE
+    from common.run_dir import RunDir
     from training.trainer import Trainer
 
     save = Trainer.save
@@ -114,14 +113,14 @@ def run_ours(snapshots: Path, argv: list[str]) -> int:
     def save_and_keep(trainer: Trainer) -> None:
         save(trainer)
         if trainer.dist.is_main:
-            kept = snapshots / f"{trainer.it:06d}"
+            kept = snapshots / f"{trainer.iteration:06d}"
             kept.mkdir(exist_ok=True)
-            for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
+            for name in RunDir.MODEL_FILES:
                 try:
-                    os.link(trainer.out_dir / name, kept / name)
+                    os.link(trainer.run_dir.path / name, kept / name)
                 except OSError:  # a file system without hard links
-                    shutil.copyfile(trainer.out_dir / name, kept / name)
-            record(snapshots, trainer.it)
+                    shutil.copyfile(trainer.run_dir.path / name, kept / name)
+            record(snapshots, trainer.iteration)
 
     Trainer.save = save_and_keep
     return train.main(argv)

@@ -17,15 +17,20 @@ A recipe is a config file (or `baseline`: bench/baseline.yaml, the frozen tiny.y
     python -m bench.learning --tflops 30 60 [--recipes baseline tiny] [--corpus shakespeare FILE]
                              [--threads 2] [--quick] [--out JSON]
 
---speed measures instead how fast each recipe trains, side by side: its own training step
-(Trainer.step: forward, backward, its optimizers, its average of the weights) in rounds
+--speed measures instead how fast each recipe trains, side by side: its own training loop
+(Trainer.fit: forward, backward, its optimizers, its average of the weights) in rounds
 that alternate between the recipes in one process, tokens/s and MFU as medians, and each
 recipe's MFU as a ratio to the first one's.
+
+--quick trains a micro model on one play (Macbeth), not the whole corpus: a test runs it
+so that the script never rots.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import re
@@ -92,31 +97,39 @@ def train_and_score(config: Path, overrides: list[str], iters: int, run_dir: str
 
 
 def step_speed(recipes: list[str], common: list[str], tmp: str, rounds: int, steps: int) -> list[dict]:
-    """Tokens/s and MFU of each recipe's training step, alternating rounds; medians."""
+    """Tokens/s and MFU of each recipe's training loop, alternating rounds; medians. A
+    round is `steps` iterations of Trainer.fit (forward, backward, the recipe's optimizers
+    and average of the weights), ended as the loop ends a run, by an evaluation and a
+    checkpoint, made small here (one validation window, no sample)."""
     from common.device import measure_peak_flops, resolve_device, resolve_dtype
-    from training.setup import prepare_run
+    from training.preparation import prepare_run
     from training.trainer import Trainer
+
+    def advance(trainer: Trainer, iterations: int) -> None:
+        trainer.budget.max_iters = trainer.iteration + iterations
+        with contextlib.redirect_stdout(io.StringIO()):  # (each round prints a run's first and last lines)
+            trainer.fit()
 
     trainers, peaks = {}, {}
     for i, recipe in enumerate(recipes):
         config, overrides = recipe_args(recipe)
-        cfg = load_config(config, [*common, *overrides, f"out_dir={tmp}/speed-{i}"])
+        cfg = load_config(config, [*common, *overrides, "train.eval_windows=1", f"out_dir={tmp}/speed-{i}"])
         device = resolve_device(cfg.train.device)
         dtype = resolve_dtype(cfg.train.dtype, device, training=True)
         trainers[recipe] = trainer = Trainer(prepare_run(cfg), device, dtype)
-        trainer.step()  # (the first step allocates the optimizers' state)
+        advance(trainer, 1)  # (the first step allocates the optimizers' state)
         if (device, dtype) not in peaks:  # one peak per dtype, so the MFU ratio is the ratio of FLOP/s
             peaks[device, dtype] = measure_peak_flops(device, dtype, size=512 if steps == 1 else 2048)
 
     def measure(trainer) -> float:  # tokens per second
-        tokens = trainer.global_batch() * trainer.model_config.block_size
-        return steps * tokens / timed(lambda: [trainer.step() for _ in range(steps)])
+        tokens = trainer.settings.batch_size * trainer.grad_accum * trainer.run.model_config.block_size
+        return steps * tokens / timed(lambda: advance(trainer, steps))
 
     medians = alternate({recipe: lambda t=trainer: measure(t) for recipe, trainer in trainers.items()}, rounds)
     results = []
     for recipe, trainer in trainers.items():
         peak = peaks[trainer.device, trainer.dtype]
-        mfu = trainer.model.flops_per_token(trainer.model_config.block_size) * medians[recipe] / peak
+        mfu = trainer.model.flops_per_token(trainer.run.model_config.block_size) * medians[recipe] / peak
         results.append({"recipe": recipe, "dtype": str(trainer.dtype).removeprefix("torch."),
                         "tokens_per_sec": medians[recipe], "mfu": mfu})
     for r in results:
@@ -161,7 +174,7 @@ def main() -> None:
     budgets = [0.001] if args.quick else args.tflops
     rows, results, path = [], [], None
     with tempfile.TemporaryDirectory() as tmp:
-        for corpus in args.corpus:
+        for corpus in [quick_corpus(tmp)] if args.quick else args.corpus:
             source = corpus if corpus == "shakespeare" else str(Path(corpus).resolve())
             common = [f"data.source={source}", f"data.cache_dir={tmp}/cache", f"train.threads={args.threads}",
                       *FIXED, *(QUICK if args.quick else [])]
@@ -188,6 +201,16 @@ def main() -> None:
         print(table(["corpus", "recipe", "TFLOPs", "iterations", "tokens (M)", "val nats/token", "val nats/char",
                      "bits/char", "wall (s)", "MFU"], rows))
     print(f"\nwrote {path}")
+
+
+def quick_corpus(folder: str) -> str:
+    """One play of the built-in corpus as a text file (--quick: seconds to prepare, not minutes)."""
+    from data import shakespeare
+
+    play = next(p for p in shakespeare.play_files() if p.stem == "macbeth")
+    path = Path(folder) / "macbeth.txt"
+    path.write_text("\n".join(shakespeare.markdown_to_speeches(play.read_text(encoding="utf-8"))), encoding="utf-8")
+    return str(path)
 
 
 def dtype_of(config: Path, overrides: list[str]) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from common.checkpoint import TOKENIZER_FILE
+from common.run_dir import RunDir
 from model import GPT, GPTConfig
 
 COMPILED_PREFIX = "_orig_mod."  # what torch.compile's wrapper puts before every name
@@ -50,8 +50,5 @@ def to_run_folder(checkpoint: dict, text: str, out_dir: Path) -> Path:
     model = GPT(config)
     state = {name.removeprefix(COMPILED_PREFIX): t for name, t in checkpoint["model"].items()}
     model.load_state_dict(state)  # strict: a name or a shape that differs stops here
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, contents in model.pretrained_files().items():
-        (out_dir / name).write_bytes(contents)
-    (out_dir / TOKENIZER_FILE).write_text(tokenizer.to_str(), encoding="utf-8")
+    RunDir(out_dir).save_model(model, tokenizer)
     return out_dir

@@ -3,7 +3,7 @@
     python docs/make_figures.py [--checkpoint out/tiny]
 
 writes docs/images/{qkv,maps,causal,cache}{,.zh-CN}.svg (--out: elsewhere). The attention maps are the
-model's own (return_attention=True): the model of --checkpoint (the quick start's run by
+model's own (model.trace): the model of --checkpoint (the quick start's run by
 default) as trained, and the same model freshly initialised. The other pictures
 draw the shapes of model/attention.py and model/gpt.py for small sizes.
 """
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes  # noqa: E402
 from inspection.words import words  # noqa: E402
-from common.checkpoint import load_run  # noqa: E402
+from common.run_dir import RunDir  # noqa: E402
 from model import GPT  # noqa: E402
 
 IMAGES = ROOT / "docs" / "images"
@@ -224,7 +224,7 @@ def main(argv=None) -> None:
     p.add_argument("--checkpoint", type=Path, default=ROOT / "out" / "tiny", help="a trained tiny.yaml run")
     p.add_argument("--out", type=Path, default=IMAGES, help=f"folder for the SVG files (default {IMAGES})")
     args = p.parse_args(argv)
-    trained, tokenizer = load_run(args.checkpoint)
+    trained, tokenizer = RunDir(args.checkpoint).load_model()
     torch.manual_seed(0)
     fresh = GPT(trained.config)  # the same model, as initialised
     text = "ROMEO:\nBut soft, what light through"

@@ -1,6 +1,6 @@
 """A model and a prompt -> the explorer page's data (version 2), from the model's own passes.
 
-Nothing here computes the model: `model(idx, return_attention=True)` hands back its Trace
+Nothing here computes the model: `model.trace(idx)` hands back its Trace
 (model/trace.py): the embedding's pieces, every layer's stream, norms, q, k, v, attention
 weights, heads, attention and feed-forward outputs, and ln_f. This module names them and
 packs them; what it adds is read off the model too: the logit lens (the model's own ln_f
@@ -16,6 +16,7 @@ import json
 import numpy as np
 import torch
 
+from data.token_text import token_text, token_views
 from data.tokenizer import suppressed_ids
 from inspection.attention_maps import VIRIDIS
 from model import GPT, evaluating
@@ -49,7 +50,8 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
     c = model.config
     device = model.lm_head.weight.device
     with evaluating(model):
-        logits, _, trace = model(torch.tensor([ids], device=device), return_attention=True)
+        trace = model.trace(torch.tensor([ids], device=device))
+        logits = trace.logits  # [1, T, vocab_size]
         lens = [torch.softmax(model.lm_head(model.transformer.ln_f(layer.residual_out[0])).float(), -1)
                 for layer in trace.layers]  # [T, V] per layer: what each layer's output would predict
         ablation = ablated(model, ids)
@@ -107,7 +109,7 @@ def ablated(model: GPT, ids: list[int]) -> list[list[dict]]:
     for row in range(1, len(masks)):
         masks[row].view(-1)[row - 1] = 0.0
     idx = torch.tensor([ids], device=device).expand(len(masks), -1)
-    logits, _ = model(idx, head_mask=masks)
+    logits = model.trace(idx, head_mask=masks).logits  # [1 + L·H, T, vocab_size]
     logp = torch.log_softmax(logits[:, -1].float(), -1)  # [1 + L·H, V]
     kl = (logp[0].exp() * (logp[0] - logp[1:])).sum(-1)  # [L·H]
     best = logp[1:].exp().topk(min(ABLATION_TOKENS, logp.size(-1)), dim=-1)
@@ -133,76 +135,3 @@ def to_json(data: dict) -> str:
 def decoded(a: dict) -> np.ndarray:
     """An array of the page's data back as numpy (for tests and other tools)."""
     return np.frombuffer(base64.b64decode(a["base64"]), dtype="<f4").reshape(a["shape"])
-
-
-# ---- tokens as text -----------------------------------------------------------------
-
-def byte_alphabet() -> dict[str, int]:
-    """Byte-level BPE writes each byte as a printable character (GPT-2's table): the
-    printable bytes stand for themselves, the others move up to 256 and beyond, in order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = [b for b in range(256) if b not in printable]
-    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
-
-
-BYTES = byte_alphabet()
-
-
-def token_bytes(tokenizer, token_id: int) -> bytes | None:
-    """The bytes a byte-level BPE token stands for, or None for other tokens."""
-    piece = tokenizer.id_to_token(token_id)
-    if piece is None or not piece or any(ch not in BYTES for ch in piece) or not is_byte_level(tokenizer):
-        return None
-    return bytes(BYTES[ch] for ch in piece)
-
-
-def is_byte_level(tokenizer) -> bool:
-    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
-    return decoder.get("type") == "ByteLevel"
-
-
-def token_text(tokenizer, token_id: int) -> str:
-    """What one token reads as on its own; bytes that are no whole character as ⟨e4 bd⟩."""
-    raw = token_bytes(tokenizer, token_id)
-    if raw is None:
-        return tokenizer.id_to_token(token_id)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return f"⟨{raw.hex(' ')}⟩"
-
-
-def token_views(tokenizer, ids: list[int]) -> list[dict]:
-    """Each token's id and text. A byte-level BPE token whose bytes are not whole UTF-8
-    characters also gets "bytes" (hex) and "joined": the characters its bytes help to
-    make, decoded from the bytes of its neighbours too."""
-    pieces = [token_bytes(tokenizer, i) for i in ids]
-    if any(p is None for p in pieces):
-        return [{"id": i, "text": tokenizer.id_to_token(i)} for i in ids]
-    spans = char_spans(b"".join(pieces))
-    views, start = [], 0
-    for token_id, piece in zip(ids, pieces):
-        end = start + len(piece)
-        chars = [(a, b, ch) for a, b, ch in spans if a < end and b > start]
-        whole = all(start <= a and b <= end for a, b, _ in chars)
-        text = "".join(ch for _, _, ch in chars)
-        views.append({"id": token_id, "text": text} if whole else
-                     {"id": token_id, "text": f"⟨{piece.hex(' ')}⟩", "bytes": piece.hex(" "), "joined": text})
-        start = end
-    return views
-
-
-def char_spans(data: bytes) -> list[tuple[int, int, str]]:
-    """(start, end, character) for each UTF-8 character of data; a byte that starts no
-    valid character is its own span, decoded as U+FFFD."""
-    spans, i = [], 0
-    while i < len(data):
-        lead = data[i]
-        size = 1 if lead < 0x80 else 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 1
-        try:
-            spans.append((i, i + size, data[i:i + size].decode("utf-8")))
-        except UnicodeDecodeError:
-            size = 1
-            spans.append((i, i + 1, "\ufffd"))
-        i += size
-    return spans

@@ -1,6 +1,6 @@
 """Attention maps: each head's T × T weights as a heatmap, for TensorBoard and PNG files.
 
-The weights are those the model returns with return_attention=True (the explicit
+The weights are those of the model's own trace (model.trace (the explicit
 five steps, whatever attn_impl it trains with: the fused kernel never materialises
 them). Row i of a map is query token i; column j is key token j; the causal triangle
 above the diagonal is always dark. Brightness is √weight, so weak links stay visible.
@@ -26,7 +26,7 @@ VIRIDIS = torch.tensor([[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98
 def attention_maps(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     """Attention weights of every layer for idx [1, T] in eval mode: [n_layer, H, T, T], float32."""
     with evaluating(model):
-        _, _, trace = model(idx, return_attention=True)
+        trace = model.trace(idx)
     return trace.weights[:, 0].float().cpu()  # [n_layer, H, T, T]; images are drawn on the CPU
 
 

@@ -2,7 +2,7 @@
 
 Every printed shape is the shape of a tensor the model produced in that pass: the
 modules' outputs, recorded by forward hooks (the embedding, the norms, the projections,
-the head), and the pieces the model hands back itself (return_attention=True: q, k and v
+the head), and the pieces the model hands back itself (model.trace: q, k and v
 split into heads, the attention weights, each head's output; model/trace.py). A step of
 the attention function can be rewritten without losing its row; steps 1 to 4 all give
 tensors of the weights' shape [B, H, T, S]. The expected symbolic shape sits beside each;
@@ -174,7 +174,8 @@ def trace(model: GPT, idx: torch.Tensor, targets: torch.Tensor, lang: str = "en"
     return the steps of the embedding, the first block, and the head, in order."""
     c = model.config
     with in_mode(model, training=True), torch.no_grad(), Recorder(model) as rec:
-        _, loss, passed = model(idx, targets, return_attention=True)
+        passed = model.trace(idx, targets)
+    loss = passed.loss
     row = row_maker(lang)
     rows = [row("wte", rec.outputs["transformer.wte"], "[B, T, C]")]
     if c.pos_encoding == "rope":

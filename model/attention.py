@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from .config import GPTConfig
 from .positional import apply_rotary
+from .trace import LayerTrace
 
 
 def scaled_dot_product_attention(
@@ -95,7 +96,7 @@ class MultiHeadAttention(nn.Module):
     heads, and each group of n_head / n_kv_head query heads shares one (Llama 2 and 3).
     attn_impl 'explicit' runs the five-step function above; 'sdpa' runs torch's fused
     kernel (flash attention on GPUs, where it can). Both compute the same thing; a traced
-    call (a `record` to fill) always takes the five steps, to hand back their weights.
+    call (a `record` to fill, GPT.trace) always takes the five steps, to hand back their weights.
     """
 
     def __init__(self, config: GPTConfig, layer: int):
@@ -111,11 +112,11 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
-                record: dict | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+                record: LayerTrace | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, C] -> [B, T, C]. mask [B, 1, T, S] (True = may attend), or None for plain
         causal attention over x itself. rope: (cos, sin) for rotary positions. cache: past
-        keys and values. record: a dict to fill with q, k, v, weights and heads (then the
-        five steps run, whatever attn_impl is). head_mask [H] or [B, H]: 0 switches a head
+        keys and values. record: the layer's trace, to fill with q, k, v, weights and heads
+        (then the five steps run, whatever attn_impl is). head_mask [H] or [B, H]: 0 switches a head
         off (its output is zeroed before W_O), 1 leaves it as it is."""
         B, T, C = x.shape
         H, H_kv, d_k = self.n_head, self.n_kv_head, self.d_k
@@ -130,7 +131,9 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             k, v = cache.write(self.layer, k, v)  # [B, H_kv, S, d_k], S = past + T
         if record is not None:
-            record.update(q=q, k=k, v=v)
+            record.q = q
+            record.k = k
+            record.v = v
         if H_kv != H:  # each key/value head serves H / H_kv query heads: [B, H_kv, S, d_k] -> [B, H, S, d_k]
             k, v = k.repeat_interleave(H // H_kv, dim=1), v.repeat_interleave(H // H_kv, dim=1)
         causal = mask is None and T > 1  # a lone new token may see every cached key
@@ -147,7 +150,8 @@ class MultiHeadAttention(nn.Module):
         if head_mask is not None:
             y = y * head_mask.view(-1, H, 1, 1).to(y.dtype)  # [B or 1, H, 1, 1]
         if record is not None:
-            record.update(weights=weights, heads=y)
+            record.weights = weights
+            record.heads = y
         # merge heads: [B, H, T, d_k] -> [B, T, H, d_k] -> [B, T, C]
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))  # W_O

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from .attention import KVCache, MultiHeadAttention
 from .config import GPTConfig
+from .trace import LayerTrace
 
 
 def make_norm(config: GPTConfig) -> nn.Module:
@@ -32,10 +33,10 @@ class FeedForward(nn.Module):
         self.c_proj = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)  # W_2
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, record: dict | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, record: LayerTrace | None = None) -> torch.Tensor:
         hidden = self.gelu(self.c_fc(x))  # [B, T, F]
         if record is not None:
-            record["mlp_hidden"] = hidden
+            record.mlp_hidden = hidden
         return self.dropout(self.c_proj(hidden))  # [B, T, C]
 
 
@@ -55,10 +56,10 @@ class SwiGLU(nn.Module):
         self.c_proj = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)  # W_2 (W_down)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, record: dict | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, record: LayerTrace | None = None) -> torch.Tensor:
         hidden = F.silu(self.c_gate(x)) * self.c_fc(x)  # [B, T, F]
         if record is not None:
-            record["mlp_hidden"] = hidden
+            record.mlp_hidden = hidden
         return self.dropout(self.c_proj(hidden))  # [B, T, C]
 
 
@@ -80,7 +81,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
-                record: dict | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+                record: LayerTrace | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, C] -> [B, T, C]; `record`, if given, receives every piece (model/trace.py)."""
         residual_in = x
         if self.pre_norm:
@@ -96,5 +97,10 @@ class Block(nn.Module):
             fed = self.mlp(x, record)
             x = normed_2 = self.ln_2(x + fed)
         if record is not None:
-            record.update(residual_in=residual_in, ln_1=normed, attn=attended, ln_2=normed_2, mlp=fed, residual_out=x)
+            record.residual_in = residual_in
+            record.ln_1 = normed
+            record.attn = attended
+            record.ln_2 = normed_2
+            record.mlp = fed
+            record.residual_out = x
         return x

@@ -24,7 +24,7 @@ from .config import GPTConfig
 from .files import safetensors_bytes, write_atomic
 from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .sampling import Sampling, sample_next
-from .trace import LayerTrace, Trace
+from .trace import Trace
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -119,16 +119,40 @@ class GPT(nn.Module):
     # ---- forward -------------------------------------------------------------
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None,
-                return_attention: bool = False, head_mask: torch.Tensor | None = None):
-        """idx [B, T] token ids. targets [B, T] (-100 = ignore) gives a mean cross-entropy loss.
-        attention_mask [B, S] (1 = real token, 0 = padding) covers the cached tokens and
-        idx, S = past + T. head_mask [n_layer, n_head] or [B, n_layer, n_head]: 0 switches a
-        head off (its output zeroed before W_O; transformers' name). Returns (logits
-        [B, T, vocab_size], loss or None), and with return_attention=True a third value,
-        the Trace of the pass (model/trace.py: every layer's residual stream, norms, q, k, v,
-        weights, heads and feed-forward network), its attention computed by the explicit
-        five steps whatever attn_impl is."""
+                attention_mask: torch.Tensor | None = None,
+                kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx [B, T] token ids -> (logits [B, T, vocab_size], loss or None). targets [B, T]
+        (-100 = ignore) gives the mean cross-entropy of the next token. attention_mask
+        [B, S] (1 = real token, 0 = padding) covers the cached tokens and idx, S = past + T.
+        kv_cache: the keys and values of earlier tokens (generation)."""
+        logits = self._logits(idx, attention_mask, kv_cache)  # [B, T, vocab_size]
+        return logits, None if targets is None else self.loss(logits, targets)
+
+    @staticmethod
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of logits [B, T, vocab_size] against targets [B, T]
+        (the next token at each position; -100 = not scored), computed in float32."""
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+    def trace(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+              head_mask: torch.Tensor | None = None) -> Trace:
+        """The same forward pass over idx [B, T], handing back everything it computed: the
+        Trace (model/trace.py) of the embedding, every layer's residual stream, norms, q, k,
+        v, attention weights, heads and feed-forward network, ln_f, the logits, and the
+        loss if targets are given. Its attention runs the explicit five steps whatever
+        attn_impl is, to have the weights. head_mask [n_layer, n_head] or [B, n_layer,
+        n_head]: 0 switches a head off (its output is zeroed before W_O; transformers'
+        name), 1 leaves it as it is."""
+        trace = Trace.empty(self.config.n_layer)
+        trace.logits = self._logits(idx, None, None, trace, head_mask)
+        if targets is not None:
+            trace.loss = self.loss(trace.logits, targets)
+        return trace
+
+    def _logits(self, idx: torch.Tensor, attention_mask: torch.Tensor | None, kv_cache: KVCache | None,
+                trace: Trace | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The forward pass: embedding -> positions -> blocks -> final norm -> LM head.
+        trace and head_mask are for `trace` above; `forward` leaves them out."""
         B, T = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
         if past + T > self.config.block_size:
@@ -146,22 +170,15 @@ class GPT(nn.Module):
         else:
             rope = self.rotary(positions)  # (cos, sin) [B or 1, 1, T, d_k]
         x = self.transformer.drop(x)
-        records = []
         for layer, block in enumerate(self.transformer.h):
-            record = {} if return_attention else None
+            record = trace.layers[layer] if trace is not None else None
             x = block(x, mask, rope, kv_cache, record, None if head_mask is None else head_mask[..., layer, :])
-            records.append(record)
         if kv_cache is not None:
             kv_cache.length += T
         final = self.transformer.ln_f(x)  # [B, T, C]
-        logits = self.lm_head(final)  # [B, T, vocab_size]
-
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
-        if return_attention:
-            return logits, loss, Trace(token, position, [LayerTrace(**r) for r in records], final)
-        return logits, loss
+        if trace is not None:
+            trace.token, trace.position, trace.ln_f = token, position, final
+        return self.lm_head(final)  # [B, T, vocab_size]
 
     @staticmethod
     def _positions(T: int, past: int, attention_mask: torch.Tensor | None,

@@ -67,7 +67,7 @@ def make_trainer(overrides: list[str], dtype=None, config: str = "configs/tiny.y
     import torch
 
     from training.config import load_config
-    from training.setup import prepare_run
+    from training.preparation import prepare_run
     from training.trainer import Trainer
 
     return Trainer(prepare_run(load_config(ROOT / config, overrides)), torch.device("cpu"), dtype or torch.float32)

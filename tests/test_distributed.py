@@ -22,7 +22,7 @@ from conftest import ROOT, make_trainer
 from data import content_digest
 from training import distributed
 from training.distributed import Distributed, JoinError, launch_store
-from training.setup import check_same_data
+from training.preparation import check_same_data
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="finds torchrun's workers with pgrep")
@@ -107,7 +107,7 @@ def test_setup_joins_the_group_torchrun_describes(agent_store, monkeypatch):
     the agent's store; close() leaves no group behind."""
     for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "TORCHELASTIC_USE_AGENT_STORE": "True"}.items():
         monkeypatch.setenv(name, value)
-    d = distributed.setup("cpu")
+    d = distributed.join_process_group("cpu")
     try:
         assert d == Distributed(rank=0, local_rank=0, world_size=1)
         assert dist.is_initialized() and dist.get_backend() == "gloo"
@@ -127,14 +127,14 @@ def test_setup_reads_the_ranks_and_picks_the_backend(monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    assert distributed.setup("cuda") == Distributed() and calls == []  # not under torchrun: one process
+    assert distributed.join_process_group("cuda") == Distributed() and calls == []  # not under torchrun: one process
     for name, value in {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}.items():
         monkeypatch.setenv(name, value)
-    assert distributed.setup("cuda") == Distributed(rank=5, local_rank=1, world_size=8)
+    assert distributed.join_process_group("cuda") == Distributed(rank=5, local_rank=1, world_size=8)
     assert calls == [("cuda device", 1), {"backend": "nccl"}]  # each process on its own GPU of the node
     calls.clear()
     monkeypatch.delenv("LOCAL_RANK")
-    assert distributed.setup("cpu") == Distributed(rank=5, local_rank=0, world_size=8)
+    assert distributed.join_process_group("cpu") == Distributed(rank=5, local_rank=0, world_size=8)
     assert calls == [{"backend": "gloo"}]
 
 
@@ -194,17 +194,17 @@ def test_every_node_must_find_rank_0s_checkpoint(tmp_path):
     def check(state, *others):
         check_same_checkpoint(Gathered(*others), state, tmp_path)
 
-    check({"iter": 10}, ("b", 10))
+    check({"iteration": 10}, ("b", 10))
     check(None, ("b", None))
     here = socket.gethostname()
     with pytest.raises(UserError, match=rf"node b \(rank 1\) finds no checkpoint in .*, rank 0 on {here} the "
                                         r"checkpoint of iteration 10: put out_dir on storage every node shares"):
-        check({"iter": 10}, ("b", None))
+        check({"iteration": 10}, ("b", None))
     with pytest.raises(UserError, match=r"node b \(rank 1\) finds the checkpoint of iteration 10 in .*, rank 0 "
                                         r"on .* no checkpoint"):
         check(None, ("b", 10))
     with pytest.raises(UserError, match=r"node c \(rank 2\) finds the checkpoint of iteration 5"):
-        check({"iter": 10}, ("b", 10), ("c", 5))
+        check({"iteration": 10}, ("b", 10), ("c", 5))
 
 
 def test_a_run_resumed_with_other_process_counts_keeps_its_global_batch(micro, tmp_path, capsys):
@@ -217,7 +217,7 @@ def test_a_run_resumed_with_other_process_counts_keeps_its_global_batch(micro, t
     state["ranks"] = [state["ranks"][0], state["ranks"][0]]  # as two processes save it: the same sampler
     torch.save(state, state_file)
     resumed = make_trainer(micro(*settings[1:], "train.max_iters=8"))
-    assert resumed.grad_accum == 2 and resumed.it == 4
+    assert resumed.grad_accum == 2 and resumed.iteration == 4
     assert "resuming a 2-process run with 1: train.grad_accum 1 -> 2 keeps the global batch of 16" \
         in capsys.readouterr().err
     two_ranks = [elastic_sampler(resumed, state, rank) for rank in (0, 1)]
@@ -233,8 +233,8 @@ def elastic_sampler(trainer, state, rank):
     """The windows rank `rank` of 2 would draw next from the saved sampler state."""
     from data import BatchSampler
 
-    sampler = BatchSampler(trainer.data.train, trainer.model_config.block_size, trainer.tc.batch_size,
-                           trainer.tc.seed, rank, 2)
+    sampler = BatchSampler(trainer.run.data.train, trainer.run.model_config.block_size, trainer.settings.batch_size,
+                           trainer.settings.seed, rank, 2)
     sampler.load_state_dict(state["ranks"][0]["sampler"])
     return sampler.next_batch()[0]
 
@@ -317,7 +317,7 @@ def test_a_node_that_does_not_see_the_checkpoint_stops_the_resume(micro, tmp_pat
     assert a.returncode != 0 and b.returncode != 0
     said = a.stdout + b.stdout  # (either launch may be rank 0)
     assert "no checkpoint" in said and "iteration 10" in said and "put out_dir on storage every node shares" in said
-    assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["iter"] == 10  # untouched
+    assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["iteration"] == 10  # untouched
 
 
 @pytest.mark.slow
@@ -358,16 +358,16 @@ def test_only_each_nodes_first_process_prepares_the_data(micro, monkeypatch):
     """The others wait at the barrier, then open what it wrote: one progress bar a node."""
     from types import SimpleNamespace
 
-    from training import setup
+    from training import preparation
     from training.config import load_config
 
-    calls, real_prepare = [], setup.prepare
-    monkeypatch.setattr(setup, "prepare", lambda *a, progress, **kw: (calls.append(progress),
+    calls, real_prepare = [], preparation.prepare
+    monkeypatch.setattr(preparation, "prepare", lambda *a, progress, **kw: (calls.append(progress),
                                                                       real_prepare(*a, progress=progress, **kw))[1])
     cfg = load_config(TINY, micro())
     for local_rank in (0, 1):
         node = SimpleNamespace(local_rank=local_rank, nodes=1, barrier=lambda: calls.append("barrier"))
-        data, _ = setup.load_data(cfg, node, None)
+        data, _ = preparation.load_data(cfg, node, None)
         assert data.vocab_size > 0
     assert calls == [True, "barrier", "barrier", False]
 
@@ -381,10 +381,7 @@ def test_ddp_wraps_the_model_on_the_cpu(micro):
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        trainer.dist = Distributed(rank=0, world_size=2)
-        from training.setup import wrap
-
-        wrapped = wrap(trainer.model, False, trainer.dist, trainer.device)
+        wrapped = Distributed(rank=0, world_size=2).wrap(trainer.model, trainer.device)
         assert isinstance(wrapped, DistributedDataParallel) and wrapped.module is trainer.model
     finally:
         dist.destroy_process_group()

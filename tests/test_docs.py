@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from common.checkpoint import DEFAULT_RUN
+from common.run_dir import DEFAULT_RUN
 from conftest import ROOT
 
 DOCS = ["README.md", "README.zh-CN.md", "docs/attention.md", "docs/attention.zh-CN.md", "docs/performance.md",

@@ -8,6 +8,7 @@ import zlib
 import pytest
 import torch
 
+import explore
 import generate
 import train
 from conftest import ROOT
@@ -208,7 +209,7 @@ def test_png_round_trip():
     assert first_row[:3] == bytes([253, 231, 37]) and first_row[-3:] == bytes([68, 1, 84])  # weight 1, weight 0
 
 
-def test_generate_show_attention_writes_a_png_or_the_explorer_page(tmp_path, capsys, monkeypatch):
+def test_generate_show_attention_writes_a_png_and_explore_reads_a_sample(tmp_path, capsys, monkeypatch):
     from data.tokenizer import train_tokenizer
 
     text = "ROMEO:\nBut soft, what light through yonder window breaks?\n"
@@ -226,22 +227,21 @@ def test_generate_show_attention_writes_a_png_or_the_explorer_page(tmp_path, cap
     assert capsys.readouterr().err.endswith(
         f"wrote {path}: attention of 10 tokens, 2 layers (rows) × 3 heads (columns); "
         "row i = query token i, column j = key token j\n")
-    # or the explorer page of the same text's last 64 tokens, in the locale's language
+    # the explorer's page of a sample is explore.py's: --prompt-file takes the text generate.py wrote
     monkeypatch.delenv("LC_ALL", raising=False)
     monkeypatch.delenv("LC_MESSAGES", raising=False)
     monkeypatch.setenv("LANG", "zh_CN.UTF-8")
-    page = tmp_path / "explorer.html"
-    prompt = (text * 2)[:66]  # 66 prompt tokens + 4 new ones: the page shows the last 64
-    assert generate.main(["--checkpoint", str(tmp_path), "--prompt", prompt, "--max-new-tokens", "4",
-                          "--seed", "0", "--show-attention", str(page)]) == 0
+    sample, page = tmp_path / "sample.txt", tmp_path / "explorer.html"
+    sample.write_text((text * 2)[:70], encoding="utf-8")  # 70 tokens: the page shows the last 64
+    assert explore.main(["--checkpoint", str(tmp_path), "--prompt-file", str(sample), "--out", str(page)]) == 0
     html = page.read_text(encoding="utf-8")
     data = json.loads(re.search(r'id="explorer-data">(.*?)</script>', html).group(1))
     settings = json.loads(re.search(r'id="explorer-settings">(.*?)</script>', html).group(1))
     assert len(data["tokens"]) == 64 and data["truncated"] == 6 and settings["lang"] == "zh"
-    assert "".join(t["text"] for t in data["tokens"]).startswith(prompt[6:])
+    assert "".join(t["text"] for t in data["tokens"]) == (text * 2)[6:70]
     assert len(data["layers"]) == 2 and len(data["layers"][0]["heads"]) == 3
-    assert capsys.readouterr().err.endswith(
-        f"wrote {page}: the attention explorer for the last 64 tokens; open it in a browser\n")
+    assert explore.main(["--checkpoint", str(tmp_path), "--prompt-file", str(tmp_path / "none.txt")]) == 2
+    assert explore.main(["--checkpoint", str(tmp_path), "--prompt", "A", "--prompt-file", str(sample)]) == 2
 
 
 def test_a_rewritten_attention_step_keeps_every_row(monkeypatch):

@@ -12,7 +12,8 @@ import explore
 import model.attention
 from conftest import ROOT
 from data.tokenizer import train_tokenizer
-from explorer.data import decoded, page_data, token_views
+from data.token_text import token_views
+from explorer.data import decoded, page_data
 from explorer.page import render, strings
 from model import GPT, GPTConfig
 
@@ -117,7 +118,7 @@ def test_the_largest_hidden_units_and_every_layers_lens(run):
     ids = tokenizer.encode("But soft, what light").ids
     data = page_data(gpt, tokenizer, ids)
     with torch.no_grad():
-        _, _, trace = gpt(torch.tensor([ids]), return_attention=True)
+        trace = gpt.trace(torch.tensor([ids]))
     for stored, layer in zip(data["layers"], trace.layers):
         hidden = layer.mlp_hidden[0]  # [T, 4C]
         best = hidden.abs().topk(8, dim=-1).indices
@@ -342,7 +343,7 @@ def test_byte_level_pieces_map_to_their_bytes_as_gpt2s_table_does():
     stand for themselves and the others move to 256 and up in order (byte 0 is 'Ā')."""
     from tokenizers.pre_tokenizers import ByteLevel
 
-    from explorer.data import byte_alphabet
+    from data.token_text import byte_alphabet
 
     table = byte_alphabet()
     assert set(table) == set(ByteLevel.alphabet()) and sorted(table.values()) == list(range(256))
@@ -350,7 +351,7 @@ def test_byte_level_pieces_map_to_their_bytes_as_gpt2s_table_does():
 
 
 def test_character_spans_follow_utf8_and_mark_broken_bytes():
-    from explorer.data import char_spans
+    from data.token_text import char_spans
 
     data = "aé你🙂".encode() + b"\xff" + "你".encode()[:2] + b"z"
     assert char_spans(data) == [(0, 1, "a"), (1, 3, "é"), (3, 6, "你"), (6, 10, "🙂"), (10, 11, "\ufffd"),
@@ -359,7 +360,7 @@ def test_character_spans_follow_utf8_and_mark_broken_bytes():
 
 def test_a_token_id_the_tokenizer_lacks_has_no_bytes(run):
     from data.tokenizer import load_tokenizer
-    from explorer.data import token_bytes
+    from data.token_text import token_bytes
 
     bpe = train_tokenizer("bpe", ["hello world " * 20], 260)
     assert token_bytes(bpe, 10**6) is None and token_bytes(bpe, bpe.token_to_id("Ġ")) == b" "

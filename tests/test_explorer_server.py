@@ -51,11 +51,11 @@ def server(served_run):
 def served(served_run):
     """The server of explore.py --serve in a thread of this process (the API tests reach its
     code here, where mutation testing sees them): (its port, what its log printed)."""
-    from common.checkpoint import load_run
+    from common.run_dir import RunDir
     from explore import initial
     from explorer.server import Explorer, Server
 
-    model, tokenizer = load_run(served_run)
+    model, tokenizer = RunDir(served_run).load_model()
     server = Server(0, Explorer(model.eval(), tokenizer, "en", "ROMEO:", 64, lambda: initial(model, served_run)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -130,14 +130,14 @@ def test_concurrent_requests_are_all_answered(served):
 
 
 def test_the_page_is_served_with_the_prompt_and_without_one(served, served_run, capsys):
-    from common.checkpoint import load_run
+    from common.run_dir import RunDir
     from explorer.server import Explorer
 
     status, headers, body = request(served, "GET", "/")
     page = body.decode()
     assert status == 200 and headers["Cache-Control"] == "no-store" and headers["X-Content-Type-Options"] == "nosniff"
     assert '"server":true' in page and '"prompt":"ROMEO:"' in page and '"model":"trained"' in page
-    model, tokenizer = load_run(served_run)
+    model, tokenizer = RunDir(served_run).load_model()
     empty = Explorer(model, tokenizer, "zh", "", 8)
     assert '<script type="application/json" id="explorer-data">null</script>' in empty.page()  # waits for a prompt
     assert empty.data(tokenizer.encode("ROMEO").ids)["model"] == "trained"
@@ -172,14 +172,14 @@ def test_the_next_token_is_sampled_from_the_last_position_with_generates_rule(se
     """/api/next samples from the logits of the prompt's last position, at temperature 1
     unless told, never a suppressed token (a char tokenizer's <unk>)."""
     import explorer.server
-    from common.checkpoint import load_run
+    from common.run_dir import RunDir
     from data.tokenizer import suppressed_ids
 
     seen = []
     real = explorer.server.sample_next
     monkeypatch.setattr(explorer.server, "sample_next", lambda logits, sampling: seen.append((logits, sampling))
                         or real(logits, sampling))
-    model, tokenizer = load_run(served_run)
+    model, tokenizer = RunDir(served_run).load_model()
     ids = tokenizer.encode("ROMEO: But").ids
     status, answer = api(served, "/api/next", {"ids": ids})
     (logits, sampling), = seen
@@ -218,11 +218,11 @@ def test_an_answer_to_head_has_no_body(served):
 
 
 def test_a_run_without_its_initial_model_says_why(tmp_path):
-    from common.checkpoint import load_run
+    from common.run_dir import RunDir
     from explorer.server import BadRequest, Explorer
 
     run = make_run(tmp_path / "run")  # no config.yaml: no seed recorded
-    model, tokenizer = load_run(run)
+    model, tokenizer = RunDir(run).load_model()
     explorer = Explorer(model, tokenizer, "en", "", 8, lambda: (None, "no seed"))
     with pytest.raises(BadRequest) as refused:
         explorer.explore({"prompt": "R", "model": "init"})
@@ -248,11 +248,11 @@ def test_a_log_line_without_a_status_ends_with_the_arrow(capsys):
 
 
 def test_serve_checks_its_prompt_before_listening_and_stops_on_ctrl_c(served_run, monkeypatch, capsys):
-    from common.checkpoint import load_run
+    from common.run_dir import RunDir
     from common.cli import UserError
     from explorer.server import Server, serve
 
-    model, tokenizer = load_run(served_run)
+    model, tokenizer = RunDir(served_run).load_model()
     with pytest.raises(UserError, match="characters this model never saw in training: 'Z'"):
         serve(model, tokenizer, 0, "en", "Zebra", 8)
 

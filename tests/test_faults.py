@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.checkpoint import CHECKPOINT_FILES, STATE_FILE
+from common.run_dir import RunDir
 from conftest import ROOT, run_cli
 from data import load_tokenizer
 from model import GPT
@@ -57,7 +57,8 @@ def assert_whole(run_dir) -> int:
     model.load_state_dict(state["model"])
     load_tokenizer(run_dir / "tokenizer.json")
     json.loads((run_dir / "config.json").read_text())
-    return state["iter"]
+    json.loads((run_dir / "summary.json").read_text())
+    return state["iteration"]
 
 
 def weights(run_dir):
@@ -102,15 +103,15 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path, micro):
 @pytest.mark.slow
 def test_sigkill_inside_every_checkpoint_write(tmp_path, micro):
     """Killed while writing each file of a checkpoint in turn, whole or half written."""
-    n = len(CHECKPOINT_FILES)
+    n = len(RunDir.checkpoint_files())
     settings = [f"train.max_iters={5 * (n + 2)}", "train.checkpoint_interval=5", "train.eval_interval=15",
                 "model.dropout=0.1"]
     assert run_cli("train.py", "--config", TINY, *micro(*settings, out="straight")).returncode == 0
     script = tmp_path / "killer.py"
-    script.write_text(KILLER.format(root=str(ROOT), state=STATE_FILE))
+    script.write_text(KILLER.format(root=str(ROOT), state=RunDir.STATE))
     run_dir = tmp_path / "killed"
     resumed_from = []
-    for i, name in enumerate(CHECKPOINT_FILES):
+    for i, name in enumerate(RunDir.checkpoint_files()):
         env = {**os.environ, "KILL_FILE": name, "KILL_MODE": "partial" if i % 2 == 0 else "before-rename"}
         out = subprocess.run([sys.executable, str(script), "--config", TINY, *micro(*settings, out="killed")],
                              cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)

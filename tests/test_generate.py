@@ -183,8 +183,8 @@ def test_command_line_help_describes_every_option(capsys):
             "--device DEVICE auto, cpu, cuda or mps --dtype {auto,float32,bfloat16,float16} auto: bfloat16 on GPUs "
             "that have it, float32 on CPUs --no-kv-cache recompute the whole context every token --stats print token "
             "counts and tokens/s to stderr --interactive read prompts from the terminal --show-attention "
-            "FILE.png|FILE.html for the first sample, prompt and generated text: every layer's attention maps (rows: "
-            "layers, columns: heads) as a PNG, or the attention explorer page of its last 64 tokens as HTML --debug "
+            "FILE.png for the first sample, prompt and generated text: every layer's attention maps (rows: "
+            "layers, columns: heads) as a PNG (the explorer's page of a text: explore.py) --debug "
             "show full tracebacks") in shown
 
 
@@ -244,7 +244,9 @@ def test_broken_checkpoint_files(tmp_path, checkpoint, capsys, name, content, me
     (["--prompt", "ROMEO 你"], "the prompt has characters this model never saw in training: '你'; remove or replace them"),
     (["--num-samples", "0"], "--num-samples=0: must be 1 or more"),
     (["--temperature", "hot"], "argument --temperature: invalid float value: 'hot' (see python generate.py --help)"),
-    (["--show-attention", "maps.jpg"], "--show-attention maps.jpg: the file name must end in .png or .html"),
+    (["--show-attention", "maps.jpg"], "--show-attention maps.jpg: the file name must end in .png"),
+    (["--show-attention", "page.html"], "--show-attention page.html: the explorer's page is explore.py's now; save "
+                                        "the sample and run python explore.py --prompt-file FILE --out PAGE.html"),
     (["--show-attention", "/nonexistent/maps.png"],
      "--show-attention /nonexistent/maps.png: folder /nonexistent does not exist; create it first"),
     (["--stop", "\n", "--stop", ""], "--stop needs some text, e.g. --stop '\\n\\n'"),
@@ -372,16 +374,16 @@ def test_unk_is_never_generated(checkpoint, tmp_path, capsys):
 def test_checkpoint_messages_name_what_is_missing(tmp_path, monkeypatch, capsys):
     """In-process (so that every line is credited to a test): the default run's hint, the
     missing files listed, the first ten unknown characters named."""
-    from common.checkpoint import DEFAULT_RUN, load_run
+    from common.run_dir import DEFAULT_RUN, RunDir
     from common.cli import UserError
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=r"out/tiny \(the tiny config's run\) does not exist; train one first"):
-        load_run(DEFAULT_RUN)
+        RunDir(DEFAULT_RUN).load_model()
     (tmp_path / "partial").mkdir()
     (tmp_path / "partial" / "tokenizer.json").write_text("{}")
     with pytest.raises(UserError, match="is missing config.json, model.safetensors; it is not a finished run"):
-        load_run(tmp_path / "partial")
+        RunDir(tmp_path / "partial").load_model()
 
 
 def test_the_first_ten_unknown_characters_are_named(checkpoint, capsys):

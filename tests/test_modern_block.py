@@ -35,7 +35,7 @@ def test_grouped_query_attention_is_multi_head_attention_with_shared_keys(n_kv_h
     idx = torch.randint(0, 50, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(gqa(idx)[0], mha(idx)[0], atol=1e-5, rtol=0)
-        _, _, trace = gqa(idx, return_attention=True)
+        trace = gqa.trace(idx)
     assert trace.layers[0].k.shape == (2, n_kv_head, 12, d_k) and trace.layers[0].q.shape == (2, 4, 12, d_k)
     assert gqa.transformer.h[0].attn.c_attn.weight.shape == (32 + 2 * n_kv_head * d_k, 32)
 

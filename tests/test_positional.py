@@ -8,6 +8,7 @@ import torch
 from model import GPT, GPTConfig
 from model.attention import MultiHeadAttention
 from model.positional import RotaryEmbedding, SinusoidalPositionalEncoding, apply_rotary
+from model.trace import LayerTrace
 
 
 @pytest.mark.parametrize("d", [6, 16])
@@ -77,9 +78,9 @@ def test_rope_score_depends_on_the_signed_offset_only():
 def attention_weights(attn: MultiHeadAttention, x: torch.Tensor, positions: torch.Tensor | None):
     rope = None if positions is None else RotaryEmbedding(attn.c_attn.in_features // attn.n_head)(positions)
     with torch.no_grad():
-        record = {}
+        record = LayerTrace()
         attn(x, rope=rope, record=record)
-    return record["weights"]
+    return record.weights
 
 
 def test_multihead_attention_rotates_queries_and_keys():
@@ -108,7 +109,7 @@ def test_rope_model_attends_with_rotated_queries_and_keys():
     idx = torch.tensor([[3, 1, 4, 1, 5, 9, 2]])
     T, d = idx.size(1), config.head_size
     with torch.no_grad():
-        weights = model(idx, return_attention=True)[2].weights
+        weights = model.trace(idx).weights
         x = model.transformer.h[0].ln_1(model.transformer.wte(idx))  # [1, T, C]
         q, k, _ = model.transformer.h[0].attn.c_attn(x).split(config.n_embd, dim=-1)
     q = q.view(1, T, 2, d).transpose(1, 2)  # [1, H, T, d_k]

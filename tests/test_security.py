@@ -6,6 +6,9 @@ import pickle
 import pytest
 import torch
 
+import evaluate
+import explore
+import export
 import generate
 import train
 from conftest import ROOT
@@ -35,9 +38,14 @@ def run_dir(tmp_path_factory, corpus):
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch notes the planted file
-@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json", "trainer_state.pt"])
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json", "config.yaml", "summary.json",
+                                  "trainer_state.pt"])
 @pytest.mark.parametrize("style", ["raw pickle", "torch.save"])
 def test_planted_pickles_are_refused_and_never_run(tmp_path, run_dir, name, style, capsys):
+    """Every program that opens a run (generate, evaluate, export, explore, and training
+    to resume it) meets a pickle in place of each file of the run folder: the model's
+    files are refused by name, exit 2; the others are read as text or not at all (only
+    training reads trainer_state.pt, with weights_only=True); nothing runs the payload."""
     import shutil
 
     source, overrides = run_dir
@@ -49,16 +57,26 @@ def test_planted_pickles_are_refused_and_never_run(tmp_path, run_dir, name, styl
             pickle.dump(Payload(marker), f)
         else:
             torch.save({"model": Payload(marker)}, f)
+    (tmp_path / "text.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n")
     overrides = [o for o in overrides if not o.startswith("out_dir=")] + [f"out_dir={run}", "train.max_iters=8"]
-    codes = [generate.main(["--checkpoint", str(run), "--prompt", "A", "--max-new-tokens", "2"])]
-    if name == "trainer_state.pt":  # only training reads it
-        codes.append(train.main(["--config", TINY, *overrides]))
+    codes = {"generate": generate.main(["--checkpoint", str(run), "--prompt", "A", "--max-new-tokens", "2"]),
+             "evaluate": evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "text.txt")]),
+             "export": export.main(["--checkpoint", str(run), "--out", str(tmp_path / "hf")]),
+             "explore": explore.main(["--checkpoint", str(run), "--prompt", "A", "--out", str(tmp_path / "p.html")])}
+    if name == "trainer_state.pt":
+        codes["train"] = train.main(["--config", TINY, *overrides])
     err = capsys.readouterr().err
     assert not marker.exists(), "the payload ran"
-    if name != "trainer_state.pt":
-        assert codes[0] == 2 and name in err
-    else:
-        assert codes[1] == 2 and "cannot be loaded safely" in err
+    if name in ("model.safetensors", "config.json", "tokenizer.json"):
+        errors = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert set(codes.values()) == {2} and len(errors) == 4 and all(name in line for line in errors)
+    elif name == "trainer_state.pt":
+        assert codes == {"generate": 0, "evaluate": 0, "export": 0, "explore": 0, "train": 2}
+        assert "cannot be loaded safely" in err
+    else:  # config.yaml, summary.json: what they would add is left out, and said where it matters
+        assert set(codes.values()) == {0}
+    if name == "summary.json":
+        assert "**Measured**: not recorded by this run." in (tmp_path / "hf" / "README.md").read_text()
 
 
 def test_yaml_is_loaded_safely(tmp_path, capsys):
@@ -81,16 +99,16 @@ def test_shipped_configs_load():
 def test_a_trainer_state_that_is_not_plain_data_is_named_with_the_first_line_of_the_reason(tmp_path):
     import fractions
 
-    from common.checkpoint import STATE_FILE, load_state
     from common.cli import UserError
+    from common.run_dir import RunDir
 
-    torch.save({"x": fractions.Fraction(1, 3)}, tmp_path / STATE_FILE)  # a class: refused by weights_only
+    torch.save({"x": fractions.Fraction(1, 3)}, tmp_path / RunDir.STATE)  # a class: refused by weights_only
     try:
-        torch.load(tmp_path / STATE_FILE, weights_only=True)
+        torch.load(tmp_path / RunDir.STATE, weights_only=True)
     except Exception as e:
         reason = str(e).splitlines()[0][:200]
     with pytest.raises(UserError) as e:
-        load_state(tmp_path)
-    assert str(e.value) == (f"{tmp_path / STATE_FILE} cannot be loaded safely ({reason}); it is damaged or not "
+        RunDir(tmp_path).load_state()
+    assert str(e.value) == (f"{tmp_path / RunDir.STATE} cannot be loaded safely ({reason}); it is damaged or not "
                             "ours: start over with --fresh or use another out_dir")
     assert reason.startswith("Weights only load failed.")

@@ -1,4 +1,4 @@
-"""The model's trace (return_attention=True) is the forward pass itself, piece by piece;
+"""The model's trace (model.trace) is the forward pass itself, piece by piece;
 a head mask switches heads off in the model's own pass."""
 
 import pytest
@@ -21,7 +21,8 @@ def test_the_pieces_add_up_to_the_stream_and_the_logits(pos_encoding):
     model = traced(pos_encoding)
     idx = torch.randint(0, 40, (2, 11))
     with torch.no_grad():
-        logits, _, trace = model(idx, return_attention=True)
+        trace = model.trace(idx)
+        logits = trace.logits
         plain, _ = model(idx)
     assert torch.equal(logits, plain) or torch.allclose(logits, plain, atol=1e-5)  # (sdpa vs the five steps)
     start = trace.token if trace.position is None else trace.token + trace.position
@@ -45,7 +46,7 @@ def test_post_ln_blocks_normalise_after_each_residual():
     model = traced("learned", "post")
     idx = torch.randint(0, 40, (1, 9))
     with torch.no_grad():
-        _, _, trace = model(idx, return_attention=True)
+        trace = model.trace(idx)
     for layer, block in zip(trace.layers, model.transformer.h):
         torch.testing.assert_close(layer.ln_1, block.ln_1(layer.residual_in + layer.attn), atol=1e-6, rtol=0)
         torch.testing.assert_close(layer.ln_2, block.ln_2(layer.ln_1 + layer.mlp), atol=1e-6, rtol=0)
@@ -57,9 +58,9 @@ def test_a_head_mask_of_ones_changes_nothing_bit_for_bit(attn_impl):
     model = traced(attn_impl=attn_impl)
     idx = torch.randint(0, 40, (3, 13))
     with torch.no_grad():
-        plain, _ = model(idx)
-        masked, _ = model(idx, head_mask=torch.ones(3, 4))
-        per_row, _ = model(idx, head_mask=torch.ones(3, 3, 4))
+        plain = model.trace(idx).logits
+        masked = model.trace(idx, head_mask=torch.ones(3, 4)).logits
+        per_row = model.trace(idx, head_mask=torch.ones(3, 3, 4)).logits
     assert torch.equal(plain, masked) and torch.equal(plain, per_row)
 
 
@@ -83,7 +84,8 @@ def test_switching_a_head_off_is_zeroing_its_output_before_w_o(layer, head):
     mask = torch.ones(2, 3, 4)
     mask[1, layer, head] = 0  # row 0: the model as it is; row 1: that head off
     with torch.no_grad():
-        logits, _, trace = model(idx.expand(2, -1), head_mask=mask, return_attention=True)
+        trace = model.trace(idx.expand(2, -1), head_mask=mask)
+        logits = trace.logits
         plain, _ = model(idx)
     torch.testing.assert_close(logits[1:], expected, atol=1e-6, rtol=0)
     torch.testing.assert_close(logits[:1], plain, atol=1e-6, rtol=0)

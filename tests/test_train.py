@@ -61,10 +61,12 @@ def test_end_to_end_micro_run(tmp_path, micro, capsys):
     resolved = (run / "config.yaml").read_text()
     assert "n_embd: 32" in resolved and "max_iters: 30" in resolved
     state = torch.load(run / "trainer_state.pt", weights_only=True)
-    assert state["iter"] == 30
+    assert state["iteration"] == 30
     assert state["best_val_loss"] == pytest.approx(min(val.values()), rel=1e-6)  # TensorBoard logs float32
-    assert state["val_loss"] == pytest.approx(val[30], rel=1e-6)  # what an export's model card reports
-    assert state["val_bits_per_char"] == pytest.approx(scalars(run, "val/bits_per_char")[30], rel=1e-6)
+    summary = json.loads((run / "summary.json").read_text())  # what an export's model card reports
+    assert summary["iteration"] == 30 and summary["val_loss"] == pytest.approx(val[30], rel=1e-6)
+    assert summary["val_bits_per_char"] == pytest.approx(scalars(run, "val/bits_per_char")[30], rel=1e-6)
+    assert summary["best_val_loss"] == state["best_val_loss"] and summary["prompt"] == "ROMEO:"
 
 
 def test_rerun_of_finished_run_exits_at_once(tmp_path, micro, capsys):
@@ -113,7 +115,7 @@ def test_signal_saves_and_exits(tmp_path, micro, sig, code):
     assert proc.returncode == code, err
     assert "checkpoint saved" in out
     state = torch.load(run_dir / "trainer_state.pt", weights_only=True)
-    assert 0 < state["iter"] < 100000
+    assert 0 < state["iteration"] < 100000
 
 
 @pytest.mark.parametrize("good_steps", [3, 0])  # 0: the first step read in an interval is the bad one
@@ -238,10 +240,10 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, micro):
 
 
 def test_second_run_into_same_out_dir_is_refused(tmp_path, micro):
-    from common.checkpoint import RunLock
+    from common.run_dir import RunDir
 
     (tmp_path / "run").mkdir()
-    lock = RunLock(tmp_path / "run")
+    lock = RunDir(tmp_path / "run").lock()
     assert lock.acquire()
     try:
         result = run_cli("train.py", "--config", TINY, *micro())
@@ -251,15 +253,15 @@ def test_second_run_into_same_out_dir_is_refused(tmp_path, micro):
 
 
 def test_lock_is_released_when_its_holder_is_killed(tmp_path):
-    from common.checkpoint import RunLock
+    from common.run_dir import RunDir
 
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
-                               "from pathlib import Path; from common.checkpoint import RunLock; "
-                               "lock = RunLock(Path(sys.argv[2])); assert lock.acquire(); print('locked', flush=True); "
+                               "from common.run_dir import RunDir; "
+                               "lock = RunDir(sys.argv[2]).lock(); assert lock.acquire(); print('locked', flush=True); "
                                "time.sleep(60)", str(ROOT), str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "locked\n"
-        lock = RunLock(tmp_path)
+        lock = RunDir(tmp_path).lock()
         assert not lock.acquire() and lock.holder() == str(holder.pid)
     finally:
         holder.kill()

@@ -24,12 +24,12 @@ def decay_after(ema: float, updates: int) -> float:
 
 
 class WeightAverage:
-    def __init__(self, model: GPT, ema: float, saved: dict | None = None):
-        """An average that starts at model's weights, or at `saved` (a resumed run's)."""
+    """The average of a model's weights; `model` is a copy of it that holds the average."""
+
+    def __init__(self, model: GPT, ema: float):
+        """An average that starts at model's weights."""
         self.ema = ema
         self.model = copy.deepcopy(model).requires_grad_(False)
-        if saved is not None:
-            self.model.load_state_dict(saved)
 
     @torch.no_grad()
     def update(self, model: GPT, updates: int) -> None:
@@ -37,3 +37,9 @@ class WeightAverage:
         decay = decay_after(self.ema, updates)
         for average, weight in zip(self.model.parameters(), model.parameters()):
             average.lerp_(weight, 1.0 - decay)
+
+    def state_dict(self) -> dict:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state)

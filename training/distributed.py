@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -56,6 +57,20 @@ class Distributed:
         dist.all_gather_object(out, obj)
         return out
 
+    def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        """The module the training step calls: under torchrun, DistributedDataParallel,
+        which averages the gradients over the processes during backward."""
+        if not self.enabled:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def gradients_averaged(self, model: torch.nn.Module, now: bool):
+        """Inside it, a backward averages the gradients over the processes if `now` (the
+        last micro-batch of a step) and only accumulates them here otherwise (no_sync)."""
+        return nullcontext() if now or not self.enabled else model.no_sync()
+
     def close(self) -> None:
         if dist.is_initialized():  # (torchrun with one process joins a group too)
             dist.destroy_process_group()
@@ -68,8 +83,8 @@ class JoinError(Exception):
     """The processes of a launch did not all join the group in time (exit code 1)."""
 
 
-def setup(device_type: str) -> Distributed:
-    """Join the process group when launched by torchrun."""
+def join_process_group(device_type: str) -> Distributed:
+    """Join the process group when launched by torchrun (else: one process alone)."""
     if "RANK" not in os.environ:
         return Distributed()
     d = Distributed(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))

@@ -1,5 +1,5 @@
 """What the trainer measures: the steps' losses, read from the device in one go; at each
-evaluation, the mean loss over fixed windows and a sample of generated text."""
+evaluation, the mean loss over fixed windows, the attention maps and a sample of text."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from model import GPT, evaluating
 
 from .distributed import Distributed
 from .logger import RunLogger
-from .setup import Run
+from .preparation import PreparedRun
 
 
 class Evaluator:
@@ -25,14 +25,21 @@ class Evaluator:
     that the figure does not depend on how the batch is laid out over processes and
     micro-batches; and a validation text for the attention maps."""
 
-    def __init__(self, run: Run, dist: Distributed, device: torch.device, dtype: torch.dtype):
-        c, tc = run.model_config, run.cfg.train
-        count = tc.eval_windows or tc.eval_iters * tc.batch_size * run.grad_accum * dist.world_size
-        self.val = fixed_windows(run.data.val, c.block_size, count, tc.seed, "val")
-        self.train = fixed_windows(run.data.train, c.block_size, count, tc.seed, "train")
-        self.attention_ids = torch.from_numpy(run.data.val[:min(c.block_size, 128)].astype(np.int64))[None].to(device)
-        self.tokenizer, self.batch_size, self.dist, self.device, self.dtype = run.data.tokenizer, tc.batch_size, dist, device, dtype
-        self.prompt, self.tokens, self.bits_per_character = tc.sample_prompt, tc.sample_tokens, run.data.bits_per_character
+    def __init__(self, run: PreparedRun, dist: Distributed, device: torch.device, dtype: torch.dtype):
+        block_size = run.model_config.block_size
+        settings = run.config.train
+        count = settings.eval_windows or settings.eval_iters * settings.batch_size * run.grad_accum * dist.world_size
+        self.val = fixed_windows(run.data.val, block_size, count, settings.seed, "val")
+        self.train = fixed_windows(run.data.train, block_size, count, settings.seed, "train")
+        self.attention_ids = torch.from_numpy(run.data.val[:min(block_size, 128)].astype(np.int64))[None].to(device)
+        self.tokenizer = run.data.tokenizer
+        self.batch_size = settings.batch_size
+        self.dist = dist
+        self.device = device
+        self.dtype = dtype
+        self.prompt = settings.sample_prompt
+        self.tokens = settings.sample_tokens
+        self.bits_per_character = run.data.bits_per_character
 
     @torch.no_grad()
     def loss(self, model: GPT, windows: tuple[torch.Tensor, torch.Tensor]) -> float:
@@ -79,16 +86,31 @@ class Evaluator:
         return val_loss
 
 
-def read_steps(steps: list[tuple[torch.Tensor, torch.Tensor]], check_norms: bool) -> list[float]:
-    """(loss, gradient norm) of some steps, still on the device -> [the last loss, the last
-    norm, the index of the first step whose loss (or norm, with check_norms) is not finite
-    or -1, that step's loss and norm], in one transfer from the device."""
-    losses, norms = (torch.stack(values) for values in zip(*steps))  # [steps] each
-    bad = ~torch.isfinite(losses)
-    if check_norms:
-        bad |= ~torch.isfinite(norms)
-    first = torch.where(bad.any(), bad.int().argmax(), -1)
-    at = first.clamp(min=0)
-    loss, norm, first, bad_loss, bad_norm = torch.stack(
-        [losses[-1], norms[-1].to(losses.dtype), first.to(losses.dtype), losses[at], norms[at].to(losses.dtype)]).tolist()
-    return [loss, norm, int(first), bad_loss, bad_norm]
+class StepLosses:
+    """The loss and gradient norm of each step since the last read, still on the device.
+    Reading a number from a GPU waits for all the work queued before it, so they are read
+    together, in one transfer, when the loop needs them: every log_interval iterations and
+    before each evaluation and checkpoint (so a non-finite loss never reaches one)."""
+
+    def __init__(self):
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+
+    def add(self, iteration: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        self.pending.append((iteration, loss, grad_norm))
+
+    def read(self, check_norms: bool) -> tuple[float, float, int | None, float, float]:
+        """(the last loss, the last norm, the first iteration whose loss (or norm, with
+        check_norms) is not finite or None, that iteration's loss and norm); the pending
+        steps are then forgotten."""
+        iterations = [iteration for iteration, _, _ in self.pending]
+        losses = torch.stack([loss for _, loss, _ in self.pending])  # [steps]
+        norms = torch.stack([norm for _, _, norm in self.pending]).to(losses.dtype)  # [steps]
+        self.pending = []
+        bad = ~torch.isfinite(losses)
+        if check_norms:
+            bad |= ~torch.isfinite(norms)
+        first = torch.where(bad.any(), bad.int().argmax(), -1)
+        at = first.clamp(min=0)
+        read = torch.stack([losses[-1], norms[-1], first.to(losses.dtype), losses[at], norms[at]]).tolist()  # one transfer
+        loss, norm, first_bad, bad_loss, bad_norm = read
+        return loss, norm, iterations[int(first_bad)] if first_bad >= 0 else None, bad_loss, bad_norm

@@ -17,15 +17,16 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from common.checkpoint import TOKENIZER_FILE
 from common.cli import UserError
-from common.hf import Unsupported, config_from_transformers, state_from_transformers
+from common.run_dir import RunDir
+from interop.hf import Unsupported, config_from_transformers, state_from_transformers
 from data import load_tokenizer
 from data.tokenizer import END_OF_TEXT, end_of_text_ids
 from model import GPTConfig
-from model.gpt import CONFIG_FILE, WEIGHTS_FILE
 
 OVERRIDABLE = ("dropout", "attn_impl")  # and block_size, downwards
+# a run folder's model files, which are also what a transformers model folder names them
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = RunDir.MODEL_CONFIG, RunDir.WEIGHTS, RunDir.TOKENIZER
 DOWNLOAD = [CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE]
 
 

@@ -116,3 +116,9 @@ class RunLogger:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
+
+    def __enter__(self) -> "RunLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -9,9 +9,7 @@ biases stay with AdamW, as in the modded-nanogpt speedruns and nanochat.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -20,7 +18,6 @@ from model import GPT
 from .config import TrainConfig
 
 
-@dataclass(frozen=True)
 class Schedule:
     """The learning-rate factor at each iteration; every group's rate is its peak times it.
 
@@ -33,20 +30,29 @@ class Schedule:
     the measured speed; a finished run is given a larger max_iters), the rest of the curve
     is stretched from where it stands: p goes on from its value at that iteration (the
     anchor) to 1 at the new decay_iters, so the rate never jumps. A finished run that is
-    continued stays at the floor.
+    continued stays at the floor. Muon's momentum has a warmup of its own (`momentum`).
     """
 
-    warmup: int
-    decay_iters: int
-    floor: float
-    shape: str = "cosine"
-    cooldown: float = 0.4
-    anchor: tuple[int, float, float] | None = None  # (iteration, its progress, the wsd cooldown's start)
+    def __init__(self, cfg: TrainConfig, max_iters: int):
+        self.warmup = cfg.warmup_iters
+        self.decay_iters = cfg.lr_decay_iters or max_iters
+        self.floor = cfg.min_lr / cfg.lr
+        self.shape = cfg.lr_schedule
+        self.cooldown = cfg.cooldown
+        self.anchor: tuple[int, float, float] | None = None  # (iteration, its progress, the wsd cooldown's start)
+        self.momentum_warmup = cfg.muon_momentum_warmup
+        self.momentum_peak = cfg.muon_momentum
 
-    @classmethod
-    def of(cls, cfg: TrainConfig, max_iters: int) -> "Schedule":
-        return cls(cfg.warmup_iters, cfg.lr_decay_iters or max_iters, cfg.min_lr / cfg.lr, cfg.lr_schedule,
-                   cfg.cooldown)
+    def apply(self, optimizers: list[torch.optim.Optimizer], it: int) -> float:
+        """Set every group's learning rate (and Muon's momentum) for iteration `it`;
+        returns the factor applied to the peak rates."""
+        factor = self.factor(it)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * factor
+                if "momentum" in group:  # Muon's
+                    group["momentum"] = self.momentum(it)
+        return factor
 
     def cooldown_start(self) -> float:
         """wsd: the progress at which the straight line down begins."""
@@ -73,30 +79,28 @@ class Schedule:
             return 1.0 - down * (1.0 - self.floor)
         return self.floor + 0.5 * (1.0 + math.cos(math.pi * p)) * (1.0 - self.floor)
 
-    def retarget(self, it: int, decay_iters: int) -> "Schedule":
-        """The schedule with its decay ending at decay_iters instead, going on from iteration it."""
+    def momentum(self, it: int) -> float:
+        """Muon's momentum at iteration it: from 0.85 up to muon_momentum over the first
+        muon_momentum_warmup iterations (as in the modded-nanogpt speedruns), then constant."""
+        if it >= self.momentum_warmup:
+            return self.momentum_peak
+        return 0.85 + (self.momentum_peak - 0.85) * it / self.momentum_warmup
+
+    def retarget(self, it: int, decay_iters: int) -> None:
+        """End the decay at decay_iters instead, going on from iteration it."""
         if decay_iters == self.decay_iters:
-            return self
-        if it <= self.warmup:  # nothing has decayed yet: the new length from the start
-            return dataclasses.replace(self, decay_iters=decay_iters)
-        anchor = (it, self.progress(it), self.cooldown_start())
-        return dataclasses.replace(self, decay_iters=decay_iters, anchor=anchor)
+            return
+        if it > self.warmup:  # (in the warmup nothing has decayed yet: the new length from the start)
+            self.anchor = (it, self.progress(it), self.cooldown_start())
+        self.decay_iters = decay_iters
 
     def state_dict(self) -> dict:
         return {"decay_iters": self.decay_iters, "anchor": None if self.anchor is None else list(self.anchor)}
 
-    def load_state_dict(self, state: dict) -> "Schedule":
+    def load_state_dict(self, state: dict) -> None:
         anchor = state["anchor"]
-        return dataclasses.replace(self, decay_iters=state["decay_iters"],
-                                   anchor=None if anchor is None else (int(anchor[0]), *map(float, anchor[1:])))
-
-
-def muon_momentum(it: int, cfg: TrainConfig) -> float:
-    """Muon's momentum at iteration it: from 0.85 up to muon_momentum over the first
-    muon_momentum_warmup iterations (as in the modded-nanogpt speedruns), then constant."""
-    if it >= cfg.muon_momentum_warmup:
-        return cfg.muon_momentum
-    return 0.85 + (cfg.muon_momentum - 0.85) * it / cfg.muon_momentum_warmup
+        self.decay_iters = state["decay_iters"]
+        self.anchor = None if anchor is None else (int(anchor[0]), *map(float, anchor[1:]))
 
 
 class Muon(torch.optim.Optimizer):

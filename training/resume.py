@@ -16,8 +16,6 @@ import numpy as np
 import torch
 
 from common.cli import UserError
-from data import BatchSampler
-from model import GPT
 
 from .distributed import Distributed
 
@@ -59,7 +57,7 @@ def check_resumable(state: dict, identity: dict, out_dir: Path) -> None:
 def check_same_checkpoint(dist: Distributed, state: dict | None, out_dir: Path) -> None:
     """Every process must resume from the same checkpoint: with several nodes, out_dir
     must be one folder they all see (rank 0 writes it, every process reads it)."""
-    held = dist.gather((socket.gethostname(), None if state is None else state["iter"]))
+    held = dist.gather((socket.gethostname(), None if state is None else state["iteration"]))
 
     def seen(iteration: int | None) -> str:
         return "no checkpoint" if iteration is None else f"the checkpoint of iteration {iteration}"
@@ -97,20 +95,23 @@ def grad_accum_for(state: dict, dist: Distributed, batch_size: int, grad_accum: 
     return accum
 
 
-def restore(state: dict, model: GPT, optimizers: list[torch.optim.Optimizer], sampler: BatchSampler,
-            dist: Distributed, device: torch.device, out_dir: Path) -> None:
-    """Weights, optimizers, and this process's sampler and RNG (with another process count,
-    rank 0's sampler: every rank draws the same global batch and keeps its slice)."""
-    model.load_state_dict(state["model"])
-    saved = state["optimizer"] if isinstance(state["optimizer"], list) else [state["optimizer"]]
+def load_optimizers(optimizers: list[torch.optim.Optimizer], saved: list[dict], out_dir: Path) -> list[str]:
+    """Each optimizer's state (its moments and step counts) from the checkpoint, and its
+    settings (peak learning rates, betas, weight decay, ...) from the run config as it is
+    now; returns the settings that changed, as "name old -> new". (The rate and Muon's
+    momentum of each step are the schedule's, from these.)"""
     if len(saved) != len(optimizers):
         raise UserError(f"{out_dir} was trained with another train.optimizer; add --fresh to start over "
                         "there, or set out_dir=PATH for a new run")
+    changed = []
     for optimizer, optimizer_state in zip(optimizers, saved):
+        wanted = [{k: v for k, v in group.items() if k not in ("params", "lr", "momentum")}
+                  for group in optimizer.param_groups]
         optimizer.load_state_dict(optimizer_state)
-    ranks = state["ranks"]
-    if len(ranks) == dist.world_size:
-        sampler.load_state_dict(ranks[dist.rank]["sampler"])
-        set_rng_state(ranks[dist.rank]["rng"], device)
-    else:
-        sampler.load_state_dict(ranks[0]["sampler"])
+        for group, settings in zip(optimizer.param_groups, wanted):
+            for key, value in settings.items():
+                if group.get(key) != value:
+                    name = "peak lr" if key == "initial_lr" else key
+                    changed.append(f"{type(optimizer).__name__} {name} {group.get(key)} -> {value}")
+                group[key] = value
+    return list(dict.fromkeys(changed))  # (AdamW's two groups change alike)

@@ -1,5 +1,5 @@
-"""One place sets a run up: `prepare_run` opens and checks, once, everything a run starts
-from, and hands it to the Trainer (train.py) or to the shape trace (--explain):
+"""Everything a run starts from, opened and checked once: `prepare_run` hands it to the
+Trainer (train.py) or to the shape trace (--explain):
 
 1. train.init_from's model, if any: a bad one is refused before anything is written;
 2. out_dir claimed (made writable and locked, on the main process: train.py's `claim`);
@@ -14,13 +14,12 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from common import checkpoint
 from common.cli import UserError
+from common.run_dir import RunDir
 from data import TokenData, content_digest, prepare
 from data.tokenizer import suggest_prompt
 from model import GPT, GPTConfig
@@ -32,10 +31,10 @@ from .init_from import BaseModel, config_for, open_base_model
 
 
 @dataclass
-class Run:
-    """A run, set up: what the Trainer trains."""
+class PreparedRun:
+    """What the Trainer trains: a new run, or the one in out_dir to resume."""
 
-    cfg: RunConfig
+    config: RunConfig
     data: TokenData
     model_config: GPTConfig
     base: BaseModel | None  # train.init_from's model: the weights a new run starts from
@@ -43,11 +42,11 @@ class Run:
     identity: dict  # the model and data settings a resume must match
     grad_accum: int  # train.grad_accum, or what keeps a resumed run's global batch
     prompt: str = "\n"  # one to try the model with, that its tokenizer can encode
-    setup_seconds: float = 0.0  # what this took (data preparation), counted in the run's time
+    seconds: float = 0.0  # what preparing took (data preparation), counted in the run's time
 
 
 def prepare_run(cfg: RunConfig, dist: Distributed = Distributed(), fresh: bool = False,
-                claim: Callable[[], None] = lambda: None, use_out_dir: bool = True) -> Run:
+                claim: Callable[[], None] = lambda: None, use_out_dir: bool = True) -> PreparedRun:
     """The run of `cfg` for this process: a new one, or the one in out_dir to resume.
     fresh: start over there. use_out_dir=False: a new run that never reads or changes out_dir
     (--explain)."""
@@ -58,21 +57,21 @@ def prepare_run(cfg: RunConfig, dist: Distributed = Distributed(), fresh: bool =
     if base is not None:
         config_for(base, cfg.model, cfg.model_keys)  # refuse a changed setting before anything is written
     claim()
-    out_dir = Path(cfg.out_dir)
-    state = None if fresh or not use_out_dir else checkpoint.load_state(out_dir)
+    run_dir = RunDir(cfg.out_dir)
+    state = None if fresh or not use_out_dir else run_dir.load_state()
     data, model_config = load_data(cfg, dist, base)
     data_identity = {**{k: v for k, v in vars(cfg.data).items() if k != "cache_dir"}, "init_from": cfg.train.init_from}
     identity = {"model": model_config.to_dict(), "data": data_identity}
     grad_accum = cfg.train.grad_accum
     if state is not None:
-        resume.check_resumable(state, identity, out_dir)
+        resume.check_resumable(state, identity, run_dir.path)
         grad_accum = resume.grad_accum_for(state, dist, cfg.train.batch_size, grad_accum)
     if dist.enabled:
-        resume.check_same_checkpoint(dist, state, out_dir)
+        resume.check_same_checkpoint(dist, state, run_dir.path)
     if fresh and use_out_dir and dist.is_main:
-        checkpoint.start_over(out_dir)
+        run_dir.start_over()
     prompt = suggest_prompt(data.tokenizer, cfg.train.sample_prompt, data.tokenizer.decode(data.val[:256].tolist()))
-    return Run(cfg, data, model_config, base, state, identity, grad_accum, prompt, time.perf_counter() - started)
+    return PreparedRun(cfg, data, model_config, base, state, identity, grad_accum, prompt, time.perf_counter() - started)
 
 
 def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tuple[TokenData, GPTConfig]:
@@ -104,14 +103,3 @@ def check_same_data(data: TokenData, dist: Distributed) -> None:
             raise UserError(f"node {host} (rank {rank}) holds other token files than rank 0 on {held[0][0]} "
                             f"(their content differs, in {data.directory}): give every node the same corpus "
                             "and data settings, or put data.cache_dir on storage all nodes share")
-
-
-def wrap(model: GPT, compile: bool, dist: Distributed, device: torch.device) -> torch.nn.Module:
-    """The module the training step calls: compiled (train.compile) and/or DistributedDataParallel."""
-    if compile:
-        model = torch.compile(model)
-    if dist.enabled:
-        from torch.nn.parallel import DistributedDataParallel
-
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return model

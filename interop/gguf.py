@@ -4,7 +4,7 @@ llama.cpp's converter (convert_hf_to_gguf.py) reads a transformers folder, but i
 BPE tokenizer only by a hash of how it encodes a test text, and it knows the published
 models' tokenizers only: one trained by this project stops it with "BPE pre-tokenizer was
 not recognized". So the GGUF is written here, with what the converter would write: the
-three kinds of common/hf.py become llama.cpp's gpt2, gptneox and llama architectures, and
+three kinds of interop/hf.py become llama.cpp's gpt2, gptneox and llama architectures, and
 this project's tokenizers llama.cpp's GPT-2 tokenizer (its vocabulary, merges and
 pre-tokenizer). Tensors stay float32 (llama.cpp's llama-quantize makes smaller ones).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, pre_tokenizers
 
-from common.hf import export_kind, with_zero_biases
+from interop.hf import export_kind, with_zero_biases
 from data.tokenizer import UNK, end_of_text_id, start_ids
 from model import GPTConfig
 
@@ -41,7 +41,7 @@ def import_gguf():
 def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer, name: str) -> str:
     """Write the model and its tokenizer to path (through a temporary file, so that no
     half-written file is ever left there); returns llama.cpp's architecture name. Raises
-    ValueError (common.hf.Unsupported among them) naming what GGUF cannot hold."""
+    ValueError (interop.hf.Unsupported among them) naming what GGUF cannot hold."""
     gguf = import_gguf()
     kind = export_kind(config)
     arch = getattr(gguf.MODEL_ARCH, ARCHITECTURES[kind])

@@ -1,0 +1,236 @@
+"""The run folder: the one place that knows its files. Every program opens a run through
+a RunDir; no other module names a file in it.
+
+    out_dir/
+      config.json, model.safetensors   the model (GPT.save_pretrained's two files)
+      tokenizer.json                   the tokenizer, in Hugging Face tokenizers' format
+      config.yaml                      the fully resolved run config
+      summary.json                     what the run measured, for model cards and tools
+      trainer_state.pt                 the resume point: the weights again, the optimizers,
+                                       the iteration, the schedule, RNG and sampler states
+      snapshots/step_NNNNNN.safetensors the model at a schedule of steps (train.snapshots)
+      events.out.tfevents.*            TensorBoard's curves (training/logger.py)
+      .lock                            held while a run trains into out_dir
+
+Every file is written by model.files.write_atomic (a temporary file, flushed, renamed
+over the old one, then the folder flushed), so a kill or a full disk at any moment
+leaves the previous complete file in place. trainer_state.pt is written last and alone
+decides where a resume starts, so a kill between two files can never pair new weights
+with an old optimizer.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from filelock import FileLock, Timeout
+from tokenizers import Tokenizer
+
+from data import DataConfig, load_tokenizer
+from model import GPT
+from model.config import checked_types
+from model.files import safetensors_bytes, write_atomic
+from model.gpt import CONFIG_FILE, WEIGHTS_FILE
+
+from .cli import UserError
+
+DEFAULT_RUN = Path("out/tiny")  # where configs/tiny.yaml trains: the run generate.py samples by default
+STATE_FORMAT = 2  # trainer_state.pt's layout; an older one cannot be resumed (its model still loads)
+
+
+class RunDir:
+    """One run folder. Reading needs nothing but the folder; writing is the trainer's."""
+
+    MODEL_CONFIG = CONFIG_FILE  # config.json, named by the model (GPT.save_pretrained)
+    WEIGHTS = WEIGHTS_FILE  # model.safetensors, the same
+    TOKENIZER = "tokenizer.json"
+    RUN_CONFIG = "config.yaml"
+    SUMMARY = "summary.json"
+    STATE = "trainer_state.pt"
+    SNAPSHOTS = "snapshots"
+    LOCK = ".lock"
+    MODEL_FILES = (MODEL_CONFIG, WEIGHTS, TOKENIZER)  # what generate.py needs: a finished model
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    # ---- reading: what generate.py, evaluate.py, export.py and explore.py open -------------
+
+    def load_model(self, device: torch.device | str = "cpu") -> tuple[GPT, Tokenizer]:
+        """The model and tokenizer, or a UserError saying what is wrong."""
+        if not self.path.is_dir():
+            hint = " (the tiny config's run)" if self.path == DEFAULT_RUN else ""
+            raise UserError(f"checkpoint folder {self.path}{hint} does not exist; train one first: "
+                            "python train.py --config configs/tiny.yaml")
+        missing = [name for name in self.MODEL_FILES if not (self.path / name).is_file()]
+        if missing:
+            raise UserError(f"{self.path} is missing {', '.join(missing)}; it is not a finished run "
+                            "directory (train again with python train.py --config ...)")
+        try:
+            model = GPT.from_pretrained(self.path, device=device)
+            tokenizer = load_tokenizer(self.path / self.TOKENIZER)
+        except (ValueError, FileNotFoundError) as e:
+            raise UserError(f"{e}; retrain or copy the run directory again") from None
+        if tokenizer.get_vocab_size() != model.config.vocab_size:
+            raise UserError(f"{self.path / self.TOKENIZER} has {tokenizer.get_vocab_size()} tokens but the model "
+                            f"expects {model.config.vocab_size}; they come from different runs")
+        return model, tokenizer
+
+    def run_config(self) -> dict[str, Any]:
+        """config.yaml as plain sections ({} if the run has none): read, never executed."""
+        path = self.path / self.RUN_CONFIG
+        if not path.is_file():
+            return {}
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise UserError(f"{path} cannot be read ({str(e).splitlines()[0]}); copy the run directory again") from None
+        return raw if isinstance(raw, dict) else {}
+
+    def data_config(self) -> DataConfig:
+        """The data section of config.yaml: where the run's text came from and how it became tokens."""
+        section = self.run_config().get("data")
+        if not isinstance(section, dict):
+            raise UserError(f"{self.path / self.RUN_CONFIG} does not exist or has no data: section (train.py "
+                            "writes it)")
+        try:
+            return DataConfig(**checked_types(DataConfig, section))
+        except (ValueError, TypeError, KeyError) as e:
+            raise UserError(f"{self.path / self.RUN_CONFIG}: data.{e}") from None
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json ({} for a run that wrote none): the last evaluation and what it scored."""
+        try:
+            return json.loads((self.path / self.SUMMARY).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return {}
+
+    # ---- writing: the trainer's side ------------------------------------------------
+
+    def save_model(self, model: GPT, tokenizer: Tokenizer) -> None:
+        """The model files alone (a folder generate.py and evaluate.py can read)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        for name, data in self.model_files(model, tokenizer).items():
+            write_atomic(self.path / name, data)
+
+    def model_files(self, model: GPT, tokenizer: Tokenizer) -> dict[str, bytes]:
+        return {**model.pretrained_files(), self.TOKENIZER: tokenizer.to_str().encode()}
+
+    def check_writable(self) -> None:
+        """Fail before any work if the folder cannot be made or written."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise UserError(f"out_dir {self.path} cannot be written ({e.strerror}); "
+                            "choose another with out_dir=PATH") from None
+
+    def lock(self) -> "RunLock":
+        return RunLock(self.path / self.LOCK)
+
+    def load_state(self) -> dict[str, Any] | None:
+        """The trainer state, or None if there is none. Never unpickles code:
+        weights_only=True refuses anything but tensors and plain containers."""
+        path = self.path / self.STATE
+        if not path.is_file():
+            return None
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise UserError(f"{path} cannot be loaded safely ({str(e).splitlines()[0][:200]}); "
+                            "it is damaged or not ours: start over with --fresh or use another out_dir") from e
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise UserError(f"{path} was written by an earlier version of this project and cannot be resumed "
+                            "(its model still generates and exports); add --fresh to start over, or set out_dir=PATH")
+        return state
+
+    def save_run_config(self, text: str) -> None:
+        write_atomic(self.path / self.RUN_CONFIG, text.encode())
+
+    def save_checkpoint(self, model: GPT, tokenizer: Tokenizer, summary: dict[str, Any],
+                        state: dict[str, Any]) -> None:
+        """One checkpoint: the model and tokenizer generate.py needs, the summary, then the
+        trainer state, in that order."""
+        buffer = io.BytesIO()
+        torch.save({**state, "format": STATE_FORMAT}, buffer)
+        files = {**self.model_files(model, tokenizer),
+                 self.SUMMARY: (json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode(),
+                 self.STATE: buffer.getvalue()}
+        for name in self.checkpoint_files():
+            write_atomic(self.path / name, files[name])
+
+    @classmethod
+    def checkpoint_files(cls) -> tuple[str, ...]:
+        """The files of one checkpoint, in the order they are written: the state last."""
+        return *cls.MODEL_FILES, cls.SUMMARY, cls.STATE
+
+    def start_over(self) -> None:
+        """--fresh: forget the resume point, the old curves and snapshots (the model files
+        are replaced by the first checkpoint of the new run)."""
+        (self.path / self.STATE).unlink(missing_ok=True)
+        for old in [*self.path.glob("events.out.tfevents.*"), *self.snapshot_paths().values()]:
+            old.unlink()
+
+    # ---- snapshots: the model as it forms ---------------------------------------------
+
+    def snapshot_path(self, step: int) -> Path:
+        return self.path / self.SNAPSHOTS / f"step_{step:06d}.safetensors"
+
+    def snapshot_paths(self) -> dict[int, Path]:
+        """{step: file} of the snapshots kept, in step order."""
+        found = {}
+        for path in (self.path / self.SNAPSHOTS).glob("step_*.safetensors"):
+            match = re.fullmatch(r"step_(\d+)\.safetensors", path.name)
+            if match:
+                found[int(match.group(1))] = path
+        return dict(sorted(found.items()))
+
+    def save_snapshot(self, step: int, model: GPT, metadata: dict[str, str]) -> None:
+        """The model's weights at `step`, in float32, as safetensors (with the step and
+        what else is known in the header's metadata)."""
+        (self.path / self.SNAPSHOTS).mkdir(exist_ok=True)
+        state = {name: t.float() for name, t in model.state_dict().items()}
+        if model.config.tie_embeddings:
+            del state["transformer.wte.weight"]  # stored once, as lm_head.weight (as save_pretrained)
+        data = safetensors_bytes(state, {"format": "pt", "step": str(step), **metadata})
+        write_atomic(self.snapshot_path(step), data)
+
+
+class RunLock:
+    """An exclusive lock on out_dir/.lock (filelock: flock on POSIX, msvcrt on Windows).
+    The OS releases it when the process dies, even by SIGKILL, so a crashed run never
+    leaves a stale lock. The holder writes its process id into the file, for messages."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lock = FileLock(self.path)
+
+    def acquire(self) -> bool:
+        try:
+            self.lock.acquire(timeout=0)
+        except Timeout:
+            return False
+        self.path.write_text(f"{os.getpid()}\n")
+        return True
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "another process"
+        except OSError:
+            return "another process"
+
+    def release(self) -> None:
+        if self.lock.is_locked:
+            self.lock.release()
