@@ -36,7 +36,7 @@ from tokenizers import Tokenizer
 from data import DataConfig, load_tokenizer
 from model import GPT
 from model.config import checked_types
-from model.files import safetensors_bytes, write_atomic
+from model.files import write_atomic
 from model.gpt import CONFIG_FILE, WEIGHTS_FILE
 
 from .cli import UserError
@@ -197,15 +197,18 @@ class RunDir:
                 found[int(match.group(1))] = path
         return dict(sorted(found.items()))
 
-    def save_snapshot(self, step: int, model: GPT, metadata: dict[str, str]) -> None:
-        """The model's weights at `step`, in float32, as safetensors (with the step and
-        what else is known in the header's metadata)."""
+    def save_snapshot(self, step: int, model: GPT) -> None:
+        """The model's weights at `step`, the bytes save_pretrained writes (float32 while
+        training): the snapshot of the last step is model.safetensors itself."""
         (self.path / self.SNAPSHOTS).mkdir(exist_ok=True)
-        state = {name: t.float() for name, t in model.state_dict().items()}
-        if model.config.tie_embeddings:
-            del state["transformer.wte.weight"]  # stored once, as lm_head.weight (as save_pretrained)
-        data = safetensors_bytes(state, {"format": "pt", "step": str(step), **metadata})
-        write_atomic(self.snapshot_path(step), data)
+        write_atomic(self.snapshot_path(step), model.pretrained_files()[self.WEIGHTS])
+
+    def load_snapshot(self, step: int, model: GPT) -> GPT:
+        """`model` (the run's, from load_model) with the weights of the snapshot of `step`."""
+        from safetensors.torch import load_model
+
+        load_model(model, str(self.snapshot_path(step)), strict=True, device=str(model.lm_head.weight.device))
+        return model
 
 
 class RunLock:

@@ -1,8 +1,7 @@
 """Attention maps: each head's T × T weights as a heatmap, for TensorBoard and PNG files.
 
-The weights are those of the model's own trace (model.trace (the explicit
-five steps, whatever attn_impl it trains with: the fused kernel never materialises
-them). Row i of a map is query token i; column j is key token j; the causal triangle
+The weights are those of the model's own trace (model.trace: the explicit five steps,
+whatever attn_impl it trains with, since the fused kernel never materialises them). Row i of a map is query token i; column j is key token j; the causal triangle
 above the diagonal is always dark. Brightness is √weight, so weak links stay visible.
 """
 

@@ -47,7 +47,7 @@ def test_end_to_end_micro_run(tmp_path, micro, capsys):
     # attention maps of both layers at every evaluation, heads side by side
     for layer in (0, 1):
         images = events.Images(f"attention/layer_{layer}")
-        assert [i.step for i in images] == [10, 20, 30]
+        assert [i.step for i in images] == [0, 1, 2, 5, 10, 20, 30]  # the snapshots' steps and the evaluations
         # 2 heads in a row, 32 tokens each scaled up 3× (cells of 96 pixels), 2-pixel gaps
         assert (images[-1].width, images[-1].height) == (2 * 98 + 2, 98 + 2)
     assert "attention/text/text_summary" in events.Tags()["tensors"]
@@ -294,30 +294,34 @@ def test_ddp_two_processes_matches_one_process_global_batch(tmp_path, micro, opt
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
-def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, micro, monkeypatch, capsys):
+@pytest.mark.parametrize("largest, what", [(200_000, "checkpoint of iteration 20"), (100_000, "snapshot of step 20")])
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, micro, monkeypatch, capsys, largest, what):
+    """The disk fills up while the trainer state (the largest file) or a snapshot of the
+    model (the next largest) is written: the run stops with exit code 1, the previous
+    checkpoint whole, and resumes once there is room."""
     import errno
 
-    from model import files as checkpoint
+    from model import files
 
     assert train.main(["--config", TINY, *micro("train.max_iters=10")]) == 0
     run = tmp_path / "run"
     before = (run / "trainer_state.pt").read_bytes()
-    real_fsync = checkpoint.os.fsync
+    real_fsync = files.os.fsync
 
     def full_disk(fd):
-        if os.fstat(fd).st_size > 100_000:  # the trainer state, the largest file
+        if os.fstat(fd).st_size > largest:
             raise OSError(errno.ENOSPC, "No space left on device")
         real_fsync(fd)
 
-    monkeypatch.setattr(checkpoint.os, "fsync", full_disk)
+    monkeypatch.setattr(files.os, "fsync", full_disk)
     assert train.main(["--config", TINY, *micro("train.max_iters=20")]) == 1
     err = capsys.readouterr().err
-    assert "could not write the checkpoint of iteration 10" not in err
-    assert "No space left on device" in err and "previous checkpoint is kept" in err
-    assert err.endswith("Free some space and run the same command to continue\n")
+    assert f"could not write the {what} in {run} (No space left on device)" in err
+    assert "previous checkpoint is kept" in err and sum(line.startswith("error: ") for line in err.splitlines()) == 1
+    assert err.endswith("and run the same command to continue\n")
     assert (run / "trainer_state.pt").read_bytes() == before
-    assert not list(run.glob("*.tmp"))
-    monkeypatch.setattr(checkpoint.os, "fsync", real_fsync)
+    assert not list(run.glob("*.tmp")) and not list(run.glob("snapshots/*.tmp"))
+    monkeypatch.setattr(files.os, "fsync", real_fsync)
     assert train.main(["--config", TINY, *micro("train.max_iters=20")]) == 0  # and it resumes
 
 

@@ -566,7 +566,8 @@ def test_throughput_and_mfu_count_every_process_since_the_last_report(micro, mon
 def test_only_the_main_process_measures_the_peak_that_mfu_divides_by(micro, monkeypatch):
     monkeypatch.setattr(training.trainer, "peak_flops", lambda device, dtype, threads: 4.2e9)
     trainer = make_trainer(micro)
-    log = SimpleNamespace(text=lambda *args: None, message=lambda line: None)
+    log = SimpleNamespace(text=lambda *args: None, message=lambda line: None, layout_heads=lambda: None,
+                          attention=lambda *args: None, head_scores=lambda *args: None)
     trainer.run_dir.path.mkdir(parents=True)
     trainer.begin(log)
     assert trainer.peak_flops == 4.2e9

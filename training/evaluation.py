@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from inspection.attention_maps import attention_maps
+from inspection.head_scores import head_scores, repeated_tokens
 from common.device import autocast
 from data import fixed_windows
 from data.tokenizer import encode_or_start, suppressed_ids
@@ -32,6 +32,8 @@ class Evaluator:
         self.val = fixed_windows(run.data.val, block_size, count, settings.seed, "val")
         self.train = fixed_windows(run.data.train, block_size, count, settings.seed, "train")
         self.attention_ids = torch.from_numpy(run.data.val[:min(block_size, 128)].astype(np.int64))[None].to(device)
+        self.repeated_ids = repeated_tokens(run.model_config.vocab_size, min(block_size // 2, 64),
+                                            suppressed_ids(run.data.tokenizer)).to(device)  # for the induction score
         self.tokenizer = run.data.tokenizer
         self.batch_size = settings.batch_size
         self.dist = dist
@@ -79,11 +81,18 @@ class Evaluator:
         log.scalars(it, metrics)
         log.message(f"iter {it}: train {train_loss:.4f}, val {val_loss:.4f} (perplexity {metrics['val/perplexity']:.2f}, "
                     f"{metrics['val/bits_per_char']:.3f} bits/char; {weights})")
-        if self.dist.is_main:
-            log.attention(it, attention_maps(model, self.attention_ids))
-            if self.tokens:
-                log.text("samples", self.sample(model), it)
+        if self.dist.is_main and self.tokens:
+            log.text("samples", self.sample(model), it)
         return val_loss
+
+    def log_heads(self, log: RunLogger, it: int, model: GPT) -> None:
+        """Every head's attention map on the validation text (TensorBoard's Images) and its
+        previous-token and induction scores (Scalars; inspection/head_scores.py), from the
+        model's own forward pass."""
+        if self.dist.is_main:
+            scores = head_scores(model, self.attention_ids, self.repeated_ids)
+            log.attention(it, scores["maps"])
+            log.head_scores(it, scores["previous_token"], scores["induction"])
 
 
 class StepLosses:

@@ -78,6 +78,22 @@ class RunLogger:
                 self.writer.add_image(f"attention/layer_{layer}", heatmap_grid(heads[None]), step,
                                       dataformats="HWC")
 
+    def head_scores(self, step: int, previous_token, induction) -> None:
+        """[n_layer, H] each: one scalar per head and score, drawn together by layout_heads's charts."""
+        if self.writer is not None:
+            for kind, scores in (("previous_token", previous_token), ("induction", induction)):
+                for layer, row in enumerate(scores.tolist()):
+                    for head, value in enumerate(row):
+                        self.writer.add_scalar(f"heads/{kind}/layer{layer}_head{head}", value, step)
+
+    def layout_heads(self) -> None:
+        """TensorBoard's Custom Scalars tab: one chart per score, every head a line in it."""
+        if self.writer is not None:
+            self.writer.add_custom_scalars({"attention heads": {
+                "previous-token score (weight on the token just before)": ["Multiline", [r"heads/previous_token/.*"]],
+                "induction score (weight on what followed the last occurrence)": ["Multiline", [r"heads/induction/.*"]],
+            }})
+
     def hparams(self, config: dict[str, Any], metrics: dict[str, float]) -> None:
         """Hyperparameters in TensorBoard's HParams tab, in this run's own folder."""
         if self.writer is None:

@@ -10,10 +10,10 @@ load_state_dict, as torch's modules and optimizers do:
     schedule    training/optim.py         the learning rate: warm-up, then decay
     average     training/average.py       train.ema: the average of the weights
     budget      training/budget.py        the run's clock, and train.max_minutes
-    snapshots   training/snapshots.py     the model as it forms (train.snapshots)
+    snapshots   training/snapshots.py     the model as it forms (train.snapshots), for explore.py
     sampler     data/batches.py           each process's random windows of tokens
     losses      training/evaluation.py    the steps' losses, read from the device in one go
-    evaluator   training/evaluation.py    the validation loss, attention maps, a sample
+    evaluator   training/evaluation.py    the validation loss, a sample, each head's map and scores
     dist        training/distributed.py   torchrun's processes (DistributedDataParallel)
     stop        training/signals.py       Ctrl-C and SIGTERM: stop after this iteration
     log         training/logger.py        the progress bar, the log lines, TensorBoard
@@ -43,6 +43,7 @@ from .logger import RunLogger, continuation_message, done_message, header
 from .optim import Schedule, make_optimizers
 from .preparation import PreparedRun
 from .signals import StopRequest
+from .snapshots import Snapshots
 
 
 class TrainingError(Exception):
@@ -73,6 +74,7 @@ class Trainer:
         self.schedule = Schedule(settings, settings.max_iters)
         self.average = WeightAverage(self.model, settings.ema) if settings.ema else None
         self.evaluator = Evaluator(run, dist, device, dtype)
+        self.snapshots = Snapshots.for_run(self.run_dir, settings.snapshots, self.model, dist.is_main)
         self.losses = StepLosses()
         self.iteration = 0  # optimizer steps taken
         self.val_loss = math.nan
@@ -150,6 +152,11 @@ class Trainer:
                 stopping = 0
                 if save or self.iteration % settings.log_interval == 0 or (stop.signal and not self.dist.enabled):
                     stopping = self.read_losses(log, lr, stop.signal)
+                snapshot = self.snapshots.due(self.iteration, self.max_iters)
+                if evaluate or snapshot:  # each head's attention map and scores, in TensorBoard
+                    self.evaluator.log_heads(log, self.iteration, self.eval_model)
+                if snapshot:  # the model as it forms, for explore.py's timeline
+                    self.save_snapshot()
                 if evaluate:
                     started = self.clock()
                     self.evaluate(log)
@@ -180,6 +187,11 @@ class Trainer:
         log.text("config", resolved, self.iteration)
         log.text("attention/text", self.run.data.tokenizer.decode(self.evaluator.attention_ids[0].tolist()), self.iteration)
         log.message(header(self.model, self.run.data, self.device, self.dtype, self.dist.world_size, self.iteration))
+        log.layout_heads()
+        if self.iteration == 0:  # step 0: the model at initialisation
+            self.evaluator.log_heads(log, 0, self.eval_model)
+            if self.snapshots.due(0, self.max_iters):
+                self.save_snapshot()
         if self.changed_settings:
             log.message(f"resuming with the optimizer settings of the config as it is now: {'; '.join(self.changed_settings)}")
         if self.iteration and self.schedule.decay_iters != self.decay_end_before:
@@ -255,6 +267,15 @@ class Trainer:
                                 f"({e.strerror or e}); the previous checkpoint is kept. Free some space "
                                 "and run the same command to continue") from None
 
+    def save_snapshot(self) -> None:
+        """The model the run evaluates now, kept in snapshots/ (train.snapshots)."""
+        try:
+            self.snapshots.save(self.iteration, self.eval_model)
+        except OSError as e:
+            raise TrainingError(f"could not write the snapshot of step {self.iteration} in {self.run_dir} "
+                                f"({e.strerror or e}); the previous checkpoint is kept. Free some space (or set "
+                                "train.snapshots=0) and run the same command to continue") from None
+
     def state_dict(self, ranks: list[dict]) -> dict:
         """Everything a resume needs; `ranks`: each process's sampler and random state."""
         return {
@@ -279,6 +300,7 @@ class Trainer:
         self.schedule.load_state_dict(state["schedule"])
         self.decay_end_before = self.schedule.decay_iters
         self.budget.load_state_dict(state["budget"], self.iteration)
+        self.snapshots.resume(self.iteration)
         if self.settings.max_minutes is None:  # the decay goes on to the end the config asks for now
             self.schedule.retarget(self.iteration, self.settings.lr_decay_iters or self.max_iters)
         # (with a time budget, it keeps the saved end until the pace is measured again)

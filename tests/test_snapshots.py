@@ -1,0 +1,144 @@
+"""Watching a model form: snapshots at a fixed schedule of steps (training/snapshots.py),
+and each head's previous-token and induction scores (inspection/head_scores.py), in the
+run folder and in TensorBoard."""
+
+import math
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train
+from common.run_dir import RunDir
+from conftest import ROOT, make_trainer
+from inspection.head_scores import head_scores, induction_scores, previous_token_scores, repeated_tokens
+from model import GPT, GPTConfig
+from training.snapshots import Snapshots, scheduled
+
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+
+def test_the_schedule_is_log_spaced_and_the_same_for_any_length():
+    assert [step for step in range(0, 5001) if scheduled(step)] == [0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000,
+                                                                  2000, 5000]
+
+
+def snapshot_steps(run) -> list[int]:
+    return list(RunDir(run).snapshot_paths())
+
+
+def test_a_run_keeps_its_model_at_the_scheduled_steps_and_its_last(tmp_path, micro):
+    """Step 0 is the model the run started from, parameter for parameter; the last is the
+    saved model, byte for byte; with train.ema each is the average the run evaluates."""
+    assert train.main(["--config", TINY, *micro("train.max_iters=30", "train.ema=0.9", "train.snapshots=16")]) == 0
+    run = tmp_path / "run"
+    assert snapshot_steps(run) == [0, 1, 2, 5, 10, 20, 30]
+    paths = RunDir(run).snapshot_paths()
+    assert paths[30].read_bytes() == (run / "model.safetensors").read_bytes()
+    model, _ = RunDir(run).load_model()
+    initial = GPT.initialised(model.config, 1337).state_dict()
+    first = RunDir(run).load_snapshot(0, model).state_dict()
+    assert all(torch.equal(initial[name], first[name]) for name in initial)
+    assert not torch.equal(load_file(paths[1])["lm_head.weight"], load_file(paths[0])["lm_head.weight"])
+
+
+def test_a_run_from_other_weights_starts_its_snapshots_with_them(tmp_path, micro):
+    assert train.main(["--config", TINY, *micro("train.max_iters=4", "train.snapshots=16", out="base")]) == 0
+    assert train.main(["--config", TINY, *micro("train.max_iters=3", "train.snapshots=16",
+                                                f"train.init_from={tmp_path / 'base'}", out="tuned")]) == 0
+    base = load_file(tmp_path / "base" / "model.safetensors")
+    start = load_file(RunDir(tmp_path / "tuned").snapshot_paths()[0])
+    assert base.keys() == start.keys() and all(torch.equal(base[name], start[name]) for name in base)
+
+
+def test_a_cap_keeps_the_first_steps_and_the_last(tmp_path, micro):
+    assert train.main(["--config", TINY, *micro("train.max_iters=30", "train.snapshots=3")]) == 0
+    assert snapshot_steps(tmp_path / "run") == [0, 1, 30]
+    assert train.main(["--config", TINY, *micro("train.max_iters=30", "train.snapshots=0", out="none")]) == 0
+    assert snapshot_steps(tmp_path / "none") == []
+
+
+def test_by_default_only_small_models_keep_snapshots(tmp_path):
+    run = RunDir(tmp_path)
+    small = GPT(GPTConfig(vocab_size=100, block_size=16, n_layer=1, n_head=2, n_embd=32))
+    with torch.device("meta"):
+        large = GPT(GPTConfig(vocab_size=50_000, block_size=64, n_layer=2, n_head=2, n_embd=128))  # 6.7 M
+    assert Snapshots.for_run(run, None, small, True).limit == 16 and Snapshots.for_run(run, None, large, True).limit == 0
+    assert Snapshots.for_run(run, 5, large, True).limit == 5 and Snapshots.for_run(run, 0, small, True).limit == 0
+
+
+def test_snapshots_survive_a_resume_and_fresh_removes_them(tmp_path, micro, monkeypatch):
+    """A run stopped at 7 and resumed keeps its snapshots up to 7; one written after its
+    checkpoint by a process that was then killed (a 10 with other weights here) is taken
+    again; every snapshot ends equal to those of a run never stopped."""
+    settings = ["train.max_iters=20", "train.checkpoint_interval=5", "model.dropout=0.1", "train.snapshots=16",
+                "train.sample_tokens=0"]
+    assert train.main(["--config", TINY, *micro(*settings, out="straight")]) == 0
+    stopped = make_trainer(micro(*settings, out="stopped"))
+    monkeypatch.setattr(stopped.losses, "add", lambda it, loss, norm: (
+        type(stopped.losses).add(stopped.losses, it, loss, norm), it == 7 and signal.raise_signal(signal.SIGINT)))
+    assert stopped.fit() == 128 + signal.SIGINT
+    run = RunDir(tmp_path / "stopped")
+    assert list(run.snapshot_paths()) == [0, 1, 2, 5]
+    run.snapshot_path(10).write_bytes(run.snapshot_path(5).read_bytes())  # as if left by a killed process
+    monkeypatch.undo()
+    assert train.main(["--config", TINY, *micro(*settings, out="stopped")]) == 0
+    straight = RunDir(tmp_path / "straight").snapshot_paths()
+    assert list(straight) == list(run.snapshot_paths()) == [0, 1, 2, 5, 10, 20]
+    assert all(path.read_bytes() == run.snapshot_path(step).read_bytes() for step, path in straight.items())
+    assert train.main(["--config", TINY, *micro(*settings, "train.max_iters=2", out="stopped"), "--fresh"]) == 0
+    assert list(run.snapshot_paths()) == [0, 1, 2]
+
+
+def test_head_scores_of_hand_built_maps():
+    T, n = 10, 5
+    previous = torch.zeros(T, T)
+    previous[0, 0] = 1
+    previous[torch.arange(1, T), torch.arange(T - 1)] = 1  # each query on the token just before it
+    induction = torch.eye(T)
+    induction[n:] = 0
+    induction[torch.arange(n, T), torch.arange(1, n + 1)] = 1  # the token after the earlier occurrence
+    uniform = torch.ones(T, T).tril()
+    uniform /= uniform.sum(-1, keepdim=True)  # each query spreads its weight over the keys it may see
+    scores = lambda maps: (previous_token_scores(maps).item(), induction_scores(maps).item())  # noqa: E731
+    assert scores(previous) == (1.0, 0.0) and scores(induction) == (0.0, 1.0)
+    assert scores(uniform) == pytest.approx((sum(1 / (t + 1) for t in range(1, T)) / (T - 1),
+                                             sum(1 / (t + 1) for t in range(n, T)) / n))
+    assert torch.equal(repeated_tokens(50, 8, never=(3,), seed=1)[0, :8], repeated_tokens(50, 8, never=(3,), seed=1)[0, 8:])
+    assert 3 not in repeated_tokens(5, 200, never=(3,))
+
+
+def test_a_head_that_cannot_tell_keys_apart_scores_what_uniform_attention_scores():
+    """The scores come from the model's own forward pass: a head whose queries are zero
+    gives every key it may see the same weight."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=30, block_size=16, n_layer=2, n_head=2, n_embd=16, pos_encoding="rope"))
+    with torch.no_grad():
+        model.transformer.h[1].attn.c_attn.weight[8:16] = 0  # layer 1, head 1: W_Q's rows of that head
+        model.transformer.h[1].attn.c_attn.bias[8:16] = 0
+        model.transformer.h[1].attn.c_attn.weight[0:8] *= 300  # and head 0 with sharp preferences
+    text, repeated = torch.randint(30, (1, 12)), repeated_tokens(30, 6)
+    scores = head_scores(model, text, repeated)
+    assert scores["previous_token"].shape == scores["induction"].shape == (2, 2)
+    assert scores["previous_token"][1, 1].item() == pytest.approx(sum(1 / (t + 1) for t in range(1, 12)) / 11, abs=1e-6)
+    assert scores["induction"][1, 1].item() == pytest.approx(sum(1 / (t + 1) for t in range(6, 12)) / 6, abs=1e-6)
+    assert abs(scores["previous_token"][1, 0].item() - scores["previous_token"][1, 1].item()) > 0.02
+
+
+def test_tensorboard_shows_every_heads_scores_at_the_snapshots_and_evaluations(tmp_path, micro):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert train.main(["--config", TINY, *micro("train.max_iters=30", "train.snapshots=16")]) == 0
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    for kind in ("previous_token", "induction"):
+        assert {f"heads/{kind}/layer{layer}_head{head}" for layer in (0, 1) for head in (0, 1)} <= set(tags)
+        steps = [e.step for e in events.Scalars(f"heads/{kind}/layer1_head0")]
+        assert steps == [0, 1, 2, 5, 10, 20, 30]  # the snapshots' steps and the evaluations (10, 20, 30)
+        assert all(0 <= e.value <= 1 for e in events.Scalars(f"heads/{kind}/layer1_head0"))
+    assert [i.step for i in events.Images("attention/layer_0")] == [0, 1, 2, 5, 10, 20, 30]
+    assert "custom_scalars__config__" in events.Tags()["tensors"]
+    first = events.Scalars("heads/previous_token/layer0_head0")[0].value
+    assert 0 < first < 1 and math.isfinite(first)
