@@ -29,7 +29,7 @@ from common.cli import OneLineParser, UserError, run_main
 from common.device import DTYPES, resolve_device, resolve_dtype
 from common.run_dir import RunDir
 from data import DataError, unknown_characters
-from data.prepare import find_prepared, tokenize_split
+from data.prepare import validation_tokens
 from data.sources import check_readable
 from data.tokenizer import Encoder, start_ids
 
@@ -129,14 +129,11 @@ def val_source(checkpoint: Path, tokenizer, counts: dict, scratch: Path) -> Iter
         data_config = RunDir(checkpoint).data_config()
     except UserError as e:
         raise UserError(f"--split val needs the run's data settings: {e}") from None
-    data = find_prepared(data_config, tokenizer)
-    if data is not None and "val_bytes" in data.meta:
-        tokens, counts["characters"], counts["bytes"] = data.val, data.meta["val_characters"], data.meta["val_bytes"]
-    else:
-        print(f"encoding the validation text of {data_config.source} with the run's tokenizer "
+    tokens, sizes, cached = validation_tokens(data_config, tokenizer, scratch)
+    if not cached:
+        print(f"encoded the validation text of {data_config.source} with the run's tokenizer "
               "(the run's token files are not in the cache)", file=sys.stderr)
-        tokens, sizes = tokenize_split(data_config, tokenizer, "val", scratch / "val.bin")
-        counts["characters"], counts["bytes"] = sizes["characters"], sizes["bytes"]
+    counts.update(sizes)
     for start in range(0, len(tokens), CHUNK):
         yield tokens[start:start + CHUNK]  # (windows gathers them into int64)
 

@@ -14,26 +14,51 @@ Exit codes: 0 ok, 2 bad input.
 
 from __future__ import annotations
 
+import functools
 import sys
+import tempfile
 from pathlib import Path
+
+import numpy as np
 
 from common.cli import OneLineParser, UserError, locale_language, run_main
 from common.prompt import encode_prompt
 from common.run_dir import DEFAULT_RUN, RunDir
-from explorer.data import MAX_TOKENS, initial_model, page_data
+from data import DataError
+from data.prepare import validation_tokens
+from explorer.data import MAX_TOKENS, initial_model, page_data, timeline_data
 from explorer.page import render
 from model.files import write_atomic
 
 DEFAULT_OUT = Path("explorer.html")
 
 
-def explore(model, tokenizer, prompt: str, max_tokens: int, which: str = "trained") -> dict:
-    """The page's data for a prompt (its last max_tokens tokens, at most block_size)."""
+def explore(model, tokenizer, prompt: str, max_tokens: int, which: str = "trained", run: RunDir | None = None) -> dict:
+    """The page's data for a prompt (its last max_tokens tokens, at most block_size); with
+    the run's snapshots, the prompt through the model as it formed too (the timeline)."""
     if not prompt:
         raise UserError("the prompt is empty; give some text, e.g. --prompt \"ROMEO:\"")
     limit = min(max_tokens, model.config.block_size)
     ids = encode_prompt(tokenizer, prompt, limit, "--max-tokens" if limit == max_tokens else "block_size")
-    return page_data(model, tokenizer, ids, truncated=len(tokenizer.encode(prompt).ids) - len(ids), which=which)
+    timeline = None
+    if run is not None and len(run.snapshot_paths()) > 1:
+        snapshots = {step: functools.partial(run.load_snapshot, step) for step in run.snapshot_paths()}
+        with tempfile.TemporaryDirectory(prefix="explore-", ignore_cleanup_errors=True) as scratch:
+            timeline = timeline_data(model, tokenizer, snapshots, ids, validation_text(run, tokenizer, Path(scratch)))
+    return page_data(model, tokenizer, ids, truncated=len(tokenizer.encode(prompt).ids) - len(ids), which=which,
+                     timeline=timeline)
+
+
+def validation_text(run: RunDir, tokenizer, scratch: Path):
+    """The run's validation tokens (for the timeline's losses and head scores), or None
+    where its data cannot be found any more (said on stderr)."""
+    try:
+        tokens, _, _ = validation_tokens(run.data_config(), tokenizer, scratch)
+        return np.array(tokens)  # (a copy: the scratch folder goes)
+    except (UserError, DataError) as e:
+        print(f"note: the timeline shows no validation loss: the run's validation text cannot be read ({e})",
+              file=sys.stderr)
+        return None
 
 
 def initial(model, checkpoint: Path):
@@ -124,7 +149,7 @@ def command(args) -> int:
                      lambda: initial(model, args.checkpoint))
     check_out(args.out)
     model, tokenizer = run.load_model()
-    data = explore(model.eval(), tokenizer, prompt, args.max_tokens)
+    data = explore(model.eval(), tokenizer, prompt, args.max_tokens, run=run)
     init_model, why = initial(model, args.checkpoint)
     other = counterpart_of(args.out)
     html = render(data, lang, counterpart=other.name if init_model is not None else None)

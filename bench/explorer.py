@@ -1,10 +1,13 @@
-"""The attention explorer page: its size and its time to interactive in Chromium.
+"""The explorer page: its size, its time to interactive, and how fast its timeline's
+slider redraws, in Chromium.
 
-For tiny.yaml's model (from --checkpoint, e.g. the quick start's out/tiny, or with
-random weights) and a 64-token prompt: the bytes of the HTML file, the seconds
-explore.py takes to build it, and the milliseconds from opening the file to the first
-complete page (the page's script writes that moment into data-ready), median of
---rounds loads in headless Chromium.
+For tiny.yaml's model (from --checkpoint, e.g. the quick start's out/tiny, with the
+snapshots it kept; or with random weights and 13 snapshots of them, at the steps a run of
+about 1,700 iterations keeps) and a 64-token prompt: the bytes of the HTML file, the
+seconds explore.py takes to build it, the milliseconds from opening the file to the
+first complete page (the page's script writes that moment into data-ready), median of
+--rounds loads in headless Chromium, and the milliseconds the page takes to redraw when
+the timeline's slider moves to each snapshot (median and slowest).
 
     python -m bench.explorer [--quick] [--checkpoint out/tiny] [--rounds 5]
 """
@@ -12,6 +15,7 @@ complete page (the page's script writes that moment into data-ready), median of
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import tempfile
 import time
@@ -24,12 +28,38 @@ from bench.common import ROOT, machine, save, table
 from common.run_dir import RunDir
 from data import shakespeare
 from data.tokenizer import train_tokenizer
-from explorer.data import page_data
+from explore import explore
 from explorer.page import render
 from explorer.screenshot import chromium_page
 from model import GPT, GPTConfig
 
 PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east"  # its last 64 tokens
+# moves the timeline's slider to each snapshot in turn, as the keyboard would; the redraw's milliseconds
+SLIDE = """() => {
+  const slider = document.getElementById("timeline-step");
+  const times = [];
+  for (let k = 0; k <= Number(slider.max); k++) {
+    const start = performance.now();
+    slider.value = String(k);
+    slider.dispatchEvent(new Event("input"));
+    document.body.getBoundingClientRect();  // layout done
+    times.push(performance.now() - start);
+  }
+  return times;
+}"""
+
+
+def with_snapshots(model: GPT, folder: Path) -> RunDir:
+    """A run folder holding the model at the steps a tiny.yaml run of 1,737 iterations keeps
+    (random weights, moved a little at each, as training would)."""
+    run = RunDir(folder)
+    snapshot = copy.deepcopy(model)
+    for step in (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 1737):
+        with torch.no_grad():
+            for p in snapshot.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        run.save_snapshot(step, snapshot)
+    return run
 
 
 def tiny_model(checkpoint: Path | None):
@@ -50,22 +80,26 @@ def main() -> None:
     p.add_argument("--out", help="JSON results (default bench/results/explorer.json)")
     args = p.parse_args()
     model, tokenizer = tiny_model(args.checkpoint)
-    ids = tokenizer.encode(PROMPT).ids[-64:]
-    start = time.perf_counter()
-    html = render(page_data(model.eval(), tokenizer, ids))
-    build = time.perf_counter() - start
-    loads = []
     with tempfile.TemporaryDirectory() as tmp, chromium_page() as page:
+        run = RunDir(args.checkpoint) if args.checkpoint else with_snapshots(model, Path(tmp) / "run")
+        start = time.perf_counter()
+        html = render(explore(model.eval(), tokenizer, PROMPT, 64, run=run))
+        build = time.perf_counter() - start
         path = Path(tmp) / "explorer.html"
         path.write_text(html, encoding="utf-8")
+        loads = []
         for _ in range(1 if args.quick else args.rounds):
             page.goto(path.as_uri())
             page.wait_for_selector("html[data-ready]")
             loads.append(float(page.get_attribute("html", "data-ready")))
-    result = {"tokens": len(ids), "html_bytes": len(html.encode()), "build_seconds": build,
-              "interactive_ms": statistics.median(loads), "model": str(args.checkpoint or "tiny.yaml, random weights")}
-    print(table(["model", "tokens", "HTML (MB)", "build (s)", "interactive (ms, median)"],
-                [[result["model"], len(ids), result["html_bytes"] / 1e6, build, result["interactive_ms"]]]))
+        redraws = page.evaluate(SLIDE)
+    result = {"tokens": 64, "snapshots": len(redraws), "html_bytes": len(html.encode()), "build_seconds": build,
+              "interactive_ms": statistics.median(loads), "slider_ms": statistics.median(redraws),
+              "slider_slowest_ms": max(redraws), "model": str(args.checkpoint or "tiny.yaml, random weights")}
+    print(table(["model", "tokens", "snapshots", "HTML (MB)", "build (s)", "interactive (ms, median)",
+                 "slider redraw (ms, median)", "slowest (ms)"],
+                [[result["model"], 64, result["snapshots"], result["html_bytes"] / 1e6, build, result["interactive_ms"],
+                  result["slider_ms"], result["slider_slowest_ms"]]]))
     path = save("explorer", {"machine": machine(torch.get_num_threads()), "results": [result]}, args.out)
     print(f"saved {path}")
 

@@ -200,7 +200,7 @@ class RunDir:
     def save_snapshot(self, step: int, model: GPT) -> None:
         """The model's weights at `step`, the bytes save_pretrained writes (float32 while
         training): the snapshot of the last step is model.safetensors itself."""
-        (self.path / self.SNAPSHOTS).mkdir(exist_ok=True)
+        (self.path / self.SNAPSHOTS).mkdir(parents=True, exist_ok=True)
         write_atomic(self.snapshot_path(step), model.pretrained_files()[self.WEIGHTS])
 
     def load_snapshot(self, step: int, model: GPT) -> GPT:

@@ -106,6 +106,17 @@ def tokenize_split(config: DataConfig, tokenizer: Tokenizer, split: str, path: P
     return tokens, sizes
 
 
+def validation_tokens(config: DataConfig, tokenizer: Tokenizer, scratch: Path) -> tuple[np.ndarray, dict, bool]:
+    """A run's validation tokens, encoded by its tokenizer, with the split's counts of
+    characters and UTF-8 bytes: from its own token files where they are still in the cache
+    (the last value True), else the validation text encoded into the file scratch/val.bin."""
+    data = find_prepared(config, tokenizer)
+    if data is not None and "val_bytes" in data.meta:
+        return data.val, {"characters": data.meta["val_characters"], "bytes": data.meta["val_bytes"]}, True
+    tokens, sizes = tokenize_split(config, tokenizer, "val", scratch / "val.bin")
+    return tokens, {"characters": sizes["characters"], "bytes": sizes["bytes"]}, False
+
+
 def load_cache(directory: Path) -> TokenData:
     meta = json.loads((directory / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])

@@ -11,14 +11,18 @@ and LM head applied to each layer's output), and the heads switched off one at a
 from __future__ import annotations
 
 import base64
+import copy
 import json
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from data import fixed_windows
 from data.token_text import token_text, token_views
 from data.tokenizer import suppressed_ids
 from inspection.attention_maps import VIRIDIS
+from inspection.head_scores import head_scores, repeated_tokens
 from model import GPT, evaluating
 
 SCHEMA_VERSION = 2
@@ -27,6 +31,7 @@ MAX_TOKENS = 64  # the prompt's tokens a page shows by default (the file grows w
 TOP_UNITS = 8  # the feed-forward network's largest hidden units kept per position
 LENS_TOKENS = 5  # the logit lens's likeliest tokens per layer and position
 ABLATION_TOKENS = 20  # the likeliest next tokens kept for each head switched off
+PREDICTION_TOKENS = 20  # the likeliest next tokens the timeline keeps for each snapshot
 MAX_WEIGHT_VALUES = 4_000_000  # W_Q, W_K, W_V are embedded (for q's sum of products) up to this many numbers
 
 
@@ -44,9 +49,11 @@ def top(values: torch.Tensor, k: int) -> dict:
 
 
 @torch.no_grad()
-def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: str = "trained") -> dict:
+def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: str = "trained",
+              timeline: dict | None = None) -> dict:
     """Everything the page shows for the prompt `ids` (at most block_size tokens), for
-    `which` model: "trained", or "init" (the run's model at initialisation)."""
+    `which` model: "trained", or "init" (the run's model at initialisation); and the
+    prompt through the model as it formed (timeline_data), where the run kept snapshots."""
     c = model.config
     device = model.lm_head.weight.device
     with evaluating(model):
@@ -60,6 +67,9 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
     lens_top = [top(p, LENS_TOKENS) for p in lens]
     shown = {*last.topk(min(TOP_TOKENS, last.numel())).indices.tolist(), *suppressed,
              *(i for t in lens_top for row in t["ids"] for i in row), *(i for layer in ablation for h in layer for i in h["ids"])}
+    if timeline is not None:
+        shown |= {*(i for p in timeline["prediction"] for i in p["ids"]),
+                  *(i for lens in timeline["lens"] for t in lens for row in t["ids"] for i in row)}
     weights_size = (c.n_embd + 2 * c.n_kv_head * c.head_size) * c.n_embd * c.n_layer
     return {
         "version": SCHEMA_VERSION,
@@ -76,6 +86,7 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
         "texts": {str(i): token_text(tokenizer, i) for i in sorted(shown)},
         "left_out": [] if weights_size <= MAX_WEIGHT_VALUES else ["c_attn"],
         "colormap": VIRIDIS.tolist(),
+        "timeline": timeline,
     }
 
 
@@ -116,6 +127,52 @@ def ablated(model: GPT, ids: list[int]) -> list[list[dict]]:
     heads = [{"ids": best.indices[i].tolist(), "probs": best.values[i].tolist(), "kl": kl[i].item()}
              for i in range(len(kl))]
     return [heads[layer * c.n_head:(layer + 1) * c.n_head] for layer in range(c.n_layer)]
+
+
+TIMELINE_TOKENS = 60  # the sample each snapshot continues the prompt with
+TIMELINE_WINDOWS = 32  # validation windows each snapshot's loss is the mean over
+TIMELINE_SEED = 0  # one generator seed for every snapshot's sample: what changes is the model
+
+
+@torch.no_grad()
+def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GPT]], ids: list[int],
+                  val: np.ndarray | None) -> dict:
+    """The prompt `ids` through the model at each snapshot (step: a function that loads its
+    weights into a model): its validation loss (over fixed windows of `val`, when the run's
+    validation tokens are at hand), every head's attention map, the prediction after the
+    prompt, the logit lens, a sample continuing the prompt (one seed for all), and every
+    head's previous-token and induction scores (on the validation text and on repeated
+    random tokens, as TensorBoard's)."""
+    c = model.config
+    device = model.lm_head.weight.device
+    prompt = torch.tensor([ids], device=device)
+    windows = fixed_windows(val, c.block_size, TIMELINE_WINDOWS, 0, "val") if val is not None else None
+    text = torch.from_numpy(np.asarray(val[:min(c.block_size, 128)], dtype=np.int64))[None].to(device) \
+        if val is not None else prompt
+    repeated = repeated_tokens(c.vocab_size, min(c.block_size // 2, 64), suppressed_ids(tokenizer)).to(device)
+    never = suppressed_ids(tokenizer)
+    steps, losses, maps, predictions, lenses, samples, previous, induction = [], [], [], [], [], [], [], []
+    for step, load in snapshots.items():
+        snapshot = load(copy.deepcopy(model)).eval()
+        trace = snapshot.trace(prompt)
+        last = torch.softmax(trace.logits[0, -1].float(), -1)
+        last[list(never)] = 0.0
+        steps.append(step)
+        losses.append(None if windows is None else GPT.loss(snapshot(windows[0].to(device))[0], windows[1].to(device)).item())
+        maps.append(trace.weights[:, 0].float())  # [n_layer, H, T, T]
+        predictions.append(top(last, PREDICTION_TOKENS))
+        lenses.append([top(torch.softmax(snapshot.lm_head(snapshot.transformer.ln_f(layer.residual_out[0])).float(), -1),
+                           LENS_TOKENS) for layer in trace.layers])
+        generator = torch.Generator(device=device).manual_seed(TIMELINE_SEED)
+        out = snapshot.generate(prompt, TIMELINE_TOKENS, temperature=0.8, generator=generator, suppress_tokens=never)
+        samples.append(tokenizer.decode(out[0, len(ids):].tolist()))
+        scores = head_scores(snapshot, text, repeated)
+        previous.append(scores["previous_token"].tolist())
+        induction.append(scores["induction"].tolist())
+    return {"steps": steps, "loss": losses, "maps": array(torch.stack(maps)), "prediction": predictions,
+            "lens": lenses, "samples": samples, "sample_tokens": TIMELINE_TOKENS, "sample_seed": TIMELINE_SEED,
+            "scores": {"previous_token": previous, "induction": induction},
+            "scores_text": "val" if val is not None else "prompt"}
 
 
 def initial_model(model: GPT, seed: int) -> GPT:

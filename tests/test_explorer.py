@@ -399,3 +399,66 @@ def test_explore_serve_hands_the_server_the_run_and_its_initial_model(tmp_path, 
 
     assert why == "" and torch.equal(init_model.lm_head.weight, initial_model(model, 7).lm_head.weight)
     assert not torch.equal(init_model.lm_head.weight, model.lm_head.weight)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, corpus):
+    """A micro run trained for 20 iterations, with its snapshots (0, 1, 2, 5, 10, 20)."""
+    import train
+
+    tmp = tmp_path_factory.mktemp("timeline")
+    overrides = [f"data.source={corpus}", f"data.cache_dir={tmp / 'cache'}", f"out_dir={tmp / 'run'}",
+                 "data.tokenizer=char", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+                 "train.batch_size=8", "train.max_iters=20", "train.eval_interval=10", "train.eval_iters=2",
+                 "train.warmup_iters=5", "train.sample_tokens=0", "train.dtype=float32", "train.threads=1",
+                 "train.max_minutes=null", "train.ema=0", "train.snapshots=16"]
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *overrides]) == 0
+    return tmp / "run"
+
+
+def test_the_timeline_is_the_models_own_numbers_at_each_snapshot(trained_run, tmp_path):
+    """Every number the timeline shows for a step is the forward pass of that step's
+    snapshot: the attention maps, the prediction, the loss on fixed validation windows,
+    the sample (one seed for every step) and the head scores."""
+    from common.run_dir import RunDir
+    from data import fixed_windows
+    from data.prepare import validation_tokens
+    from inspection.head_scores import head_scores, repeated_tokens
+
+    out = tmp_path / "page.html"
+    assert explore.main(["--checkpoint", str(trained_run), "--prompt", "MACBETH:\nSo foul", "--out", str(out)]) == 0
+    data = embedded(out.read_text(encoding="utf-8"))
+    timeline = data["timeline"]
+    run = RunDir(trained_run)
+    assert timeline["steps"] == list(run.snapshot_paths()) == [0, 1, 2, 5, 10, 20]
+    model, tokenizer = run.load_model()
+    ids = [token["id"] for token in data["tokens"]]
+    maps = as_tensor(timeline["maps"])  # [steps, n_layer, H, T, T]
+    val, _, _ = validation_tokens(run.data_config(), tokenizer, tmp_path)
+    x, y = fixed_windows(val, 32, 32, 0, "val")
+    for s in (0, 3, 5):
+        snapshot = run.load_snapshot(timeline["steps"][s], GPT.from_pretrained(trained_run)).eval()
+        with torch.no_grad():
+            trace = snapshot.trace(torch.tensor([ids]))
+            loss = GPT.loss(snapshot(x)[0], y).item()
+            sample = snapshot.generate(torch.tensor([ids]), 60, temperature=0.8, generator=torch.Generator().manual_seed(0),
+                                       suppress_tokens=(tokenizer.token_to_id("<unk>"),))
+        torch.testing.assert_close(maps[s], trace.weights[:, 0], atol=1e-6, rtol=0)
+        probs = torch.softmax(trace.logits[0, -1], -1)
+        probs[tokenizer.token_to_id("<unk>")] = 0  # never generated (data.tokenizer.suppressed_ids)
+        assert timeline["prediction"][s]["ids"] == probs.topk(20).indices.tolist()
+        assert timeline["loss"][s] == pytest.approx(loss, abs=1e-5)
+        assert timeline["samples"][s] == tokenizer.decode(sample[0, len(ids):].tolist())
+        scores = head_scores(snapshot, torch.from_numpy(val[:32].astype("int64"))[None],
+                             repeated_tokens(model.config.vocab_size, 16, (tokenizer.token_to_id("<unk>"),)))
+        for kind in ("previous_token", "induction"):
+            torch.testing.assert_close(torch.tensor(timeline["scores"][kind][s]), scores[kind], atol=1e-6, rtol=0)
+    assert timeline["loss"][-1] < timeline["loss"][0]
+    trained = data["layers"][1]["heads"][0]["weights"]  # the last snapshot is the trained model
+    torch.testing.assert_close(maps[-1, 1, 0], as_tensor(trained), atol=1e-6, rtol=0)
+
+
+def test_a_run_without_snapshots_has_no_timeline(run, tmp_path):
+    out = tmp_path / "page.html"
+    assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:", "--out", str(out)]) == 0
+    assert embedded(out.read_text(encoding="utf-8"))["timeline"] is None

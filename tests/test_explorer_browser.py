@@ -19,7 +19,7 @@ from explorer.page import strings
 from model import Sampling
 from model.sampling import next_token_probabilities
 from explorer.data import decoded
-from test_explorer import HOSTILE, embedded, make_run
+from test_explorer import HOSTILE, embedded, make_run, trained_run  # noqa: F401 (a fixture)
 from test_explorer_server import server, served_run  # noqa: F401 (fixtures)
 
 try:
@@ -430,3 +430,40 @@ def test_the_docs_screenshots_are_taken_of_what_was_clicked(pages, browser, tmp_
     screenshot(str(tmp_path / "other.png"), *chosen[:-2])  # no coordinate expanded
     assert size(tmp_path / "en.png")[0] < 1280  # the panel alone
     assert len({(tmp_path / f"{name}.png").read_bytes() for name in ("en", "zh", "other")}) == 3
+
+
+def test_the_slider_walks_the_model_from_its_initialisation_to_the_end(trained_run, tmp_path, open_page):
+    """The timeline opens at the trained model; Home, the arrow keys and End move through the
+    snapshots, and the readout, the prediction, the sample and the charts follow, with the
+    numbers of the page's data; in both languages, with no error and no request."""
+    out = tmp_path / "timeline.html"
+    assert explore.main(["--checkpoint", str(trained_run), "--prompt", "MACBETH:\nSo foul", "--out", str(out),
+                         "--lang", "en"]) == 0
+    timeline = embedded(out.read_text(encoding="utf-8"))["timeline"]
+    page = open_page(out.as_uri())
+    page.page.wait_for_selector("#timeline-prediction tbody tr")
+    expect(page.page.locator("#timeline-readout")).to_have_text(
+        f"step 20 (6 of 6): validation loss {timeline['loss'][-1]:.4f}")
+
+    def shows(s: int) -> None:
+        assert page.values("#timeline-prediction td.num") == pytest.approx(timeline["prediction"][s]["values"], abs=1e-6)
+        assert page.text("#timeline-sample").endswith(timeline["samples"][s])
+        assert page.text("#timeline-prediction-title").endswith(f"at step {timeline['steps'][s]}")
+        dots = page.values('#timeline-previous_token circle')
+        assert dots == pytest.approx([v for layer in timeline["scores"]["previous_token"][s] for v in layer], abs=1e-6)
+
+    shows(5)
+    page.page.focus("#timeline-step")
+    page.page.keyboard.press("Home")
+    expect(page.page.locator("#timeline-readout")).to_contain_text("step 0 (1 of 6)")
+    shows(0)
+    page.page.keyboard.press("ArrowRight")
+    page.page.keyboard.press("ArrowRight")
+    expect(page.page.locator("#timeline-readout")).to_contain_text("step 2 (3 of 6)")
+    shows(2)
+    assert page.page.locator("canvas.timeline-map").count() == 4  # 2 layers × 2 heads
+    page.page.click("#lang")
+    expect(page.page.locator("#timeline-readout")).to_contain_text("第 2 步（第 3 个，共 6 个）")
+    assert "归纳得分" in page.text("#timeline-panel")
+    page.page.keyboard.press("End")
+    assert not page.errors and not page.requests and not page.dialogs

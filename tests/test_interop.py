@@ -639,7 +639,7 @@ def test_evaluate_split_val_reads_the_runs_own_token_files(runs, tmp_path, capsy
     (moved / "config.yaml").write_text(yaml.safe_dump(settings))
     assert evaluate.main(["--checkpoint", str(moved), "--split", "val", "--json"]) == 0
     again, err = capsys.readouterr()
-    assert "encoding the validation text of" in err and not (tmp_path / "empty-cache").exists()
+    assert "encoded the validation text of" in err and not (tmp_path / "empty-cache").exists()
     assert json.loads(again) == json.loads(out)
 
 
@@ -662,7 +662,7 @@ def test_evaluate_split_val_scores_the_validation_text_as_a_file_would(tmp_path,
         assert evaluate.main(["--checkpoint", str(run), *argv, "--json"]) == 0
         out, err = capsys.readouterr()
         results.append(json.loads(out))
-        assert ("encoding the validation text of" in err) == (argv[0] == "--split")  # no token files of the run
+        assert ("encoded the validation text of" in err) == (argv[0] == "--split")  # no token files of the run
     assert not (tmp_path / "cache").exists()  # the validation text alone, and no cache folder
     assert results[0] == pytest.approx(results[1], rel=1e-6)
     assert results[0]["characters"] == len(val_text) and results[0]["tokens"] == len(val_text) - 1

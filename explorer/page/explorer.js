@@ -9,7 +9,7 @@ let DATA = JSON.parse(document.getElementById("explorer-data").textContent);
 let dataVersion = 0; // counts the data the page has shown (the server sends new data)
 
 const state = { lang: SETTINGS.lang, layer: 0, head: 0, query: 0, key: null, locked: false, preview: null,
-  noScale: false, noMask: false, ablate: null, coordinate: null };
+  noScale: false, noMask: false, ablate: null, coordinate: null, snapshot: null };
 
 // ---- small helpers --------------------------------------------------------------------
 
@@ -640,6 +640,131 @@ function renderAblation() {
     next: ranked.slice(1, 4).map((r) => t("layerHead", { layer: r.l, head: r.h })).join(", ") });
 }
 
+// ---- watching it learn: the prompt through the model at each snapshot of training ----------
+
+const TIMELINE_KINDS = [["previous_token", "scorePrevious"], ["induction", "scoreInduction"]];
+
+function timelineStep() { // the picked snapshot's index (the last, the trained model, at first)
+  const count = DATA.timeline.steps.length;
+  if (state.snapshot === null || state.snapshot >= count) state.snapshot = count - 1;
+  return state.snapshot;
+}
+
+function timelineMap(s, l, h) { // the weights of snapshot s, layer l, head h as rows [T][T]
+  const c = DATA.config;
+  const T = DATA.tokens.length;
+  const all = values(DATA.timeline.maps);
+  const start = (((s * c.n_layer) + l) * c.n_head + h) * T * T;
+  return Array.from({ length: T }, (_, i) => Array.from(all.subarray(start + i * T, start + (i + 1) * T)));
+}
+
+// A line chart over the snapshots (x: log of step + 1, as they are spaced), one line per series.
+function stepChart(series, picked, label) {
+  const steps = DATA.timeline.steps;
+  const width = 360, height = 150, left = 44, bottom = 22, top = 8;
+  const all = series.flatMap((line) => line.values).filter((v) => v !== null);
+  const low = Math.min(...all), high = Math.max(...all), span = high - low || 1;
+  const x = (i) => left + (width - left - 8) * Math.log10(steps[i] + 1) / Math.log10(steps[steps.length - 1] + 1);
+  const y = (v) => top + (height - top - bottom) * (1 - (v - low) / span);
+  const chart = svg("svg", { width, height, class: "timeline-chart", role: "img", "aria-label": label });
+  chart.append(svg("text", { x: 2, y: top + 8 }), svg("text", { x: 2, y: height - bottom }));
+  chart.children[0].textContent = fmt(high, 3);
+  chart.children[1].textContent = fmt(low, 3);
+  const axis = svg("text", { x: left, y: height - 4 });
+  axis.textContent = `${t("timelineStep")} ${steps[0]} … ${steps[steps.length - 1]} (log)`;
+  chart.append(axis, svg("line", { x1: x(picked), x2: x(picked), y1: top, y2: height - bottom, class: "picked",
+    "stroke-width": 1 }));
+  series.forEach((line) => {
+    const points = line.values.map((v, i) => (v === null ? null : `${x(i).toFixed(1)},${y(v).toFixed(1)}`));
+    chart.append(svg("polyline", { points: points.filter(Boolean).join(" "), fill: "none", stroke: line.colour,
+      "stroke-width": 1.5, "data-name": line.name }));
+    if (line.values[picked] !== null) {
+      chart.append(svg("circle", { cx: x(picked), cy: y(line.values[picked]), r: 3, fill: line.colour,
+        "data-name": line.name, "data-value": line.values[picked] }));
+    }
+  });
+  return chart;
+}
+
+function crossing(values) { // the first step from which a score stays above half of its last value
+  const half = values[values.length - 1] / 2;
+  let from = values.length - 1;
+  while (from > 0 && values[from - 1] > half) from -= 1;
+  return DATA.timeline.steps[from];
+}
+
+function renderTimeline() {
+  const timeline = DATA.timeline;
+  $("timeline-panel").hidden = !timeline;
+  if (!timeline) return;
+  const s = timelineStep();
+  const step = timeline.steps[s];
+  const c = DATA.config;
+  const slider = $("timeline-step");
+  slider.max = String(timeline.steps.length - 1);
+  slider.value = String(s);
+  slider.setAttribute("aria-valuetext", t("timelineStep") + " " + step);
+  const loss = timeline.loss[s];
+  $("timeline-readout").textContent = t("timelineReadout", { step, k: s, count: timeline.steps.length,
+    loss: loss === null ? "" : t("timelineLossValue", { loss: fmt(loss, 4) }) });
+  $("timeline-loss").replaceChildren(timeline.loss[0] === null ? el("p", { class: "note", text: t("timelineNoLoss") })
+    : stepChart([{ name: "loss", values: timeline.loss, colour: "rgb(59, 82, 139)" }], s, t("timelineLoss")));
+  $("timeline-sample-title").textContent = t("timelineSampleTitle", { step, seed: timeline.sample_seed });
+  $("timeline-sample").textContent = DATA.tokens.map((token) => token.joined ?? token.text).join("") + timeline.samples[s];
+  const maps = $("timeline-maps");
+  maps.style.gridTemplateColumns = `auto repeat(${c.n_head}, auto)`;
+  maps.replaceChildren(el("span"));
+  for (let h = 0; h < c.n_head; h++) maps.append(el("span", { class: "axis", text: t("headN", { n: h }) }));
+  const cell = Math.max(1, Math.floor(72 / DATA.tokens.length));
+  for (let l = 0; l < c.n_layer; l++) {
+    maps.append(el("span", { class: "axis", text: t("layerN", { n: l }) }));
+    for (let h = 0; h < c.n_head; h++) {
+      const canvas = el("canvas", { class: "timeline-map", "data-layer": l, "data-head": h });
+      drawMap(canvas, timelineMap(s, l, h), cell, null);
+      maps.append(canvas);
+    }
+  }
+  const last = tokenLabel(DATA.tokens[DATA.tokens.length - 1]);
+  $("timeline-prediction-title").textContent = t("timelinePredictionTitle", { text: last, step });
+  const prediction = timeline.prediction[s];
+  $("timeline-prediction").tBodies[0].replaceChildren(...prediction.ids.map((id, i) => {
+    const bar = el("span", { class: "bar" });
+    bar.style.width = `${120 * prediction.values[i]}px`;
+    return el("tr", { "data-id": id }, el("td", { class: "key", text: textOf(id) }),
+      el("td", { class: "num", "data-value": prediction.values[i], text: fmt(prediction.values[i]) }),
+      el("td", { class: "contribution" }, bar));
+  }));
+  const query = view().query;
+  $("timeline-lens-title").textContent = t("timelineLensTitle", { text: tokenLabel(DATA.tokens[query]), step });
+  $("timeline-lens").tBodies[0].replaceChildren(...timeline.lens[s].map((layer, l) => el("tr", { "data-layer": l },
+    el("th", { text: t("layerN", { n: l }) }),
+    ...layer.ids[query].map((id, r) => el("td", { "data-id": id },
+      el("span", { class: "piece mono", text: textOf(id) }), ` ${fmt(layer.values[query][r], 3)}`)))));
+  $("timeline-scores-note").textContent = t(timeline.scores_text === "val" ? "timelineScoresNote"
+    : "timelineScoresNotePrompt");
+  const best = {};
+  for (const [kind, name] of TIMELINE_KINDS) {
+    const lines = [];
+    for (let l = 0; l < c.n_layer; l++) {
+      for (let h = 0; h < c.n_head; h++) {
+        const hue = Math.round(360 * (l * c.n_head + h) / (c.n_layer * c.n_head));
+        lines.push({ name: t("layerHeadShort", { layer: l, head: h }), layer: l, head: h, colour: `hsl(${hue}, 65%, 45%)`,
+          values: timeline.scores[kind].map((perStep) => perStep[l][h]) });
+      }
+    }
+    $(`timeline-${kind}`).replaceChildren(el("h4", { text: t(name) }), stepChart(lines, s, t(name)));
+    best[kind] = lines.reduce((a, b) => (b.values[b.values.length - 1] > a.values[a.values.length - 1] ? b : a));
+  }
+  const p = best.previous_token, i = best.induction;
+  $("timeline-best").textContent = t("timelineBest", { pl: p.layer, ph: p.head, pv: fmt(p.values[p.values.length - 1], 3),
+    ps: crossing(p.values), il: i.layer, ih: i.head, iv: fmt(i.values[i.values.length - 1], 3), is: crossing(i.values) });
+}
+
+$("timeline-step").addEventListener("input", () => {
+  state.snapshot = Number($("timeline-step").value);
+  renderTimeline();
+});
+
 // ---- all of it ------------------------------------------------------------------------------
 
 function render() {
@@ -648,6 +773,7 @@ function render() {
   $("explorer").hidden = DATA === null;
   if (DATA === null) return;
   renderTokens();
+  renderTimeline();
   renderEmbedding();
   renderGrid();
   renderQueryGrid();
