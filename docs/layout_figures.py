@@ -75,10 +75,12 @@ def main() -> None:
     print(f"\nthe newcomer's path (model/, data/, train.py, generate.py, the loop and the training/ modules it "
           f"imports): {len(newcomer)} files, {sum(map(lines, newcomer)):,} non-blank lines")
     print("\n| program | project files it imports | their non-blank lines | folders |\n|---|---|---|---|")
-    for program in PROGRAMS:
-        files = closure(root, root / f"{program}.py")
+    closures = {program: closure(root, root / f"{program}.py") for program in PROGRAMS}
+    closures["train.py and generate.py together"] = closures["train"] | closures["generate"]
+    for program, files in closures.items():
         folders = sorted({p.parent.name for p in files if p.parent != root})
-        print(f"| `{program}.py` | {len(files)} | {sum(map(lines, files)):,} | {', '.join(folders)} |")
+        name = f"`{program}.py`" if program in PROGRAMS else program
+        print(f"| {name} | {len(files)} | {sum(map(lines, files)):,} | {', '.join(folders)} |")
 
 
 if __name__ == "__main__":

@@ -147,9 +147,9 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
     device = model.lm_head.weight.device
     prompt = torch.tensor([ids], device=device)
     windows = fixed_windows(val, c.block_size, TIMELINE_WINDOWS, 0, "val") if val is not None else None
-    text = torch.from_numpy(np.asarray(val[:min(c.block_size, 128)], dtype=np.int64))[None].to(device) \
-        if val is not None else prompt
     repeated = repeated_tokens(c.vocab_size, min(c.block_size // 2, 64), suppressed_ids(tokenizer)).to(device)
+    text = torch.from_numpy(np.asarray(val[:min(c.block_size, 128)], dtype=np.int64))[None].to(device) \
+        if val is not None else repeated[:, :repeated.size(1) // 2]  # (without the run's text: the random tokens)
     never = suppressed_ids(tokenizer)
     steps, losses, maps, predictions, lenses, samples, previous, induction = [], [], [], [], [], [], [], []
     for step, load in snapshots.items():
@@ -172,7 +172,7 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
     return {"steps": steps, "loss": losses, "maps": array(torch.stack(maps)), "prediction": predictions,
             "lens": lenses, "samples": samples, "sample_tokens": TIMELINE_TOKENS, "sample_seed": TIMELINE_SEED,
             "scores": {"previous_token": previous, "induction": induction},
-            "scores_text": "val" if val is not None else "prompt"}
+            "scores_text": "val" if val is not None else "random"}
 
 
 def initial_model(model: GPT, seed: int) -> GPT:

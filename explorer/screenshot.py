@@ -5,8 +5,9 @@ for the README and the docs:
     python -m explorer.screenshot explorer.html docs/images/explorer.png --layer 1 --head 2 --query 40 [--lang zh]
 
 It opens the page from file:// with every other request blocked, clicks the chosen
-head, query token, key, coordinate, experiment and head to switch off (as a learner
-would), and saves one panel (--panel), or --height pixels of the page from --top on.
+head, query token, key, coordinate, experiment, head to switch off and training step of
+the timeline (as a learner would), and saves one panel (--panel), or --height pixels of
+the page from --top on.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def main(argv=None) -> None:
     p.add_argument("--coordinate", type=int, help="a coordinate of q to show as its sum of products")
     p.add_argument("--experiment", choices=["no-scale", "no-mask"], help="switch an experiment on")
     p.add_argument("--ablate", help="LAYER,HEAD: switch that head off in the prediction panel")
+    p.add_argument("--step", type=int, help="the timeline at this training step (one of the run's snapshots)")
     p.add_argument("--lang", choices=["en", "zh"], default="en")
     p.add_argument("--panel", help="picture only this element (e.g. #qkv-panel) instead of --top and --height")
     p.add_argument("--top", default="#heads-panel", help="the part of the page the picture starts at")
@@ -63,6 +65,12 @@ def main(argv=None) -> None:
         if args.ablate:
             layer, head = args.ablate.split(",")
             page.click(f'.ablate[data-layer="{layer}"][data-head="{head}"]')
+        if args.step is not None:
+            steps = page.evaluate("DATA.timeline ? DATA.timeline.steps : []")
+            if args.step not in steps:
+                raise SystemExit(f"--step {args.step}: the page's snapshots are at steps {steps}")
+            page.eval_on_selector("#timeline-step", "(slider, k) => { slider.value = String(k); "
+                                  "slider.dispatchEvent(new Event('input')); }", steps.index(args.step))
         if args.lang != page.evaluate("document.documentElement.lang.slice(0, 2)"):
             page.click("#lang")
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -462,8 +462,26 @@ def test_the_slider_walks_the_model_from_its_initialisation_to_the_end(trained_r
     expect(page.page.locator("#timeline-readout")).to_contain_text("step 2 (3 of 6)")
     shows(2)
     assert page.page.locator("canvas.timeline-map").count() == 4  # 2 layers × 2 heads
+    for kind in ("previous_token", "induction"):  # the head that scores highest at the end is named
+        last, first = timeline["scores"][kind][-1], timeline["scores"][kind][0]
+        layer, head = max(((l, h) for l in range(2) for h in range(2)), key=lambda lh: last[lh[0]][lh[1]])
+        said = page.text(f'#timeline-best [data-kind="{kind}"]')
+        assert f"layer {layer}, head {head}" in said and f"{last[layer][head]:.3f}" in said
+        assert said.startswith("Highest" if last[layer][head] > 2 * first[layer][head] else "No head has learnt")
     page.page.click("#lang")
     expect(page.page.locator("#timeline-readout")).to_contain_text("第 2 步（第 3 个，共 6 个）")
     assert "归纳得分" in page.text("#timeline-panel")
     page.page.keyboard.press("End")
     assert not page.errors and not page.requests and not page.dialogs
+    # the docs' pictures of the timeline: explorer.screenshot --step picks the snapshot
+    import subprocess
+    import sys
+
+    shots = []
+    for step in ("0", "20", "3"):
+        shots.append(tmp_path / f"step{step}.png")
+        result = subprocess.run([sys.executable, "-m", "explorer.screenshot", str(out), str(shots[-1]), "--step", step,
+                                 "--panel", "#timeline-panel"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert result.returncode == (1 if step == "3" else 0), result.stderr[-2000:]
+    assert "--step 3: the page's snapshots are at steps [0, 1, 2, 5, 10, 20]" in result.stderr
+    assert shots[0].read_bytes() != shots[1].read_bytes()

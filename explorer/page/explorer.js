@@ -741,7 +741,7 @@ function renderTimeline() {
     ...layer.ids[query].map((id, r) => el("td", { "data-id": id },
       el("span", { class: "piece mono", text: textOf(id) }), ` ${fmt(layer.values[query][r], 3)}`)))));
   $("timeline-scores-note").textContent = t(timeline.scores_text === "val" ? "timelineScoresNote"
-    : "timelineScoresNotePrompt");
+    : "timelineScoresNoteRandom");
   const best = {};
   for (const [kind, name] of TIMELINE_KINDS) {
     const lines = [];
@@ -755,9 +755,17 @@ function renderTimeline() {
     $(`timeline-${kind}`).replaceChildren(el("h4", { text: t(name) }), stepChart(lines, s, t(name)));
     best[kind] = lines.reduce((a, b) => (b.values[b.values.length - 1] > a.values[a.values.length - 1] ? b : a));
   }
-  const p = best.previous_token, i = best.induction;
-  $("timeline-best").textContent = t("timelineBest", { pl: p.layer, ph: p.head, pv: fmt(p.values[p.values.length - 1], 3),
-    ps: crossing(p.values), il: i.layer, ih: i.head, iv: fmt(i.values[i.values.length - 1], 3), is: crossing(i.values) });
+  $("timeline-best").replaceChildren(...TIMELINE_KINDS.map(([kind, name]) => el("span", { "data-kind": kind,
+    text: bestHead(best[kind], t(name)) + " " })));
+}
+
+// The head that scores highest at the last step, and from which step it stayed above half
+// of that score; or, where no head scores twice what it did at initialisation, that none has
+// learnt it yet.
+function bestHead(line, name) {
+  const first = line.values[0], last = line.values[line.values.length - 1];
+  const values = { name, layer: line.layer, head: line.head, score: fmt(last, 3), first: fmt(first, 3) };
+  return last > 2 * first ? t("timelineBest", { ...values, step: crossing(line.values) }) : t("timelineBestNone", values);
 }
 
 $("timeline-step").addEventListener("input", () => {
