@@ -12,6 +12,8 @@ Exit codes: 0 ok, 2 bad input.
 
 from __future__ import annotations
 
+import common.threads  # noqa: F401 (first: OpenMP reads its wait policy when torch loads)
+
 import json
 import math
 import sys
@@ -25,9 +27,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common.cli import OneLineParser, UserError, run_main
+from common.cli import OneLineParser, positive, UserError, run_main
 from common.device import DTYPES, resolve_device, resolve_dtype
 from common.run_dir import RunDir
+from common.threads import thread_help, use_threads
 from data import DataError, unknown_characters
 from data.prepare import validation_tokens
 from data.sources import check_readable
@@ -139,6 +142,7 @@ def val_source(checkpoint: Path, tokenizer, counts: dict, scratch: Path) -> Iter
 
 
 def evaluate(args) -> dict:
+    use_threads("evaluate", args.threads)
     device = resolve_device(args.device)
     model, tokenizer = RunDir(args.checkpoint).load_model(device)
     model = model.to(resolve_dtype(args.dtype, device, training=False)).eval()
@@ -189,6 +193,7 @@ def parse_args(argv):
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="the weights' dtype while scoring (auto: bfloat16 on a GPU that has it, else float32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--threads", type=positive, help=thread_help("evaluate"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = p.parse_args(argv)
     if args.batch_size < 1:

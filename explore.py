@@ -14,6 +14,8 @@ Exit codes: 0 ok, 2 bad input.
 
 from __future__ import annotations
 
+import common.threads  # noqa: F401 (first: OpenMP reads its wait policy when torch loads)
+
 import functools
 import sys
 import tempfile
@@ -21,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import OneLineParser, UserError, locale_language, run_main
+from common.cli import OneLineParser, positive, UserError, locale_language, run_main
 from common.prompt import encode_prompt
 from common.run_dir import DEFAULT_RUN, RunDir
+from common.threads import thread_help, use_threads
 from data import DataError
 from data.prepare import validation_tokens
 from explorer.data import MAX_TOKENS, initial_model, page_data, timeline_data
@@ -112,6 +115,7 @@ def parse_args(argv):
     p.add_argument("--lang", choices=["en", "zh"], help="the page's starting language (default: from the locale)")
     p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 instead of writing a file")
     p.add_argument("--port", type=int, default=8000, help="port for --serve (default 8000; 0 picks a free one)")
+    p.add_argument("--threads", type=positive, help=thread_help("explore"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = p.parse_args(argv)
     if args.max_tokens < 1:
@@ -138,6 +142,7 @@ def read_prompt(args) -> str | None:
 
 
 def command(args) -> int:
+    use_threads("explore", args.threads)
     lang = args.lang or locale_language()
     run = RunDir(args.checkpoint)
     prompt = read_prompt(args)

@@ -13,14 +13,17 @@ Exit codes: 0 ok, 2 bad input.
 
 from __future__ import annotations
 
+import common.threads  # noqa: F401 (first: OpenMP reads its wait policy when torch loads)
+
 import json
 import os
 import shutil
 import sys
 from pathlib import Path
 
-from common.cli import OneLineParser, UserError, run_main
+from common.cli import OneLineParser, positive, UserError, run_main
 from common.run_dir import RunDir
+from common.threads import thread_help, use_threads
 from interop.gguf import write_gguf
 from interop.hf import Unsupported, to_transformers
 from data.tokenizer import EOT, UNK, end_of_text_id, end_of_text_ids, start_ids, suppressed_ids
@@ -168,12 +171,19 @@ def parse_args(argv):
     p = OneLineParser(prog="export.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, required=True, help="run directory, e.g. out/tiny")
     p.add_argument("--out", type=Path, required=True, help="new folder for the transformers model, or a new FILE.gguf for llama.cpp")
+    p.add_argument("--threads", type=positive, help=thread_help("export"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     return p.parse_args(argv)
 
 
+def command(args) -> int:
+    use_threads("export", args.threads)
+    export(args.checkpoint, args.out)
+    return 0
+
+
 def main(argv=None) -> int:
-    return run_main(parse_args, lambda args: export(args.checkpoint, args.out) or 0, argv, {UserError: 2})
+    return run_main(parse_args, command, argv, {UserError: 2})
 
 
 if __name__ == "__main__":

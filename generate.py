@@ -7,6 +7,8 @@ Exit codes: 0 ok, 2 bad input.
 
 from __future__ import annotations
 
+import common.threads  # noqa: F401 (first: OpenMP reads its wait policy when torch loads)
+
 import dataclasses
 import sys
 import time
@@ -16,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-from common.cli import OneLineParser, UserError, run_main
+from common.cli import OneLineParser, positive, UserError, run_main
 from common.device import DTYPES, resolve_device, resolve_dtype
 from common.prompt import encode_prompt
 from common.run_dir import DEFAULT_RUN, RunDir
+from common.threads import thread_help, use_threads
 from data.tokenizer import encode_or_start, end_of_text_ids, suppressed_ids
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
 from model import Sampling
@@ -235,6 +238,7 @@ def parse_args(argv):
     p.add_argument("--show-attention", type=Path, metavar="FILE.png",
                    help="for the first sample, prompt and generated text: every layer's attention maps "
                         "(rows: layers, columns: heads) as a PNG (the explorer's page of a text: explore.py)")
+    p.add_argument("--threads", type=positive, help=thread_help("generate"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     return p.parse_args(argv)
 
@@ -253,6 +257,7 @@ def read_prompts(args) -> list[str]:
 
 def command(args) -> int:
     settings = Settings.from_args(args, stream=sys.stdout.isatty())  # (checked before any work)
+    use_threads("generate", args.threads)
     prompts = read_prompts(args)
     interactive_mode = args.interactive or (not prompts and sys.stdin.isatty())
     device = resolve_device(args.device)

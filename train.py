@@ -12,13 +12,15 @@ Exit codes: 0 done, 1 training failed (non-finite loss, full disk), 2 bad input,
 
 from __future__ import annotations
 
+import common.threads  # noqa: F401 (first: OpenMP reads its wait policy when torch loads)
+
 import argparse
 import os
 import sys
 
 import torch
 
-from common.cli import OneLineParser, UserError, locale_language, run_main
+from common.cli import OneLineParser, UserError, locale_language, positive, run_main
 from common.device import resolve_device, resolve_dtype
 from common.run_dir import RunDir
 from data import DataError
@@ -29,7 +31,7 @@ from training.trainer import Trainer, TrainingError
 
 
 def train(args) -> int:
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, [*args.overrides, *([f"train.threads={args.threads}"] if args.threads else [])])
     device = resolve_device(cfg.train.device)
     dtype = resolve_dtype(cfg.train.dtype, device, training=True)
     if args.explain:
@@ -81,6 +83,9 @@ def parse_args(argv):
     parser.add_argument("--explain", action="store_true",
                         help="print the shapes of one traced forward pass of this model, then exit")
     parser.add_argument("--lang", choices=["en", "zh"], help="language of --explain (default: from the locale)")
+    parser.add_argument("--threads", type=positive, help="torch's CPU threads, as train.threads=N (default: train.threads; "
+                        "unset, $OMP_NUM_THREADS if set, else one per core; OpenMP waits passively unless "
+                        "$OMP_WAIT_POLICY says)")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     return parser.parse_intermixed_args(argv)
 

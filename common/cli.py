@@ -20,6 +20,17 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a usage error names the option otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
 def run_main(parse: Callable[[Any], Any], body: Callable[[Any], int], argv,
              exit_codes: dict[type, int]) -> int:
     """Parse argv and run body(args). An exception listed in exit_codes prints

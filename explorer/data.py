@@ -22,7 +22,7 @@ from data import fixed_windows
 from data.token_text import token_text, token_views
 from data.tokenizer import suppressed_ids
 from inspection.attention_maps import VIRIDIS
-from inspection.head_scores import head_scores, repeated_tokens
+from inspection.head_scores import copy_test, head_scores
 from model import GPT, evaluating
 
 SCHEMA_VERSION = 2
@@ -147,7 +147,7 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
     device = model.lm_head.weight.device
     prompt = torch.tensor([ids], device=device)
     windows = fixed_windows(val, c.block_size, TIMELINE_WINDOWS, 0, "val") if val is not None else None
-    repeated = repeated_tokens(c.vocab_size, min(c.block_size // 2, 64), suppressed_ids(tokenizer)).to(device)
+    repeated = copy_test(tokenizer, c.vocab_size, c.block_size).to(device)
     text = torch.from_numpy(np.asarray(val[:min(c.block_size, 128)], dtype=np.int64))[None].to(device) \
         if val is not None else repeated[:, :repeated.size(1) // 2]  # (without the run's text: the random tokens)
     never = suppressed_ids(tokenizer)

@@ -7,6 +7,9 @@ induction score: on n random tokens repeated once (2n tokens), the mean weight e
     of the second copy gives the token that followed its earlier occurrence: query t ≥ n
     looking at key t - n + 1. 1: the head copies what came next last time, the pattern of
     an induction head (Olsson et al., 2022, "In-context Learning and Induction Heads").
+    The random tokens are drawn from those a model meets inside a line of text: none that
+    holds a newline (where text, and what a model has learnt to copy, often starts afresh),
+    no special token and none the model never generates.
 
 A head that spreads its weight evenly over the k keys it may see scores the mean over the
 queries of 1/k on both.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from data.tokenizer import end_of_text_ids, suppressed_ids
 from model import GPT, evaluating
 
 
@@ -33,9 +37,18 @@ def induction_scores(weights: torch.Tensor) -> torch.Tensor:
 
 def repeated_tokens(vocab_size: int, n: int, never: tuple[int, ...] = (), seed: int = 0) -> torch.Tensor:
     """[1, 2n]: n random token ids (none of `never`), then the same n again."""
-    allowed = torch.tensor([i for i in range(vocab_size) if i not in set(never)])
+    allowed = torch.tensor(sorted(set(range(vocab_size)) - set(never)))
     first = allowed[torch.randint(len(allowed), (n,), generator=torch.Generator().manual_seed(seed))]
     return torch.cat([first, first])[None]
+
+
+def copy_test(tokenizer, vocab_size: int, block_size: int) -> torch.Tensor:
+    """The induction score's sequence for a model: min(block_size // 2, 64) random tokens of
+    the tokenizer's, none holding a newline nor special (see above), repeated once."""
+    never = {*suppressed_ids(tokenizer), *end_of_text_ids(tokenizer)}
+    never |= {i for i in range(vocab_size) if "\n" in tokenizer.decode([i]) or tokenizer.id_to_token(i) is None}
+    never |= {i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special}
+    return repeated_tokens(vocab_size, min(block_size // 2, 64), tuple(never))
 
 
 @torch.no_grad()

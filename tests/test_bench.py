@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROOT
 
-SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer", "elastic", "prepare"]
+SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer", "elastic", "prepare", "snapshots"]
 
 
 @pytest.mark.slow

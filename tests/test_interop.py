@@ -302,10 +302,10 @@ def test_export_makes_missing_folders_and_says_how_to_load_the_result(tmp_path, 
 def test_export_command_line_help_requirements_and_debug(tmp_path, capsys):
     assert export.main(["--help"]) == 0
     shown = " ".join(capsys.readouterr().out.split())  # (argparse re-wraps the lines)
-    assert shown.startswith("usage: export.py [-h] --checkpoint CHECKPOINT --out OUT [--debug]")
+    assert shown.startswith("usage: export.py [-h] --checkpoint CHECKPOINT --out OUT [--threads THREADS] [--debug]")
     assert shown.split(" options:")[0].endswith(" ".join(export.__doc__.split("\n\n")[0].split()))  # all of it
     assert ("--checkpoint CHECKPOINT run directory, e.g. out/tiny --out OUT new folder for the transformers model, or a new FILE.gguf for llama.cpp "
-            "--debug show full tracebacks") in shown
+            "--threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else 1; OpenMP waits passively unless $OMP_WAIT_POLICY says) --debug show full tracebacks") in shown
     assert export.main(["--out", str(tmp_path / "hf")]) == 2
     assert "the following arguments are required: --checkpoint (see python export.py --help)" in capsys.readouterr().err
     assert export.main(["--checkpoint", str(tmp_path)]) == 2
@@ -762,13 +762,14 @@ def test_evaluate_command_line_help_requirements_and_debug(tmp_path, capsys):
     assert shown == (
         "usage: evaluate.py [-h] --checkpoint CHECKPOINT (--text TEXT | --split {val}) [--stride STRIDE] "
         "[--batch-size BATCH_SIZE] [--device DEVICE] [--dtype {auto,float32,bfloat16,float16}] [--json] "
-        "[--debug] Score a text with a trained model: python "
+        "[--threads THREADS] [--debug] Score a text with a trained model: python "
         "evaluate.py --checkpoint out/tiny --text FILE (or --split val) options: -h, --help show this help message "
         "and exit --checkpoint CHECKPOINT run directory, e.g. out/tiny --text TEXT a UTF-8 text file to score "
         "--split {val} the run's own validation split --stride STRIDE how far each window moves (default "
         "block_size // 2) --batch-size BATCH_SIZE windows per forward pass --device DEVICE auto, cpu, cuda or mps "
         "--dtype {auto,float32,bfloat16,float16} the weights' dtype while scoring (auto: bfloat16 on a GPU that has "
-        "it, else float32) --json print one JSON object --debug show full tracebacks")
+        "it, else float32) --json print one JSON object "
+        "--threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else one per core; OpenMP waits passively unless $OMP_WAIT_POLICY says) --debug show full tracebacks")
     for argv, message in [([], "the following arguments are required: --checkpoint"),
                           (["--checkpoint", "x"], "one of the arguments --text --split is required"),
                           (["--checkpoint", "x", "--text", "a", "--split", "val"],

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 import train
 from common.run_dir import RunDir
 from conftest import ROOT, make_trainer
-from inspection.head_scores import head_scores, induction_scores, previous_token_scores, repeated_tokens
+from inspection.head_scores import copy_test, head_scores, induction_scores, previous_token_scores, repeated_tokens
 from model import GPT, GPTConfig
 from training.snapshots import Snapshots, scheduled
 
@@ -107,6 +107,20 @@ def test_head_scores_of_hand_built_maps():
                                              sum(1 / (t + 1) for t in range(n, T)) / n))
     assert torch.equal(repeated_tokens(50, 8, never=(3,), seed=1)[0, :8], repeated_tokens(50, 8, never=(3,), seed=1)[0, 8:])
     assert 3 not in repeated_tokens(5, 200, never=(3,))
+
+
+def test_the_copy_test_draws_tokens_from_inside_a_line():
+    """No newline (where text starts afresh), no special token, nothing never generated."""
+    from data.tokenizer import train_tokenizer
+
+    char = train_tokenizer("char", ["ab cd\nef gh\n" * 20], 0)
+    ids = copy_test(char, char.get_vocab_size(), 64)[0]
+    assert ids.shape == (64,) and torch.equal(ids[:32], ids[32:])
+    assert "\n" not in char.decode(ids.tolist()) and char.token_to_id("<unk>") not in ids
+    assert copy_test(char, char.get_vocab_size(), 500).shape == (1, 128)  # at most 64 tokens, twice
+    bpe = train_tokenizer("bpe", ["hello world\nthe end\n" * 50], 300)
+    text = bpe.decode(copy_test(bpe, bpe.get_vocab_size(), 64)[0].tolist(), skip_special_tokens=False)
+    assert "\n" not in text and "<|endoftext|>" not in text
 
 
 def test_a_head_that_cannot_tell_keys_apart_scores_what_uniform_attention_scores():

@@ -62,7 +62,7 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto, float32, bfloat16, float16 (autocast)
     compile: bool = False
-    threads: int = 0  # torch intra-op threads; 0 leaves torch's default
+    threads: int = 0  # torch's CPU threads; 0: $OMP_NUM_THREADS if set, else one per core (common/threads.py)
     seed: int = 1337
     init_from: str | None = None  # start from these weights: a run directory or a GPT-2 family model
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from inspection.head_scores import head_scores, repeated_tokens
+from inspection.head_scores import copy_test, head_scores
 from common.device import autocast
 from data import fixed_windows
 from data.tokenizer import encode_or_start, suppressed_ids
@@ -32,8 +32,7 @@ class Evaluator:
         self.val = fixed_windows(run.data.val, block_size, count, settings.seed, "val")
         self.train = fixed_windows(run.data.train, block_size, count, settings.seed, "train")
         self.attention_ids = torch.from_numpy(run.data.val[:min(block_size, 128)].astype(np.int64))[None].to(device)
-        self.repeated_ids = repeated_tokens(run.model_config.vocab_size, min(block_size // 2, 64),
-                                            suppressed_ids(run.data.tokenizer)).to(device)  # for the induction score
+        self.repeated_ids = copy_test(run.data.tokenizer, run.model_config.vocab_size, block_size).to(device)
         self.tokenizer = run.data.tokenizer
         self.batch_size = settings.batch_size
         self.dist = dist

@@ -16,9 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
 from common.cli import UserError
+from common.threads import use_threads
 from common.run_dir import RunDir
 from data import TokenData, content_digest, prepare
 from data.tokenizer import suggest_prompt
@@ -51,8 +50,7 @@ def prepare_run(cfg: RunConfig, dist: Distributed = Distributed(), fresh: bool =
     fresh: start over there. use_out_dir=False: a new run that never reads or changes out_dir
     (--explain)."""
     started = time.perf_counter()
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    use_threads("train", cfg.train.threads or None)
     base = open_base_model(cfg.train.init_from) if cfg.train.init_from else None
     if base is not None:
         config_for(base, cfg.model, cfg.model_keys)  # refuse a changed setting before anything is written

@@ -149,8 +149,9 @@ class Trainer:
                 evaluate = (self.budget.wants_evaluation(self.iteration)  # (the first estimate of train.max_minutes)
                             or self.iteration % settings.eval_interval == 0 or self.iteration == self.max_iters)
                 save = evaluate or self.iteration % checkpoint_interval == 0
+                read = save or self.iteration % settings.log_interval == 0
                 stopping = 0
-                if save or self.iteration % settings.log_interval == 0 or (stop.signal and not self.dist.enabled):
+                if read or (stop.signal and not self.dist.enabled):  # (under DDP, all read at the same steps)
                     stopping = self.read_losses(log, lr, stop.signal)
                 snapshot = self.snapshots.due(self.iteration, self.max_iters)
                 if evaluate or snapshot:  # each head's attention map and scores, in TensorBoard
@@ -168,7 +169,7 @@ class Trainer:
                     log.message(f"stopped at iteration {self.iteration}; checkpoint saved in {self.run_dir}. "
                                 "Run the same command to continue.")
                     return 128 + stopping
-                if save or self.iteration % settings.log_interval == 0:
+                if read:
                     self.retarget(log, self.budget.fit(self.iteration))
             log.hparams(self.run.config.to_dict(), {"val/loss": self.val_loss, "val/best_loss": self.best_val_loss})
         self.say_done()
