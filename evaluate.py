@@ -12,8 +12,6 @@ Exit codes: 0 ok, 2 bad input.
 
 from __future__ import annotations
 
-import common.threads  # noqa: F401 (first: OpenMP reads its wait policy when torch loads)
-
 import json
 import math
 import sys
@@ -30,7 +28,7 @@ from tqdm import tqdm
 from common.cli import OneLineParser, positive, UserError, run_main
 from common.device import DTYPES, resolve_device, resolve_dtype
 from common.run_dir import RunDir
-from common.threads import thread_help, use_threads
+from common.threads import AdaptiveThreads, thread_help, use_threads
 from data import DataError, unknown_characters
 from data.prepare import validation_tokens
 from data.sources import check_readable
@@ -87,10 +85,12 @@ def scored_windows(chunks: Iterable[np.ndarray], block_size: int, stride: int) -
 
 
 @torch.no_grad()
-def score(model, windows: Iterable[tuple[np.ndarray, int]], batch_size: int, device) -> tuple[float, int]:
+def score(model, windows: Iterable[tuple[np.ndarray, int]], batch_size: int, device,
+          threads: AdaptiveThreads | None = None) -> tuple[float, int]:
     """(sum of the negative log-likelihoods, number of tokens scored), in batches of
-    windows of one length (only the last window of a text may be shorter)."""
-    total, count, batch = 0.0, 0, []
+    windows of one length (only the last window of a text may be shorter); `threads`
+    keeps to the thread count that scores faster now (common/threads.py)."""
+    total, count, batch, batches = 0.0, 0, [], 0
 
     def run(batch) -> float:
         tokens = torch.from_numpy(np.stack([w for w, _ in batch])).to(device)  # [B, L + 1]
@@ -105,6 +105,9 @@ def score(model, windows: Iterable[tuple[np.ndarray, int]], batch_size: int, dev
         if batch and (len(batch) == batch_size or len(window[0]) != len(batch[0][0])):
             total += run(batch)
             batch = []
+            batches += 1
+            if threads is not None and batches % 8 == 0:
+                threads.update(batches)
         batch.append(window)
         count += window[1]
     if batch:
@@ -142,7 +145,7 @@ def val_source(checkpoint: Path, tokenizer, counts: dict, scratch: Path) -> Iter
 
 
 def evaluate(args) -> dict:
-    use_threads("evaluate", args.threads)
+    threads = AdaptiveThreads(use_threads("evaluate", args.threads))
     device = resolve_device(args.device)
     model, tokenizer = RunDir(args.checkpoint).load_model(device)
     model = model.to(resolve_dtype(args.dtype, device, training=False)).eval()
@@ -156,7 +159,7 @@ def evaluate(args) -> dict:
         chunks = val_source(args.checkpoint, tokenizer, counts, Path(scratch)) if args.split else \
             text_source(args.text, tokenizer, counts)
         start = time.perf_counter()
-        nll, tokens = score(model, scored_windows(chunks, block, stride), args.batch_size, device)
+        nll, tokens = score(model, scored_windows(chunks, block, stride), args.batch_size, device, threads)
         chunks.close()  # lets go of the tokens' file
     if tokens == 0:
         raise UserError(f"{args.text or 'the validation split'} is too short to score: it needs at least 2 tokens")

@@ -14,8 +14,6 @@ Exit codes: 0 ok, 2 bad input.
 
 from __future__ import annotations
 
-import common.threads  # noqa: F401 (first: OpenMP reads its wait policy when torch loads)
-
 import functools
 import sys
 import tempfile

@@ -12,8 +12,6 @@ Exit codes: 0 done, 1 training failed (non-finite loss, full disk), 2 bad input,
 
 from __future__ import annotations
 
-import common.threads  # noqa: F401 (first: OpenMP reads its wait policy when torch loads)
-
 import argparse
 import os
 import sys
@@ -83,9 +81,9 @@ def parse_args(argv):
     parser.add_argument("--explain", action="store_true",
                         help="print the shapes of one traced forward pass of this model, then exit")
     parser.add_argument("--lang", choices=["en", "zh"], help="language of --explain (default: from the locale)")
-    parser.add_argument("--threads", type=positive, help="torch's CPU threads, as train.threads=N (default: train.threads; "
-                        "unset, $OMP_NUM_THREADS if set, else one per core; OpenMP waits passively unless "
-                        "$OMP_WAIT_POLICY says)")
+    parser.add_argument("--threads", type=positive, help="torch's CPU threads, as train.threads=N (default: "
+                        "train.threads; unset, $OMP_NUM_THREADS if set, else one per core, or under "
+                        "train.max_minutes one while the machine is so busy that one is faster)")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     return parser.parse_intermixed_args(argv)
 

@@ -1,16 +1,18 @@
-"""The programs beside other work: each workload's time on a quiet machine and beside one and
-two busy processes, for each thread count and OpenMP wait policy.
+"""The programs beside other work: each workload's time on a quiet machine and beside busy
+processes, for each thread count and OpenMP wait policy.
 
 Workloads, for tiny.yaml's model shape (vocabulary 512, float32): one training step
 (forward, backward, AdamW; 32 windows of 64 tokens), decoding 64 tokens with the KV cache
 for one prompt and for a batch of 8, and evaluate.py's forward pass (16 windows of 64
-tokens, no gradients). Each setting runs in a process of its own, since OpenMP reads its
-wait policy once, when torch loads: ACTIVE (spin while waiting: OpenMP's default, what
-every program had before common/threads.py) or PASSIVE (sleep), with 1 or 2 threads. The
-busy processes are pure-Python loops this benchmark starts before a measurement and stops
-after it. Each time is the median of the repetitions that fit in --seconds.
+tokens, no gradients). Each setting runs in a process of its own that imports nothing of
+the project but model/ (OpenMP reads its wait policy once, when torch loads): OpenMP's
+default policy (what every program had before common/threads.py: spin a while, then
+sleep) or PASSIVE (sleep at once), with 1 or 2 threads. The busy processes are pure-Python
+loops this benchmark starts before a measurement and stops after it. The settings take
+turns in --rounds rounds (a noisy machine slows them alike); each figure is the median
+over the rounds of each run's median repetition.
 
-    python -m bench.load [--seconds 3] [--busy 0 1 2] [--quick]
+    python -m bench.load [--seconds 2] [--rounds 3] [--busy 0 1] [--quick]
 """
 
 from __future__ import annotations
@@ -18,62 +20,60 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
-import time
 
 from bench.common import ROOT, machine, save, table
 
 WORKLOADS = ("train", "decode 1", "decode 8", "evaluate")
+SETTINGS = [("default", 2), ("PASSIVE", 2), ("default", 1), ("PASSIVE", 1)]  # (wait policy, threads); the first: before
 BUSY = "import time\nend = time.time() + 600\nwhile time.time() < end: pass"  # stops itself, whatever happens
+WORKER = """
+import json, statistics, sys, time
+sys.path.insert(0, {root!r})
+import torch
+from model import GPT, GPTConfig
 
+workload, seconds = {workload!r}, {seconds!r}
+torch.manual_seed(0)
+model = GPT(GPTConfig(vocab_size=512, block_size=64, n_layer=4, n_head=4, n_kv_head=2, n_embd=128, pos_encoding="rope"))
+batch = torch.randint(512, (32, 64))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-def worker(workload: str, seconds: float) -> float:
-    """The median milliseconds of one repetition of `workload`, in this process."""
-    import statistics
-
-    import torch
-
-    from model import GPT, GPTConfig
-
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=512, block_size=64, n_layer=4, n_head=4, n_kv_head=2, n_embd=128,
-                          pos_encoding="rope"))
-    batch = torch.randint(512, (32, 64))
+def once():
     if workload == "train":
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-        def once():
-            _, loss = model(batch, batch)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        _, loss = model(batch, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
     elif workload.startswith("decode"):
-        prompts = batch[:int(workload.split()[1]), :8]
-
-        def once():
-            model.generate(prompts, 64, temperature=0)
+        model.generate(batch[:int(workload.split()[1]), :8], 64, temperature=0)
     else:
-        def once():
-            with torch.no_grad():
-                model.eval()(batch[:16], batch[:16])
+        with torch.no_grad():
+            model.eval()(batch[:16], batch[:16])
 
-    once()  # warm up
-    times, end = [], time.perf_counter() + seconds
-    while time.perf_counter() < end or len(times) < 3:
-        start = time.perf_counter()
-        once()
-        times.append(1000 * (time.perf_counter() - start))
-    return statistics.median(times)
+once()
+times, end = [], time.perf_counter() + seconds
+while time.perf_counter() < end or len(times) < 3:
+    start = time.perf_counter()
+    once()
+    times.append(1000 * (time.perf_counter() - start))
+print(json.dumps({{"ms": statistics.median(times)}}))
+"""
 
 
-def measure(workload: str, threads: int, policy: str, busy: int, seconds: float) -> float:
-    """One setting, in a fresh process, beside `busy` busy processes."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OMP_WAIT_POLICY": policy, "PYTHONPATH": str(ROOT)}
+def measure(workload: str, policy: str, threads: int, busy: int, seconds: float) -> float:
+    """The median milliseconds of one repetition of `workload`, in a fresh process, beside
+    `busy` busy processes."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
+    env["OMP_NUM_THREADS"] = str(threads)
+    if policy != "default":
+        env["OMP_WAIT_POLICY"] = policy
     others = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(busy)]
     try:
-        out = subprocess.run([sys.executable, "-m", "bench.load", "--worker", workload, "--seconds", str(seconds)],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        code = WORKER.format(root=str(ROOT), workload=workload, seconds=seconds)
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
             raise SystemExit(out.stderr[-2000:])
         return json.loads(out.stdout)["ms"]
@@ -85,29 +85,32 @@ def measure(workload: str, threads: int, policy: str, busy: int, seconds: float)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=3.0, help="measuring time of each setting")
-    p.add_argument("--busy", type=int, nargs="+", default=[0, 1, 2], help="busy processes beside it")
+    p.add_argument("--seconds", type=float, default=2.0, help="measuring time of each run")
+    p.add_argument("--rounds", type=int, default=3, help="turns of all the settings")
+    p.add_argument("--busy", type=int, nargs="+", default=[0, 1], help="busy processes beside it")
     p.add_argument("--quick", action="store_true", help="quiet only, one workload, short (a test runs this)")
-    p.add_argument("--worker", choices=WORKLOADS, help=argparse.SUPPRESS)
     p.add_argument("--out", help="JSON results (default bench/results/load.json)")
     args = p.parse_args()
-    if args.worker:
-        print(json.dumps({"ms": worker(args.worker, args.seconds)}))
-        return
-    workloads, busy, seconds = (WORKLOADS[1:2], [0], 0.2) if args.quick else (WORKLOADS, args.busy, args.seconds)
+    workloads, busy, seconds, rounds = (WORKLOADS[1:2], [0], 0.2, 1) if args.quick else \
+        (WORKLOADS, args.busy, args.seconds, args.rounds)
     results, rows = [], []
     for workload in workloads:
-        for policy in ("ACTIVE", "PASSIVE"):
-            for threads in (1, 2):
-                times = {n: measure(workload, threads, policy, n, seconds) for n in busy}
-                results.append({"workload": workload, "policy": policy, "threads": threads,
-                                "ms": {str(n): t for n, t in times.items()}})
-                rows.append([workload, policy, threads, *times.values(),
-                             *(f"{times[n] / times[busy[0]]:.2f}" for n in busy[1:])])
-                print(" | ".join(map(str, rows[-1])), flush=True)
-    headers = ["workload", "OMP_WAIT_POLICY", "threads", *(f"ms, {n} busy" for n in busy),
-               *(f"{n} busy / {busy[0]}" for n in busy[1:])]
-    print(table(headers, rows))
+        for n in busy:
+            runs = {setting: [] for setting in SETTINGS}
+            for _ in range(rounds):
+                for setting in SETTINGS:
+                    runs[setting].append(measure(workload, *setting, n, seconds))
+            for (policy, threads), times in runs.items():
+                results.append({"workload": workload, "busy": n, "policy": policy, "threads": threads,
+                                "ms": statistics.median(times), "runs": times})
+    before = {(r["workload"], r["busy"]): r["ms"] for r in results if (r["policy"], r["threads"]) == SETTINGS[0]}
+    quiet = {(r["workload"], r["policy"], r["threads"]): r["ms"] for r in results if r["busy"] == busy[0]}
+    for r in results:
+        rows.append([r["workload"], r["busy"], r["policy"], r["threads"], r["ms"],
+                     f"{r['ms'] / before[r['workload'], r['busy']]:.2f}",
+                     f"{r['ms'] / quiet[r['workload'], r['policy'], r['threads']]:.2f}"])
+    print(table(["workload", "busy processes", "OMP_WAIT_POLICY", "threads", "ms (median)",
+                 "/ before (default, 2 threads)", f"/ itself with {busy[0]} busy"], rows))
     path = save("load", {"machine": machine(0), "results": results}, args.out)
     print(f"saved {path}")
 

@@ -185,7 +185,7 @@ def test_command_line_help_describes_every_option(capsys):
             "counts and tokens/s to stderr --interactive read prompts from the terminal --show-attention "
             "FILE.png for the first sample, prompt and generated text: every layer's attention maps (rows: "
             "layers, columns: heads) as a PNG (the explorer's page of a text: explore.py) "
-            "--threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else 1; OpenMP waits passively unless $OMP_WAIT_POLICY says) --debug show full tracebacks") in shown
+            "--threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else 1) --debug show full tracebacks") in shown
 
 
 def test_prompts_of_one_length_need_no_padding_mask():

@@ -305,7 +305,7 @@ def test_export_command_line_help_requirements_and_debug(tmp_path, capsys):
     assert shown.startswith("usage: export.py [-h] --checkpoint CHECKPOINT --out OUT [--threads THREADS] [--debug]")
     assert shown.split(" options:")[0].endswith(" ".join(export.__doc__.split("\n\n")[0].split()))  # all of it
     assert ("--checkpoint CHECKPOINT run directory, e.g. out/tiny --out OUT new folder for the transformers model, or a new FILE.gguf for llama.cpp "
-            "--threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else 1; OpenMP waits passively unless $OMP_WAIT_POLICY says) --debug show full tracebacks") in shown
+            "--threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else 1) --debug show full tracebacks") in shown
     assert export.main(["--out", str(tmp_path / "hf")]) == 2
     assert "the following arguments are required: --checkpoint (see python export.py --help)" in capsys.readouterr().err
     assert export.main(["--checkpoint", str(tmp_path)]) == 2
@@ -769,7 +769,7 @@ def test_evaluate_command_line_help_requirements_and_debug(tmp_path, capsys):
         "block_size // 2) --batch-size BATCH_SIZE windows per forward pass --device DEVICE auto, cpu, cuda or mps "
         "--dtype {auto,float32,bfloat16,float16} the weights' dtype while scoring (auto: bfloat16 on a GPU that has "
         "it, else float32) --json print one JSON object "
-        "--threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else one per core; OpenMP waits passively unless $OMP_WAIT_POLICY says) --debug show full tracebacks")
+        "--threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else one per core, or one while the machine is so busy that one is faster) --debug show full tracebacks")
     for argv, message in [([], "the following arguments are required: --checkpoint"),
                           (["--checkpoint", "x"], "one of the arguments --text --split is required"),
                           (["--checkpoint", "x", "--text", "a", "--split", "val"],

@@ -42,6 +42,7 @@ class PreparedRun:
     grad_accum: int  # train.grad_accum, or what keeps a resumed run's global batch
     prompt: str = "\n"  # one to try the model with, that its tokenizer can encode
     seconds: float = 0.0  # what preparing took (data preparation), counted in the run's time
+    adapt_threads: bool = False  # the thread count is the default's to adapt (common/threads.py)
 
 
 def prepare_run(cfg: RunConfig, dist: Distributed = Distributed(), fresh: bool = False,
@@ -50,7 +51,8 @@ def prepare_run(cfg: RunConfig, dist: Distributed = Distributed(), fresh: bool =
     fresh: start over there. use_out_dir=False: a new run that never reads or changes out_dir
     (--explain)."""
     started = time.perf_counter()
-    use_threads("train", cfg.train.threads or None)
+    # (the count adapts to the machine's load only in a run fitted to a time budget: common/threads.py)
+    adapt_threads = use_threads("train", cfg.train.threads or None) and cfg.train.max_minutes is not None
     base = open_base_model(cfg.train.init_from) if cfg.train.init_from else None
     if base is not None:
         config_for(base, cfg.model, cfg.model_keys)  # refuse a changed setting before anything is written
@@ -69,7 +71,8 @@ def prepare_run(cfg: RunConfig, dist: Distributed = Distributed(), fresh: bool =
     if fresh and use_out_dir and dist.is_main:
         run_dir.start_over()
     prompt = suggest_prompt(data.tokenizer, cfg.train.sample_prompt, data.tokenizer.decode(data.val[:256].tolist()))
-    return PreparedRun(cfg, data, model_config, base, state, identity, grad_accum, prompt, time.perf_counter() - started)
+    return PreparedRun(cfg, data, model_config, base, state, identity, grad_accum, prompt, time.perf_counter() - started,
+                       adapt_threads)
 
 
 def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tuple[TokenData, GPTConfig]:

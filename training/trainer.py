@@ -16,6 +16,7 @@ load_state_dict, as torch's modules and optimizers do:
     evaluator   training/evaluation.py    the validation loss, a sample, each head's map and scores
     dist        training/distributed.py   torchrun's processes (DistributedDataParallel)
     stop        training/signals.py       Ctrl-C and SIGTERM: stop after this iteration
+    threads     common/threads.py         the thread count that trains faster now (a busy machine)
     log         training/logger.py        the progress bar, the log lines, TensorBoard
     run_dir     common/run_dir.py         the checkpoint's files
 """
@@ -31,6 +32,7 @@ import yaml
 
 from common.device import autocast, peak_flops
 from common.run_dir import RunDir
+from common.threads import AdaptiveThreads
 from data import BatchSampler
 from model import GPT
 
@@ -76,6 +78,7 @@ class Trainer:
         self.evaluator = Evaluator(run, dist, device, dtype)
         self.snapshots = Snapshots.for_run(self.run_dir, settings.snapshots, self.model, dist.is_main)
         self.losses = StepLosses()
+        self.threads = AdaptiveThreads(run.adapt_threads, self.clock)
         self.iteration = 0  # optimizer steps taken
         self.val_loss = math.nan
         self.best_val_loss = math.inf
@@ -153,6 +156,7 @@ class Trainer:
                 stopping = 0
                 if read or (stop.signal and not self.dist.enabled):  # (under DDP, all read at the same steps)
                     stopping = self.read_losses(log, lr, stop.signal)
+                    self.threads.update(self.iteration)  # one thread or all, whichever trains faster now
                 snapshot = self.snapshots.due(self.iteration, self.max_iters)
                 if evaluate or snapshot:  # each head's attention map and scores, in TensorBoard
                     self.evaluator.log_heads(log, self.iteration, self.eval_model)
@@ -165,6 +169,8 @@ class Trainer:
                     self.budget.spent_on_evaluation(self.clock() - started)
                 elif save or stopping:
                     self.save()
+                if evaluate or save or snapshot:
+                    self.threads.pause()  # (the threads are chosen on the steps' pace alone)
                 if stopping:
                     log.message(f"stopped at iteration {self.iteration}; checkpoint saved in {self.run_dir}. "
                                 "Run the same command to continue.")
