@@ -462,3 +462,27 @@ def test_a_run_without_snapshots_has_no_timeline(run, tmp_path):
     out = tmp_path / "page.html"
     assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:", "--out", str(out)]) == 0
     assert embedded(out.read_text(encoding="utf-8"))["timeline"] is None
+
+
+def test_what_a_byte_level_token_reads_as():
+    """token_text: the text a byte-level BPE token stands for (a space, not its letter Ġ;
+    bytes of no whole character as ⟨..⟩); token_bytes: None for a token outside GPT-2's
+    byte letters; token_views: a token holding the end of one character and the start of
+    the next is joined with both."""
+    from tokenizers import AddedToken
+
+    from data.token_text import BYTES, token_bytes, token_text
+
+    bpe = train_tokenizer("bpe", ["hello world " * 20], 300)
+    first = bpe.encode(" hello").ids[0]
+    assert bpe.id_to_token(first).startswith("Ġ") and token_text(bpe, first) == bpe.decode([first]).replace("Ġ", " ")
+    assert token_text(bpe, first).startswith(" ")
+    assert token_text(bpe, bpe.encode("你").ids[0]) == "⟨e4⟩"
+    bpe.add_special_tokens([AddedToken("<my token>", special=True)])  # a space: no byte letter
+    assert token_bytes(bpe, bpe.token_to_id("<my token>")) is None
+    letter = {b: ch for ch, b in BYTES.items()}
+    bpe.add_tokens(["".join(letter[b] for b in (0xA9, 0xE4))])  # é = c3 a9, 你 = e4 bd a0: a9 e4 as one token
+    ids = [bpe.token_to_id(letter[0xC3]), bpe.token_to_id(letter[0xA9] + letter[0xE4]),
+           bpe.token_to_id(letter[0xBD]), bpe.token_to_id(letter[0xA0])]
+    views = token_views(bpe, ids)
+    assert views[1]["bytes"] == "a9 e4" and views[1]["joined"] == "é你"

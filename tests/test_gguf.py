@@ -147,6 +147,7 @@ def test_the_vocabulary_and_merges_tokenize_as_ours_by_gpt2s_algorithm(tmp_path,
     types = field(reader, "tokenizer.ggml.token_type")
     if kind == "char":
         assert types[tokenizer.token_to_id("<unk>")] == gguf.TokenType.UNKNOWN
+        assert sum(t == gguf.TokenType.UNKNOWN for t in types) == 1  # every other character is a token
         assert field(reader, "tokenizer.ggml.unknown_token_id") == tokenizer.token_to_id("<unk>")
     else:
         eot = tokenizer.token_to_id("<|endoftext|>")

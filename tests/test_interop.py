@@ -883,3 +883,25 @@ def test_a_gpt2_state_dict_loses_its_mask_buffers_and_its_tied_head():
     state = state_from_transformers(config, {**extra, **tensors})  # the buffers first, as in old files
     assert set(state) == set(hf_names) and torch.equal(state["lm_head.weight"], state["transformer.wte.weight"])
     GPT(config).load_state_dict(state)  # strict: nothing missing, nothing unexpected
+
+
+def test_the_configs_written_and_read_carry_what_transformers_defaults_would_get_wrong():
+    """A GPT-2 export states its feed-forward width (n_inner), a Llama export its rope base
+    (rope_parameters.rope_theta) and a biased block's biases under transformers' names; a
+    Llama config.json without rms_norm_eps or attention_dropout reads as transformers'
+    defaults (1e-6 and 0)."""
+    from interop.hf import config_from_transformers, state_from_transformers, to_transformers
+
+    gelu = GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16, pos_encoding="learned",
+                     ffn_hidden=48)
+    assert to_transformers(gelu, GPT(gelu).state_dict(), None)[0]["n_inner"] == 48
+    llama = GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16, pos_encoding="rope",
+                      norm="rmsnorm", mlp="swiglu", bias=True, rope_base=500000.0, tie_embeddings=False)
+    hf, tensors = to_transformers(llama, GPT(llama).state_dict(), None)
+    assert hf["rope_parameters"]["rope_theta"] == 500000.0
+    assert {"model.layers.0.self_attn.q_proj.bias", "model.layers.0.mlp.down_proj.bias"} <= set(tensors)
+    back = state_from_transformers(config_from_transformers(hf), tensors)
+    assert set(back) == set(GPT(llama).state_dict())
+    bare = {k: v for k, v in hf.items() if k not in ("rms_norm_eps", "attention_dropout")}
+    read = config_from_transformers(bare)
+    assert (read.norm_eps, read.dropout) == (1e-6, 0.0)

@@ -112,3 +112,18 @@ def test_a_trainer_state_that_is_not_plain_data_is_named_with_the_first_line_of_
     assert str(e.value) == (f"{tmp_path / RunDir.STATE} cannot be loaded safely ({reason}); it is damaged or not "
                             "ours: start over with --fresh or use another out_dir")
     assert reason.startswith("Weights only load failed.")
+
+
+def test_the_run_folder_writes_a_model_into_a_folder_old_or_new_and_names_a_locks_holder(tmp_path):
+    from common.run_dir import RunDir
+    from data.tokenizer import train_tokenizer
+    from model import GPT, GPTConfig
+
+    tokenizer = train_tokenizer("char", ["abc\n"], 0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=8, n_layer=1, n_head=1, n_embd=8))
+    for _ in range(2):  # a new folder, then the same one again
+        RunDir(tmp_path / "a" / "b").save_model(model, tokenizer)
+    loaded, _ = RunDir(tmp_path / "a" / "b").load_model()
+    assert loaded.config == model.config
+    (tmp_path / ".lock").write_text("")
+    assert RunDir(tmp_path).lock().holder() == "another process"  # a lock file that names nobody

@@ -117,11 +117,16 @@ def test_training_takes_one_thread_while_another_program_makes_it_faster(monkeyp
     assert threads[0] == 2
 
 
-def test_only_a_run_fitted_to_a_time_budget_adapts_its_threads(micro):
+def test_only_a_run_fitted_to_a_time_budget_adapts_its_threads(micro, monkeypatch):
     """A thread count changes the last bits of sums, so a run of fixed length keeps one
     (a resume stays bit-identical); one fitted to a time budget depends on the machine."""
+    import torch
+
     from conftest import make_trainer
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # (the user's would come first)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # (this process's count stays)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: os.cpu_count() or 1)
     unset = [o for o in micro() if not o.startswith("train.threads")] + ["train.threads=0"]
     assert make_trainer(unset).threads.enabled is False
     if (os.cpu_count() or 1) > 1:

@@ -40,6 +40,7 @@ def test_end_to_end_micro_run(tmp_path, micro, capsys):
     assert not any(n.endswith(".tmp") for n in names)
     out = capsys.readouterr().out
     assert "done: 30 iterations" in out and "python generate.py --checkpoint" in out
+    assert "| cpu, float32, 1 threads, 1 process(es)" in out  # the header: where and how it trains
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run), size_guidance={"scalars": 0, "tensors": 0, "images": 0})

@@ -789,3 +789,25 @@ def scalars(run_dir, tag):
 
 def run_weights(run_dir):
     return load_file(str(run_dir / "model.safetensors"))
+
+
+def test_weight_decay_falls_on_the_matrices_alone(micro):
+    adamw = make_trainer(micro, "train.weight_decay=0.3", "train.optimizer=adamw", out="adamw")
+    assert [group["weight_decay"] for group in adamw.optimizers[0].param_groups] == [0.3, 0.0]  # (torch's default: 0.01)
+    muon = make_trainer(micro, "train.weight_decay=0.3", "train.optimizer=muon", out="muon")
+    assert [[group["weight_decay"] for group in o.param_groups] for o in muon.optimizers] == [[0.3], [0.0]]
+
+
+def test_a_trainer_state_of_an_earlier_layout_is_refused_by_name(tmp_path, micro, capsys):
+    """A checkpoint of an earlier version of the project cannot be resumed (its model still
+    generates and exports): one line says so and how to start over."""
+    assert train.main(["--config", TINY, *micro("train.max_iters=2", "train.sample_tokens=0")]) == 0
+    state_file = tmp_path / "run" / "trainer_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    del state["format"]
+    torch.save(state, state_file)
+    capsys.readouterr()
+    assert train.main(["--config", TINY, *micro("train.max_iters=4")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {state_file} was written by an earlier version of this project and cannot be resumed "
+                   "(its model still generates and exports); add --fresh to start over, or set out_dir=PATH\n")
