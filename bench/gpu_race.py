@@ -156,7 +156,7 @@ def prepare_nanogpt(source: Path, data: Path, work: Path) -> Path:
 def scores(snapshots: Path, text: str, val: Path, scratch: Path) -> list[dict]:
     """Each kept checkpoint's score on `val`, in order: evaluate.py's rule, in float32."""
     from bench.nanogpt import read_checkpoint, to_run_folder
-    from evaluate import evaluate
+    from evaluate import evaluate, parse_args
 
     rows = []
     for line in (snapshots / TIMES).read_text().splitlines() if (snapshots / TIMES).exists() else []:
@@ -164,8 +164,8 @@ def scores(snapshots: Path, text: str, val: Path, scratch: Path) -> list[dict]:
         folder = snapshots / f"{row['iter']:06d}"
         if not folder.is_dir():  # nanoGPT's
             folder = to_run_folder(read_checkpoint(folder.with_suffix(".pt")), text, scratch)
-        r = evaluate(argparse.Namespace(checkpoint=folder, text=val, split=None, stride=None, batch_size=32,
-                                        device="auto", dtype="float32"))
+        r = evaluate(parse_args(["--checkpoint", str(folder), "--text", str(val), "--batch-size", "32",
+                                 "--dtype", "float32"]))
         rows.append({**row, "nats_per_char": r["bits_per_char"] * math.log(2), "bits_per_char": r["bits_per_char"]})
     return rows
 

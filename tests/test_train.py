@@ -54,8 +54,9 @@ def test_end_to_end_micro_run(tmp_path, micro, capsys):
     assert "attention/text/text_summary" in events.Tags()["tensors"]
     tags = set(events.Tags()["scalars"])
     for tag in ("train/loss", "val/loss", "val/perplexity", "train/lr", "train/grad_norm",
-                "train/tokens_per_sec", "train/mfu", "val/bits_per_char"):
+                "train/tokens_per_sec", "train/mfu", "val/bits_per_char", "train/threads"):
         assert tag in tags, tag
+    assert {e.value for e in events.Scalars("train/threads")} == {1}  # (micro: train.threads=1)
     assert {"samples/text_summary", "config/text_summary"} <= set(events.Tags()["tensors"])
     val = scalars(run, "val/loss")
     assert sorted(val) == [10, 20, 30] and val[30] < val[10] < math.log(70)

@@ -231,7 +231,8 @@ class Trainer:
         if self.iteration % self.settings.log_interval == 0:
             per_device = self.model.flops_per_token(block_size) * tokens_per_sec / self.dist.world_size
             log.scalars(self.iteration, {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                                         "train/tokens_per_sec": tokens_per_sec, "train/mfu": per_device / self.peak_flops})
+                                         "train/tokens_per_sec": tokens_per_sec, "train/mfu": per_device / self.peak_flops,
+                                         "train/threads": torch.get_num_threads()})
             self.tick = (now, self.iteration)
 
     def evaluate(self, log: RunLogger) -> None:
