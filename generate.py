@@ -92,8 +92,13 @@ class Settings:
 
 
 def load_model(checkpoint: Path, device: torch.device, dtype: torch.dtype):
-    """The run's model, in eval mode and in dtype, and its tokenizer."""
-    model, tokenizer = RunDir(checkpoint).load_model(device)
+    """The run's model, in eval mode and in dtype, and its tokenizer. A model its run
+    found barely trained is said to be so (on stderr: stdout keeps only samples)."""
+    run_dir = RunDir(checkpoint)
+    model, tokenizer = run_dir.load_model(device)
+    barely_trained = run_dir.summary().get("barely_trained")
+    if barely_trained:
+        print(f"note: this model is barely trained ({barely_trained}); expect noise", file=sys.stderr)
     return model.to(dtype).eval(), tokenizer
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import generate
 import train
 import training.optim
 import training.preparation
@@ -192,6 +193,28 @@ def test_a_longer_or_shorter_decay_goes_on_from_where_the_rate_stands(shape):
     assert [in_warmup.factor(i) for i in range(0, 300, 7)] == [Schedule(cfg, 300).factor(i) for i in range(0, 300, 7)]
     finished = retargeted(schedule, 100, 200)  # a finished run given more iterations: at the floor
     assert [finished.factor(i) for i in (100, 150, 199)] == pytest.approx([0.1, 0.1, 0.1])
+
+
+def test_a_run_fitted_shorter_than_its_warmup_still_reaches_the_peak_rate_early():
+    """A busy machine fits 73 iterations to a run whose warm-up is 100: the rest of the
+    warm-up is cut to a tenth of what is left of the run, rising from where the rate stands,
+    so the run never ends still warming up; a long enough run keeps the configured warm-up."""
+    cfg = TrainConfig(max_iters=5000, lr=1.0, min_lr=0.1, warmup_iters=100)
+    schedule = Schedule(cfg, 5000)
+    short = retargeted(schedule, 12, 73)
+    assert short.warmup == 18  # 12 + a tenth of the 61 iterations left
+    assert short.factor(12) == pytest.approx(schedule.factor(12), abs=1e-12)  # no jump
+    ramp = [short.factor(i) for i in range(12, 19)]
+    assert all(a < b for a, b in zip(ramp, ramp[1:])) and ramp[-1] == 1.0
+    assert short.factor(73) == pytest.approx(0.1)  # and the decay still ends at the floor
+    restored = Schedule(cfg, 5000)
+    restored.load_state_dict(short.state_dict())
+    assert [restored.factor(i) for i in range(12, 74)] == [short.factor(i) for i in range(12, 74)]
+    early = retargeted(schedule, 3, 300)  # 3 + a tenth of the 297 left
+    assert early.warmup == 33 and early.factor(3) == pytest.approx(schedule.factor(3))
+    assert retargeted(schedule, 12, 1671).warmup == 100  # the configured warm-up fits: kept
+    assert retargeted(short, 14, 400).warmup == 18  # it only ever gets shorter
+    assert retargeted(schedule, 98, 99).warmup == 99  # at least one iteration on
 
 
 def test_muon_momentum_rises_over_its_warmup(micro):
@@ -536,6 +559,58 @@ def test_the_done_line_reports_the_whole_run_and_this_process(tmp_path, micro, m
         in capsys.readouterr().out
     assert make_trainer(micro, *settings, "train.max_iters=21").fit() == 0
     assert "done: 21 iterations in 0.6 min (36 s), 0.1 min (6 s) of them in this process;" in capsys.readouterr().out
+
+
+def test_a_budget_shorter_than_the_warmup_shortens_it_and_says_so(tmp_path, micro, monkeypatch, capsys):
+    """A busy machine: the budget fits about 38 iterations to a run whose warm-up is 100.
+    The warm-up is cut when the length is first fitted, the rate reaches its peak, and the
+    run does not end inside its warm-up."""
+    FakeClock(monkeypatch)  # 1 s a step, 5 s an evaluation
+    settings = ["train.max_minutes=1", "train.max_iters=1000000", "train.sample_tokens=0", "train.warmup_iters=100"]
+    trainer = make_trainer(micro, *settings)
+    lrs = []
+    trainer.optimizers[0].register_step_pre_hook(lambda optimizer, *_: lrs.append(optimizer.param_groups[0]["lr"]))
+    assert trainer.fit() == 0
+    warmup = trainer.schedule.warmup
+    assert warmup < trainer.iteration < 100
+    assert max(lrs) == pytest.approx(trainer.settings.muon_lr) and lrs.index(max(lrs)) == warmup  # (Muon's group)
+    out = capsys.readouterr().out
+    assert f"the learning-rate warm-up now ends at iteration {warmup} instead of 100" in out
+    assert "warm-up" not in (trainer.barely_trained() or "")
+
+
+def test_a_barely_trained_model_is_said_at_the_end_with_the_command_that_trains_it_on(tmp_path, micro, capsys):
+    run = tmp_path / "run"
+    assert train.main(["--config", TINY, *micro("train.max_iters=4", "train.warmup_iters=100")]) == 0
+    out = capsys.readouterr().out
+    command = f"python train.py --config {run / 'config.yaml'} train.max_iters=8"
+    assert (f"the model is barely trained: the run stopped inside its learning-rate warm-up, at iteration 4 of 100. "
+            f"Its samples will read as noise. Train it on: {command}\n") in out
+    assert RunDir(run).summary()["barely_trained"].startswith("the run stopped inside its learning-rate warm-up")
+    assert generate.main(["--checkpoint", str(run), "--prompt", "RO", "--max-new-tokens", "2"]) == 0
+    assert "note: this model is barely trained (the run stopped inside" in capsys.readouterr().err
+    assert train.main(command.split()[2:]) == 0  # the command it gives trains the same run on
+    assert saved_state(run)["iteration"] == 8
+    assert ("the learning-rate warm-up now ends at iteration 5 instead of 100, so that it takes at most a tenth of "
+            "what is left of a run of 8 iterations\n") in capsys.readouterr().out
+
+
+def test_a_model_whose_loss_barely_fell_is_said_to_be_barely_trained(tmp_path, micro, capsys):
+    """Past its warm-up, but at a rate too low to learn: the validation loss stays within a
+    quarter of the first step's loss. The same run at a rate that learns is not flagged."""
+    still = make_trainer(micro, "train.optimizer=adamw", "train.lr=1e-7", "train.min_lr=1e-8", "train.warmup_iters=0",
+                         out="still")
+    assert still.fit() == 0
+    assert still.losses.initial == pytest.approx(still.val_loss, rel=0.05)
+    assert still.barely_trained() == (f"its validation loss {still.val_loss:.2f} is less than 25% below "
+                                      f"{still.losses.initial:.2f}, the loss at initialisation")
+    learnt = make_trainer(micro, "train.lr=1e-2", "train.warmup_iters=0", "train.max_iters=60", out="learnt")
+    assert learnt.fit() == 0
+    assert learnt.val_loss < 0.75 * learnt.losses.initial and learnt.barely_trained() is None
+    resumed = make_trainer(micro, "train.optimizer=adamw", "train.lr=1e-7", "train.min_lr=1e-8", "train.warmup_iters=0",
+                           "train.max_iters=31", out="still")
+    assert resumed.losses.initial == still.losses.initial  # kept through the checkpoint
+    capsys.readouterr()
 
 
 def test_training_samples_never_show_unk(micro):

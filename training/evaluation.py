@@ -102,6 +102,13 @@ class StepLosses:
 
     def __init__(self):
         self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.initial: float | None = None  # the first step's loss: the model's at initialisation
+
+    def state_dict(self) -> dict:
+        return {"initial": self.initial}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.initial = state["initial"]
 
     def add(self, iteration: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         self.pending.append((iteration, loss, grad_norm))
@@ -109,7 +116,7 @@ class StepLosses:
     def read(self, check_norms: bool) -> tuple[float, float, int | None, float, float]:
         """(the last loss, the last norm, the first iteration whose loss (or norm, with
         check_norms) is not finite or None, that iteration's loss and norm); the pending
-        steps are then forgotten."""
+        steps are then forgotten. The first step's loss is kept as `initial`."""
         iterations = [iteration for iteration, _, _ in self.pending]
         losses = torch.stack([loss for _, loss, _ in self.pending])  # [steps]
         norms = torch.stack([norm for _, _, norm in self.pending]).to(losses.dtype)  # [steps]
@@ -119,6 +126,9 @@ class StepLosses:
             bad |= ~torch.isfinite(norms)
         first = torch.where(bad.any(), bad.int().argmax(), -1)
         at = first.clamp(min=0)
-        read = torch.stack([losses[-1], norms[-1], first.to(losses.dtype), losses[at], norms[at]]).tolist()  # one transfer
-        loss, norm, first_bad, bad_loss, bad_norm = read
+        read = torch.stack([losses[-1], norms[-1], first.to(losses.dtype), losses[at], norms[at],
+                            losses[0]]).tolist()  # one transfer
+        loss, norm, first_bad, bad_loss, bad_norm, first_loss = read
+        if iterations[0] == 1:
+            self.initial = first_loss
         return loss, norm, iterations[int(first_bad)] if first_bad >= 0 else None, bad_loss, bad_norm

@@ -26,13 +26,23 @@ def continuation_message(old_end: int, new_end: int, lr: float) -> str:
             f"goes on from {lr:.2e} along the rest of its curve, so it does not jump (docs/usage.md)")
 
 
-def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, prompt: str) -> str:
+def warmup_message(old_end: int, new_end: int, length: int) -> str:
+    return (f"the learning-rate warm-up now ends at iteration {new_end} instead of {old_end}, so that it takes at "
+            f"most a tenth of what is left of a run of {length} iterations")
+
+
+def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, prompt: str,
+                 barely_trained: str | None, continue_command: str) -> str:
     """The last lines: iterations, the run's whole time (and this process's part, after a
-    resume), the loss, and a prompt the run's tokenizer can encode to try the model."""
+    resume), the loss, and a prompt the run's tokenizer can encode to try the model; when
+    the model is barely trained, why, and the command that trains it on."""
     part = f", {mine / 60:.1f} min ({mine:.0f} s) of them in this process" if total > mine + 0.5 else ""
-    return (f"done: {it} iterations in {total / 60:.1f} min ({total:.0f} s){part}; val loss {val_loss:.4f} "
-            f"(best {best:.4f}); model in {out_dir}\n"
-            f"try it: python generate.py --checkpoint {out_dir} --prompt \"{prompt}\"")
+    done = (f"done: {it} iterations in {total / 60:.1f} min ({total:.0f} s){part}; val loss {val_loss:.4f} "
+            f"(best {best:.4f}); model in {out_dir}\n")
+    if barely_trained:
+        done += (f"the model is barely trained: {barely_trained}. Its samples will read as noise. "
+                 f"Train it on: {continue_command}\n")
+    return done + f"try it: python generate.py --checkpoint {out_dir} --prompt \"{prompt}\""
 
 
 class RunLogger:

@@ -18,6 +18,9 @@ from model import GPT
 from .config import TrainConfig
 
 
+WARMUP_SHARE = 0.1  # a run fitted shorter than its warm-up allows: the share of the rest spent warming up
+
+
 class Schedule:
     """The learning-rate factor at each iteration; every group's rate is its peak times it.
 
@@ -30,11 +33,16 @@ class Schedule:
     the measured speed; a finished run is given a larger max_iters), the rest of the curve
     is stretched from where it stands: p goes on from its value at that iteration (the
     anchor) to 1 at the new decay_iters, so the rate never jumps. A finished run that is
-    continued stays at the floor. Muon's momentum has a warmup of its own (`momentum`).
+    continued stays at the floor. When the new length is so short that the warm-up would
+    take more than WARMUP_SHARE of what is left of it (a busy machine under a time budget),
+    the warm-up is shortened to that share: the ramp rises from where the rate stands to the peak at the
+    new end of the warm-up (`ramp_start`), so that no run ends still warming up. Muon's
+    momentum has a warmup of its own (`momentum`).
     """
 
     def __init__(self, cfg: TrainConfig, max_iters: int):
         self.warmup = cfg.warmup_iters
+        self.ramp_start = (-1, 0.0)  # (iteration, factor) the warm-up rises from: iteration 0 is one step up
         self.decay_iters = cfg.lr_decay_iters or max_iters
         self.floor = cfg.min_lr / cfg.lr
         self.shape = cfg.lr_schedule
@@ -71,7 +79,8 @@ class Schedule:
 
     def factor(self, it: int) -> float:
         if it < self.warmup:
-            return (it + 1) / (self.warmup + 1)
+            start, start_factor = self.ramp_start
+            return start_factor + (1.0 - start_factor) * (it - start) / (self.warmup - start)
         p = self.progress(it)
         if self.shape == "wsd":
             start = self.cooldown_start()
@@ -90,17 +99,34 @@ class Schedule:
         """End the decay at decay_iters instead, going on from iteration it."""
         if decay_iters == self.decay_iters:
             return
-        if it > self.warmup:  # (in the warmup nothing has decayed yet: the new length from the start)
+        if it < self.warmup:  # (in the warmup nothing has decayed yet: the new length from the start)
+            self.shorten_warmup(it, decay_iters)
+        elif it > self.warmup:
             self.anchor = (it, self.progress(it), self.cooldown_start())
         self.decay_iters = decay_iters
 
+    def shorten_warmup(self, it: int, decay_iters: int) -> None:
+        """At iteration `it` of the warm-up, a run that now ends at decay_iters: the rest of
+        the warm-up takes at most WARMUP_SHARE of what is left of the run (at least one
+        iteration). It only ever gets shorter."""
+        end = it + max(1, round(WARMUP_SHARE * (decay_iters - it)))
+        if end < self.warmup:
+            self.ramp_start = (it, self.factor(it))
+            self.warmup = end
+
     def state_dict(self) -> dict:
-        return {"decay_iters": self.decay_iters, "anchor": None if self.anchor is None else list(self.anchor)}
+        return {"decay_iters": self.decay_iters, "anchor": None if self.anchor is None else list(self.anchor),
+                "warmup": self.warmup, "ramp_start": list(self.ramp_start)}
 
     def load_state_dict(self, state: dict) -> None:
         anchor = state["anchor"]
         self.decay_iters = state["decay_iters"]
         self.anchor = None if anchor is None else (int(anchor[0]), *map(float, anchor[1:]))
+        ramp_start = state.get("ramp_start")
+        if ramp_start is not None and ramp_start[0] >= 0:  # shortened for a fitted length: it stays so
+            self.warmup = state["warmup"]
+            self.ramp_start = (int(ramp_start[0]), float(ramp_start[1]))
+        # (else the config's train.warmup_iters, as it is now)
 
 
 class Muon(torch.optim.Optimizer):

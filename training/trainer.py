@@ -41,11 +41,14 @@ from .average import WeightAverage
 from .budget import TimeBudget
 from .distributed import Distributed
 from .evaluation import Evaluator, StepLosses
-from .logger import RunLogger, continuation_message, done_message, header
+from .logger import RunLogger, continuation_message, done_message, header, warmup_message
 from .optim import Schedule, make_optimizers
 from .preparation import PreparedRun
 from .signals import StopRequest
 from .snapshots import Snapshots
+
+
+BARELY_TRAINED = 0.25  # a model from scratch whose loss fell by less than this share of its initial loss
 
 
 class TrainingError(Exception):
@@ -85,6 +88,7 @@ class Trainer:
         self.changed_settings: list[str] = []  # optimizer settings a resume changed (said at the start)
         self.budget_announced = False  # the time budget's first estimate was said
         self.decay_end_before = self.schedule.decay_iters  # where a resumed run's decay ended (said if it moves)
+        self.warmup_before = self.schedule.warmup  # and its warm-up (said if it is shortened)
         if run.state is not None:
             self.load_state_dict(run.state)
         compiled = torch.compile(self.model) if settings.compile else self.model
@@ -204,6 +208,8 @@ class Trainer:
         if self.iteration and self.schedule.decay_iters != self.decay_end_before:
             log.message(continuation_message(self.decay_end_before, self.schedule.decay_iters,
                                              self.settings.lr * self.schedule.factor(self.iteration)))
+        if self.schedule.warmup != self.warmup_before:
+            log.message(warmup_message(self.warmup_before, self.schedule.warmup, self.max_iters))
 
     def read_losses(self, log: RunLogger, lr: float, stop_signal: int) -> int:
         """Read the losses of the steps since the last read in one transfer (and, under DDP,
@@ -257,9 +263,12 @@ class Trainer:
                         f"iteration {target}")
         if target == self.max_iters:
             return
+        warmup = self.schedule.warmup
         self.budget.max_iters = target
         self.schedule.retarget(self.iteration, self.settings.lr_decay_iters or target)
         log.retarget(target)
+        if self.schedule.warmup != warmup:
+            log.message(warmup_message(warmup, self.schedule.warmup, target))
 
     # ---- checkpoints ------------------------------------------------------------------
 
@@ -296,6 +305,7 @@ class Trainer:
             "ranks": ranks,
             "grad_accum": self.grad_accum,
             "best_val_loss": self.best_val_loss,
+            "losses": self.losses.state_dict(),
             "identity": self.run.identity,  # the model and data settings a resume must match
         }
 
@@ -303,10 +313,12 @@ class Trainer:
         """Continue where the saved run stopped: each piece takes back its own state."""
         self.iteration = state["iteration"]
         self.best_val_loss = state["best_val_loss"]
+        self.losses.load_state_dict(state["losses"])
         self.model.load_state_dict(state["model"])
         self.changed_settings = resume.load_optimizers(self.optimizers, state["optimizers"], self.run_dir.path)
         self.schedule.load_state_dict(state["schedule"])
         self.decay_end_before = self.schedule.decay_iters
+        self.warmup_before = self.schedule.warmup
         self.budget.load_state_dict(state["budget"], self.iteration)
         self.snapshots.resume(self.iteration)
         if self.settings.max_minutes is None:  # the decay goes on to the end the config asks for now
@@ -329,7 +341,20 @@ class Trainer:
                 "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
                 "val_bits_per_char": data.bits_per_character(self.val_loss) if measured else None,
                 "data_fingerprint": data.meta["fingerprint"], "prompt": self.run.prompt,
-                "seconds": round(self.budget.seconds_used(), 1)}
+                "seconds": round(self.budget.seconds_used(), 1), "barely_trained": self.barely_trained()}
+
+    def barely_trained(self) -> str | None:
+        """Why the model saved now is barely trained, in plain words (None: it is not). The
+        rule holds for any recipe: the run stopped inside its warm-up, or (from scratch) its
+        validation loss fell by less than BARELY_TRAINED of the first step's loss."""
+        if self.iteration < self.schedule.warmup:
+            return (f"the run stopped inside its learning-rate warm-up, at iteration {self.iteration} of "
+                    f"{self.schedule.warmup}")
+        initial = self.losses.initial
+        if self.run.base is None and initial is not None and self.val_loss > (1 - BARELY_TRAINED) * initial:
+            return (f"its validation loss {self.val_loss:.2f} is less than {BARELY_TRAINED:.0%} below "
+                    f"{initial:.2f}, the loss at initialisation")
+        return None
 
     # ---- what the user reads at the end -------------------------------------------------
 
@@ -344,4 +369,14 @@ class Trainer:
         if self.dist.is_main:
             mine = self.budget.seconds_used() - self.budget.earlier
             print(done_message(self.iteration, self.budget.seconds_used(), mine, self.val_loss, self.best_val_loss,
-                               self.run_dir, self.run.prompt))
+                               self.run_dir, self.run.prompt, self.barely_trained(), self.continue_command()))
+
+    def continue_command(self) -> str:
+        """The command that trains this run on: the run's own config with twice the length."""
+        if self.settings.max_minutes:
+            longer = f"train.max_minutes={2 * self.settings.max_minutes:g}"
+            if self.iteration >= self.settings.max_iters:
+                longer += f" train.max_iters={2 * self.settings.max_iters}"
+        else:
+            longer = f"train.max_iters={2 * self.iteration}"
+        return f"python train.py --config {self.run_dir.path / RunDir.RUN_CONFIG} {longer}"
