@@ -42,6 +42,7 @@ def train(args) -> int:
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)  # one GPU per process
     run_dir = RunDir(cfg.out_dir)
+    made_here = not run_dir.path.exists()  # (a refused run removes the folder it made)
     lock = run_dir.lock()
 
     def claim() -> None:
@@ -56,6 +57,8 @@ def train(args) -> int:
         return Trainer(prepare_run(cfg, dist, args.fresh, claim), device, dtype, dist).fit()
     finally:
         lock.release()
+        if made_here and dist.is_main:
+            run_dir.remove_if_unused()
         dist.close()
 
 

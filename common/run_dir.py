@@ -137,6 +137,16 @@ class RunDir:
             raise UserError(f"out_dir {self.path} cannot be written ({e.strerror}); "
                             "choose another with out_dir=PATH") from None
 
+    def remove_if_unused(self) -> None:
+        """Remove the folder if it holds nothing but its lock: a run refused before it
+        wrote anything (bad data, a bad setting) leaves nothing behind."""
+        try:
+            if {entry.name for entry in self.path.iterdir()} <= {self.LOCK}:
+                (self.path / self.LOCK).unlink(missing_ok=True)
+                self.path.rmdir()
+        except OSError:  # (gone already, or another process wrote into it meanwhile: keep it)
+            pass
+
     def lock(self) -> "RunLock":
         return RunLock(self.path / self.LOCK)
 

@@ -241,6 +241,19 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, micro):
     assert not (tmp_path / "run" / "trainer_state.pt").exists()
 
 
+def test_a_refused_run_leaves_no_folder_behind_and_keeps_one_it_did_not_make(tmp_path, micro, capsys):
+    """A missing data source is refused after the run folder was claimed (and locked): the
+    folder it made goes again; a folder that was there before stays, with what it held."""
+    missing = [f"data.source={tmp_path / 'missing.txt'}"]
+    assert train.main(["--config", TINY, *micro(*missing)]) == 2
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    assert train.main(["--config", TINY, *micro(*missing, out="mine")]) == 2
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "kept"
+    assert "does not exist" in capsys.readouterr().err
+
+
 def test_second_run_into_same_out_dir_is_refused(tmp_path, micro):
     from common.run_dir import RunDir
 
