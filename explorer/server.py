@@ -7,12 +7,15 @@ disk, nothing a request names. It listens on the loopback address only and answe
 requests whose Host header names that address and port (a web page elsewhere cannot
 reach it through DNS rebinding); it sends no CORS headers, so other sites' scripts
 cannot read its answers. Requests and prompts are limited in size; a bad one gets a 4xx
-answer with a one-line reason, and the server goes on.
+answer (a code and values the page words in its own language, and a reason in English for
+the terminal), never a 500; a client that leaves mid-answer is forgotten without a word;
+and the server goes on.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,12 +39,14 @@ MAX_IDS = 4096  # tokens of a text being continued
 
 
 class BadRequest(Exception):
-    """A request the server refuses: (HTTP status, one-line reason), with a code and values
-    the page words in its own language (strings.json: error_<code>)."""
+    """A request the server refuses: its HTTP status, a code and values the page words in
+    its own language (strings.json: error_<code>), and a one-line reason in English."""
 
-    def __init__(self, status: int, reason: str, code: str | None = None, **values):
+    def __init__(self, status: int, code: str, reason: str, **values):
         super().__init__(reason)
-        self.status, self.code, self.values = status, code, values
+        self.status = status
+        self.code = code
+        self.values = values
 
 
 class Explorer:
@@ -63,12 +68,12 @@ class Explorer:
         if which == "trained":
             return self.model, which
         if which != "init":
-            raise BadRequest(400, 'model must be "trained" or "init"', "bad_model")
+            raise BadRequest(400, "bad_model", 'model must be "trained" or "init"')
         with self.lock:
             if self.init_model is None:
                 made, why = self.initial() if self.initial else (None, "no run config")
                 if made is None:
-                    raise BadRequest(404, f"the model at initialisation cannot be made: {why}", "no_init", init_from=why)
+                    raise BadRequest(404, "no_init", f"the model at initialisation cannot be made: {why}", init_from=why)
                 self.init_model = made
         return self.init_model, which
 
@@ -84,22 +89,22 @@ class Explorer:
 
     def encode(self, prompt: str) -> list[int]:
         if not prompt:
-            raise BadRequest(400, "the prompt is empty; type some text", "empty")
+            raise BadRequest(400, "empty", "the prompt is empty; type some text")
         if len(prompt) > MAX_PROMPT:
-            raise BadRequest(413, f"the prompt has {len(prompt):,} characters; at most {MAX_PROMPT:,} are taken",
-                             "too_long", count=len(prompt), limit=MAX_PROMPT)
+            raise BadRequest(413, "too_long", f"the prompt has {len(prompt):,} characters; at most {MAX_PROMPT:,} "
+                             "are taken", count=len(prompt), limit=MAX_PROMPT)
         unknown = unknown_characters(self.tokenizer, prompt)
         if unknown:
             shown = " ".join(repr(c) for c in unknown[:10])
-            raise BadRequest(400, f"the prompt has characters this model never saw in training: {shown}; "
-                             "remove or replace them", "unknown", characters=shown)
+            raise BadRequest(400, "unknown", f"the prompt has characters this model never saw in training: {shown}; "
+                             "remove or replace them", characters=shown)
         return encode_prompt(self.tokenizer, prompt, MAX_IDS, "the server's limit")
 
     def check_ids(self, ids) -> None:
         if not (isinstance(ids, list) and 0 < len(ids) < MAX_IDS and all(
-                isinstance(i, int) and 0 <= i < self.model.config.vocab_size for i in ids)):
-            raise BadRequest(400, f"ids must be a list of 1 to {MAX_IDS - 1} token ids below "
-                             f"{self.model.config.vocab_size}", "bad_ids")
+                type(i) is int and 0 <= i < self.model.config.vocab_size for i in ids)):  # (not True, not 1.0)
+            raise BadRequest(400, "bad_ids", f"ids must be a list of 1 to {MAX_IDS - 1} token ids below "
+                             f"{self.model.config.vocab_size}")
 
     def next(self, request: dict) -> dict:
         """{"ids": the text's tokens (or "prompt"), "temperature", "top_k", "top_p", "model"}
@@ -107,14 +112,18 @@ class Explorer:
         model, which = self.chosen(request)
         ids = request.get("ids") or self.encode(field(request, "prompt", str))
         self.check_ids(ids)
-        top_k, top_p = request.get("top_k"), request.get("top_p")
-        if not (top_k is None or type(top_k) is int) or not (top_p is None or type(top_p) in (int, float)):
-            raise BadRequest(400, "top_k must be a whole number or null, and top_p a number or null", "bad_sampling",
-                             detail="top_k, top_p")
+        temperature = request.get("temperature", 1.0)
+        top_k = request.get("top_k")
+        top_p = request.get("top_p")
+        for name, kind_ok in (("temperature", number(temperature)), ("top_k", top_k is None or type(top_k) is int),
+                              ("top_p", top_p is None or number(top_p))):
+            if not kind_ok:
+                raise BadRequest(400, f"bad_{name}", f"{name} must be a finite number"
+                                 + (", a whole one" if name == "top_k" else "") + ("" if name == "temperature" else ", or null"))
         try:
-            sampling = Sampling(float(request.get("temperature", 1.0)), top_k, top_p, suppressed_ids(self.tokenizer))
-        except (TypeError, ValueError) as e:
-            raise BadRequest(400, f"bad sampling settings: {e}", "bad_sampling", detail=str(e)) from None
+            sampling = Sampling(float(temperature), top_k, top_p, suppressed_ids(self.tokenizer))
+        except ValueError as e:  # out of its range: Sampling's message starts with the setting's name
+            raise BadRequest(400, f"bad_{str(e).partition('=')[0]}", f"bad sampling settings: {e}") from None
         window = ids[-model.config.block_size:]
         with self.lock, torch.no_grad():
             logits, _ = model(torch.tensor([window]))
@@ -131,8 +140,35 @@ class Explorer:
 def field(request: dict, name: str, kind: type):
     value = request.get(name)
     if not isinstance(value, kind):
-        raise BadRequest(400, f"the request needs {name!r} as a {kind.__name__}")
+        raise BadRequest(400, "bad_field", f"the request needs {name!r} as a {kind.__name__}", name=name)
     return value
+
+
+def number(value) -> bool:
+    """A finite JSON number (a bool is not one, though Python counts it as an int)."""
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def parse_request(body: bytes) -> dict:
+    """The request body as a JSON object; anything else, or a body nested too deep, or
+    NaN and Infinity (not JSON, though Python's parser takes them), is refused."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(400, "not_utf8", "the request body is not UTF-8 text") from None
+    try:
+        request = json.loads(text, parse_constant=not_json)
+    except json.JSONDecodeError:
+        raise BadRequest(400, "not_json", "the request body is not JSON") from None
+    except RecursionError:  # (the parser recurses once a level: thousands of levels exhaust Python's stack)
+        raise BadRequest(400, "too_deep", "the request body is nested too deep") from None
+    if not isinstance(request, dict):
+        raise BadRequest(400, "not_object", "the request body must be a JSON object")
+    return request
+
+
+def not_json(constant: str):
+    raise BadRequest(400, "not_json", f"the request body is not JSON ({constant} is not a JSON number)")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -147,7 +183,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def refuse_method(self) -> None:
         def refuse():
-            raise BadRequest(405, f"{self.command} is not supported; use GET / or POST /api/...")
+            raise BadRequest(405, "bad_method", f"{self.command} is not supported; use GET / or POST /api/...",
+                             method=self.command)
 
         self.answer(refuse)
 
@@ -155,27 +192,20 @@ class Handler(BaseHTTPRequestHandler):
 
     def get(self) -> bytes:
         if self.path != "/":
-            raise BadRequest(404, f"nothing at {self.path[:100]}; the page is at /")
+            raise BadRequest(404, "not_found", f"nothing at {self.path[:100]}; the page is at /")
         return self.server.explorer.page().encode("utf-8")
 
     def post(self) -> bytes:
         route = self.routes.get(self.path)
         if route is None:
-            raise BadRequest(404, f"no API at {self.path[:100]}; use /api/explore or /api/next")
+            raise BadRequest(404, "not_found", f"no API at {self.path[:100]}; use /api/explore or /api/next")
         length = self.headers.get("Content-Length", "")
-        if not length.isdigit():
-            raise BadRequest(411, "the request needs a Content-Length")
+        if not (length.isascii() and length.isdigit()):
+            raise BadRequest(411, "no_length", "the request needs a Content-Length")
         if int(length) > MAX_BODY:
-            raise BadRequest(413, f"the request body has {int(length):,} bytes; at most {MAX_BODY:,} are taken")
-        body = self.rfile.read(int(length))
-        try:
-            request = json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise BadRequest(400, "the request body is not UTF-8 text") from None
-        except json.JSONDecodeError:
-            raise BadRequest(400, "the request body is not JSON") from None
-        if not isinstance(request, dict):
-            raise BadRequest(400, "the request body must be a JSON object")
+            raise BadRequest(413, "body_too_large", f"the request body has {int(length):,} bytes; at most "
+                             f"{MAX_BODY:,} are taken", count=int(length), limit=MAX_BODY)
+        request = parse_request(self.rfile.read(int(length)))
         return to_json(route(self.server.explorer, request)).encode("utf-8")
 
     def answer(self, make) -> None:
@@ -183,14 +213,16 @@ class Handler(BaseHTTPRequestHandler):
         JSON {"error": reason}; any other failure a 500, and the server goes on."""
         try:
             if self.headers.get("Host") not in self.server.hosts:
-                raise BadRequest(421, f"this server answers only to {self.server.hosts[0]}")
+                raise BadRequest(421, "bad_host", f"this server answers only to {self.server.hosts[0]}",
+                                 host=self.server.hosts[0])
             kind, body = make()
             status = 200
         except BadRequest as e:
-            answer = {"error": str(e), **({"code": e.code, "values": e.values} if e.code else {})}
+            answer = {"error": str(e), "code": e.code, "values": e.values}
             kind, body, status = "application/json", to_json(answer).encode(), e.status
         except Exception as e:  # a bug: say so, keep serving
-            kind, body, status = "application/json", to_json({"error": f"internal error: {e}"}).encode(), 500
+            answer = {"error": f"internal error: {e}", "code": "internal", "values": {"detail": str(e)}}
+            kind, body, status = "application/json", to_json(answer).encode(), 500
         self.send_response(status)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
@@ -206,6 +238,12 @@ class Handler(BaseHTTPRequestHandler):
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True  # a hung client never keeps the process from ending
+
+    def handle_error(self, request, client_address) -> None:
+        """A browser that closed the connection mid-answer (a reload, a closed tab) is not
+        an error of the server's: no traceback for it."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
     def __init__(self, port: int, explorer: Explorer):
         super().__init__((HOST, port), Handler)

@@ -149,7 +149,7 @@ def test_the_page_is_served_with_the_prompt_and_without_one(served, served_run, 
                                                "model": "init"})
     assert status == 200 and answer["data"]["model"] == "init" and len(answer["ids"]) == 7
     status, answer = api(served, "/api/next", {"prompt": "R", "temperature": -1})
-    assert status == 400 and answer["code"] == "bad_sampling" and "temperature" in answer["values"]["detail"]
+    assert status == 400 and answer["code"] == "bad_temperature" and "temperature=-1.0" in answer["error"]
 
 
 def test_refusals_carry_the_code_and_values_the_page_words_them_with(served):
@@ -158,14 +158,77 @@ def test_refusals_carry_the_code_and_values_the_page_words_them_with(served):
     for path, payload, status, code, values in [
         ("/api/next", {"ids": [10**6]}, 400, "bad_ids", {}),
         ("/api/explore", {"prompt": "x" * 10_001}, 413, "too_long", {"count": 10_001, "limit": 10_000}),
-        ("/api/next", {"prompt": "R", "top_k": "3"}, 400, "bad_sampling", {"detail": "top_k, top_p"}),
+        ("/api/next", {"prompt": "R", "top_k": "3"}, 400, "bad_top_k", {}),
+        ("/api/explore", {"prompt": 7}, 400, "bad_field", {"name": "prompt"}),
     ]:
         got, headers, body = request(served, "POST", path, json.dumps(payload).encode())
         answer = json.loads(body)
         assert (got, answer["code"], answer["values"]) == (status, code, values), answer
         assert headers["Content-Type"] == "application/json"
     got, _, body = request(served, "POST", "/api/explore", b"[1, 2]")
-    assert got == 400 and json.loads(body) == {"error": "the request body must be a JSON object"}
+    assert got == 400 and json.loads(body) == {"error": "the request body must be a JSON object", "code": "not_object",
+                                               "values": {}}
+    got, _, body = request(served, "POST", "/api/explore", b" " * (64 * 1024 + 1))
+    assert got == 413 and json.loads(body)["values"] == {"count": 64 * 1024 + 1, "limit": 64 * 1024}
+
+
+@pytest.mark.parametrize("body, code", [
+    (b'{"ids": [true, false]}', "bad_ids"),  # (Python counts a bool as an int)
+    (b'{"ids": [1.0, 2.0]}', "bad_ids"),  # a float where a token id belongs
+    (b'{"ids": [-1]}', "bad_ids"),
+    (b'{"ids": [1, 2], "temperature": NaN}', "not_json"),  # (Python's parser takes NaN; JSON has none)
+    (b'{"ids": [1, 2], "temperature": Infinity}', "not_json"),
+    (b'{"ids": [1, 2], "temperature": 1e999}', "bad_temperature"),  # a JSON number that is infinite as a float
+    (b'{"ids": [1, 2], "temperature": true}', "bad_temperature"),
+    (b'{"ids": [1, 2], "temperature": "hot"}', "bad_temperature"),
+    (b'{"ids": [1, 2], "top_k": 2.0}', "bad_top_k"),
+    (b'{"ids": [1, 2], "top_p": 1e999}', "bad_top_p"),
+    (b'{"ids": [1, 2], "top_p": 1.5}', "bad_top_p"),
+    (b'{"ids": [1, 2], "model": 5}', "bad_model"),
+    (b"[" * 20_000 + b"]" * 20_000, "too_deep"),
+    (b'{"a":' * 6_000 + b"1" + b"}" * 6_000, "too_deep"),  # (within the size limit)
+])
+def test_a_malformed_request_is_a_4xx_with_a_code_never_a_500(served, body, code):
+    status, _, answer = request(served, "POST", "/api/next", body)
+    answer = json.loads(answer)
+    assert (status, answer["code"]) == (400, code), answer
+
+
+def test_every_refusal_has_words_in_both_languages():
+    """The page says each refusal in its own language: each code the server can send (every
+    BadRequest in its source, and what Sampling refuses) has a message in en and zh."""
+    import ast
+
+    source = (ROOT / "explorer" / "server.py").read_text()
+    codes = {call.args[1].value for call in ast.walk(ast.parse(source))
+             if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "BadRequest"
+             and isinstance(call.args[1], ast.Constant)}
+    codes |= {"bad_temperature", "bad_top_k", "bad_top_p", "internal"}  # (made from a setting's name; a 500)
+    assert len(codes) >= 20
+    strings = json.loads((ROOT / "explorer" / "page" / "strings.json").read_text())
+    for lang in ("en", "zh"):
+        assert {f"error_{code}" for code in codes} <= set(strings[lang]), lang
+
+
+def test_a_client_that_leaves_mid_answer_leaves_no_traceback(served_run, capsys):
+    """A browser that closes the connection before the answer is written: the server says
+    nothing of it (no traceback) and goes on."""
+    from common.run_dir import RunDir
+    from explorer.server import Explorer, Server
+
+    model, tokenizer = RunDir(served_run).load_model()
+    server = Server(0, Explorer(model.eval(), tokenizer, "en", "ROMEO:", 64))
+    try:
+        raise BrokenPipeError(32, "Broken pipe")
+    except BrokenPipeError:
+        server.handle_error(None, ("127.0.0.1", 1))
+    try:
+        raise ValueError("a bug")
+    except ValueError:
+        server.handle_error(None, ("127.0.0.1", 1))
+    server.server_close()
+    err = capsys.readouterr().err
+    assert "BrokenPipeError" not in err and "ValueError: a bug" in err  # other failures still say so
 
 
 def test_the_next_token_is_sampled_from_the_last_position_with_generates_rule(served, served_run, monkeypatch):
@@ -198,7 +261,8 @@ def test_a_failure_inside_is_a_500_and_the_server_goes_on(served, monkeypatch):
 
     monkeypatch.setattr(explorer.server, "page_data", broken)
     status, headers, body = request(served, "POST", "/api/explore", json.dumps({"prompt": "R"}).encode())
-    assert (status, json.loads(body)) == (500, {"error": "internal error: a bug"})
+    assert (status, json.loads(body)) == (500, {"error": "internal error: a bug", "code": "internal",
+                                                "values": {"detail": "a bug"}})
     assert headers["Content-Type"] == "application/json"
     monkeypatch.undo()
     assert api(served, "/api/explore", {"prompt": "R"})[0] == 200

@@ -579,9 +579,9 @@ function readSampling() {
   const temperature = Number($("temperature").value);
   const topK = $("top-k").value === "" ? null : Number($("top-k").value);
   const topP = $("top-p").value === "" ? null : Number($("top-p").value);
-  if (!(temperature >= 0)) return { error: t("badTemperature") };
-  if (topK !== null && !(Number.isInteger(topK) && topK >= 1)) return { error: t("badTopK") };
-  if (topP !== null && !(topP > 0 && topP <= 1)) return { error: t("badTopP") };
+  if (!(temperature >= 0)) return { error: t("error_bad_temperature") };
+  if (topK !== null && !(Number.isInteger(topK) && topK >= 1)) return { error: t("error_bad_top_k") };
+  if (topP !== null && !(topP > 0 && topP <= 1)) return { error: t("error_bad_top_p") };
   return { temperature, topK, topP, suppress: DATA ? DATA.prediction.suppressed : [] };
 }
 
@@ -923,7 +923,7 @@ async function continueText() {
   busy(true);
   try {
     for (let n = 1; n <= count; n++) {
-      $("status").textContent = t("generating", { n, count });
+      $("status").textContent = t("generating", { n, count }); // (n counts from 1: it is a count)
       const answer = await ask("api/next", { prompt: $("prompt").value, ids: textIds, model: DATA.model,
         temperature: sampling.temperature, top_k: sampling.topK, top_p: sampling.topP });
       $("prompt").value = answer.prompt;
