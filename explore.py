@@ -27,7 +27,7 @@ from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import thread_help, use_threads
 from data import DataError
 from data.prepare import validation_tokens
-from explorer.data import MAX_TOKENS, initial_model, page_data, timeline_data
+from explorer.data import MAX_TOKENS, initial_model, page_data, run_facts, timeline_data
 from explorer.page import render
 from model.files import write_atomic
 
@@ -47,7 +47,7 @@ def explore(model, tokenizer, prompt: str, max_tokens: int, which: str = "traine
         with tempfile.TemporaryDirectory(prefix="explore-", ignore_cleanup_errors=True) as scratch:
             timeline = timeline_data(model, tokenizer, snapshots, ids, validation_text(run, tokenizer, Path(scratch)))
     return page_data(model, tokenizer, ids, truncated=len(tokenizer.encode(prompt).ids) - len(ids), which=which,
-                     timeline=timeline)
+                     timeline=timeline, run=None if run is None else run_facts(run.summary()))
 
 
 def validation_text(run: RunDir, tokenizer, scratch: Path):
@@ -149,7 +149,7 @@ def command(args) -> int:
 
         model, tokenizer = run.load_model()
         return serve(model.eval(), tokenizer, args.port, lang, prompt or "", args.max_tokens,
-                     lambda: initial(model, args.checkpoint))
+                     lambda: initial(model, args.checkpoint), run_facts(run.summary()))
     check_out(args.out)
     model, tokenizer = run.load_model()
     data = explore(model.eval(), tokenizer, prompt, args.max_tokens, run=run)

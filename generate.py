@@ -98,7 +98,7 @@ def load_model(checkpoint: Path, device: torch.device, dtype: torch.dtype):
     model, tokenizer = run_dir.load_model(device)
     barely_trained = run_dir.summary().get("barely_trained")
     if barely_trained:
-        print(f"note: this model is barely trained ({barely_trained}); expect noise", file=sys.stderr)
+        print(f"note: this model is barely trained ({barely_trained['text']}); expect noise", file=sys.stderr)
     return model.to(dtype).eval(), tokenizer
 
 

@@ -31,6 +31,7 @@ MAX_TOKENS = 64  # the prompt's tokens a page shows by default (the file grows w
 TOP_UNITS = 8  # the feed-forward network's largest hidden units kept per position
 LENS_TOKENS = 5  # the logit lens's likeliest tokens per layer and position
 ABLATION_TOKENS = 20  # the likeliest next tokens kept for each head switched off
+MAX_ABLATION_LOGITS = 1 << 20  # every head's next-token logits (L·H·V numbers) are embedded up to this many
 PREDICTION_TOKENS = 20  # the likeliest next tokens the timeline keeps for each snapshot
 MAX_WEIGHT_VALUES = 4_000_000  # W_Q, W_K, W_V are embedded (for q's sum of products) up to this many numbers
 
@@ -50,10 +51,11 @@ def top(values: torch.Tensor, k: int) -> dict:
 
 @torch.no_grad()
 def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: str = "trained",
-              timeline: dict | None = None) -> dict:
+              timeline: dict | None = None, run: dict | None = None) -> dict:
     """Everything the page shows for the prompt `ids` (at most block_size tokens), for
-    `which` model: "trained", or "init" (the run's model at initialisation); and the
-    prompt through the model as it formed (timeline_data), where the run kept snapshots."""
+    `which` model: "trained", or "init" (the run's model at initialisation); the prompt
+    through the model as it formed (timeline_data), where the run kept snapshots; and the
+    trained model's run in a few facts (run_facts)."""
     c = model.config
     device = model.lm_head.weight.device
     with evaluating(model):
@@ -87,7 +89,18 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
         "left_out": [] if weights_size <= MAX_WEIGHT_VALUES else ["c_attn"],
         "colormap": VIRIDIS.tolist(),
         "timeline": timeline,
+        "run": run if which == "trained" else None,
     }
+
+
+def run_facts(summary: dict) -> dict | None:
+    """What the page says of the run that trained the model, from its summary.json: its
+    iterations, the tokens it trained on, its validation loss, whether the saved weights
+    are their average (train.ema), and why it is barely trained, if it is (None: a folder
+    without a summary, e.g. a model brought in from transformers)."""
+    if "iteration" not in summary:
+        return None
+    return {key: summary.get(key) for key in ("iteration", "tokens", "val_loss", "weights", "barely_trained")}
 
 
 def layer_data(model: GPT, layer, index: int, lens: dict, with_weights: bool) -> dict:
@@ -113,7 +126,10 @@ def layer_data(model: GPT, layer, index: int, lens: dict, with_weights: bool) ->
 def ablated(model: GPT, ids: list[int]) -> list[list[dict]]:
     """For every layer and head, the next-token distribution after the prompt with that
     head switched off (the model's own pass, head_mask): its likeliest tokens, and its KL
-    divergence from the model's distribution, KL(p ‖ p_off) = Σ p log(p / p_off)."""
+    divergence from the model's distribution, KL(p ‖ p_off) = Σ p log(p / p_off); and,
+    up to MAX_ABLATION_LOGITS in all, its logits, so that the page samples from them with
+    the temperature, top-k and top-p the learner sets (else "logits" is None and the page
+    says that the column is at temperature 1)."""
     c = model.config
     device = model.lm_head.weight.device
     masks = torch.ones(c.n_layer * c.n_head + 1, c.n_layer, c.n_head, device=device)  # row 0: all heads on
@@ -124,7 +140,9 @@ def ablated(model: GPT, ids: list[int]) -> list[list[dict]]:
     logp = torch.log_softmax(logits[:, -1].float(), -1)  # [1 + L·H, V]
     kl = (logp[0].exp() * (logp[0] - logp[1:])).sum(-1)  # [L·H]
     best = logp[1:].exp().topk(min(ABLATION_TOKENS, logp.size(-1)), dim=-1)
-    heads = [{"ids": best.indices[i].tolist(), "probs": best.values[i].tolist(), "kl": kl[i].item()}
+    with_logits = len(kl) * logits.size(-1) <= MAX_ABLATION_LOGITS  # (L·H·V)
+    heads = [{"ids": best.indices[i].tolist(), "probs": best.values[i].tolist(), "kl": kl[i].item(),
+              "logits": array(logits[1 + i, -1]) if with_logits else None}
              for i in range(len(kl))]
     return [heads[layer * c.n_head:(layer + 1) * c.n_head] for layer in range(c.n_layer)]
 

@@ -53,10 +53,16 @@ class Explorer:
     """The models behind the page (the trained one, and on request the one at
     initialisation); one request uses them at a time."""
 
-    def __init__(self, model, tokenizer, lang: str, prompt: str, max_tokens: int, initial=None):
-        self.model, self.tokenizer, self.lang, self.prompt, self.max_tokens = model, tokenizer, lang, prompt, max_tokens
+    def __init__(self, model, tokenizer, lang: str, prompt: str, max_tokens: int, initial=None, run=None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.lang = lang
+        self.prompt = prompt
+        self.max_tokens = max_tokens
         self.initial = initial  # () -> (the model at initialisation or None, why not)
-        self.init_model, self.lock = None, threading.Lock()
+        self.run = run  # the trained model's run in a few facts (explorer.data.run_facts)
+        self.init_model = None
+        self.lock = threading.Lock()
 
     def page(self) -> str:
         data = self.explore({"prompt": self.prompt})["data"] if self.prompt else None
@@ -134,7 +140,7 @@ class Explorer:
     def data(self, ids: list[int], model=None, which: str = "trained") -> dict:
         shown = ids[-min(self.max_tokens, self.model.config.block_size):]
         with self.lock:
-            return page_data(model or self.model, self.tokenizer, shown, len(ids) - len(shown), which)
+            return page_data(model or self.model, self.tokenizer, shown, len(ids) - len(shown), which, run=self.run)
 
 
 def field(request: dict, name: str, kind: type):
@@ -252,9 +258,10 @@ class Server(ThreadingHTTPServer):
         self.hosts = [f"{HOST}:{port}", f"localhost:{port}"]
 
 
-def serve(model, tokenizer, port: int, lang: str, prompt: str, max_tokens: int, initial=None) -> int:
-    """Serve until Ctrl-C; returns 0. initial: () -> (the model at initialisation or None, why not)."""
-    explorer = Explorer(model, tokenizer, lang, prompt, max_tokens, initial)
+def serve(model, tokenizer, port: int, lang: str, prompt: str, max_tokens: int, initial=None, run=None) -> int:
+    """Serve until Ctrl-C; returns 0. initial: () -> (the model at initialisation or None,
+    why not); run: the trained model's run in a few facts."""
+    explorer = Explorer(model, tokenizer, lang, prompt, max_tokens, initial, run)
     if prompt:
         try:
             explorer.explore({"prompt": prompt})

@@ -148,6 +148,16 @@ def test_projection_weights_over_the_budget_are_left_out(run, monkeypatch):
     assert page_data(gpt, tokenizer, tokenizer.encode("But soft").ids)["left_out"] == []
 
 
+def test_a_large_models_heads_switched_off_keep_their_top_tokens_only(run, monkeypatch):
+    import explorer.data
+
+    gpt = GPT.from_pretrained(run).eval()
+    ids = train_tokenizer("char", [TEXT], 0).encode("But soft").ids
+    monkeypatch.setattr(explorer.data, "MAX_ABLATION_LOGITS", gpt.config.n_layer * gpt.config.n_head * gpt.config.vocab_size - 1)
+    heads = [head for layer in explorer.data.ablated(gpt, ids) for head in layer]
+    assert all(head["logits"] is None and len(head["ids"]) == 20 for head in heads)
+
+
 def test_a_head_switched_off_is_the_models_pass_with_that_head_zeroed(run):
     """The ablated distributions against the test's own hook, which zeroes the head's
     d_k slice of W_O's input; the KL divergence from the model's distribution, and the
@@ -175,6 +185,8 @@ def test_a_head_switched_off_is_the_models_pass_with_that_head_zeroed(run):
             assert stored["probs"] == pytest.approx(q.topk(20).values.tolist(), abs=1e-6)
             assert stored["kl"] == pytest.approx((p * (p / q).log()).sum().item(), abs=1e-5)
             assert stored["kl"] > 0
+            torch.testing.assert_close(torch.softmax(torch.from_numpy(decoded(stored["logits"]).copy()), -1), q,
+                                       atol=1e-6, rtol=0)  # the page samples from these
 
 
 def test_the_model_at_initialisation_is_the_one_training_started_from(tmp_path, micro):
@@ -384,7 +396,8 @@ def test_explore_parses_its_options(monkeypatch, tmp_path):
 
 def test_explore_serve_hands_the_server_the_run_and_its_initial_model(tmp_path, monkeypatch):
     """--serve: the server gets the trained model, the port, the language, the prompt ("" when
-    none is given), the token limit, and a way to make the model at initialisation."""
+    none is given), the token limit, a way to make the model at initialisation, and the
+    run's facts (none for a folder without a summary.json)."""
     import explorer.server
 
     run = make_run(tmp_path / "run")
@@ -392,8 +405,8 @@ def test_explore_serve_hands_the_server_the_run_and_its_initial_model(tmp_path, 
     handed = {}
     monkeypatch.setattr(explorer.server, "serve", lambda *args: handed.setdefault("args", args) and 0)
     assert explore.main(["--serve", "--checkpoint", str(run), "--port", "0", "--lang", "zh", "--max-tokens", "9"]) == 0
-    model, tokenizer, port, lang, prompt, max_tokens, make_initial = handed["args"]
-    assert (port, lang, prompt, max_tokens, model.training) == (0, "zh", "", 9, False)
+    model, tokenizer, port, lang, prompt, max_tokens, make_initial, run_facts = handed["args"]
+    assert (port, lang, prompt, max_tokens, model.training, run_facts) == (0, "zh", "", 9, False, None)  # (no summary)
     init_model, why = make_initial()
     from explorer.data import initial_model
 

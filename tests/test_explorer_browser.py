@@ -237,11 +237,17 @@ def test_the_experiments_change_what_they_should_and_back(pages, open_page):
     unscaled = torch.softmax(scores.masked_fill(torch.arange(len(scores)) > 4, -math.inf), -1)
     assert page.values('#steps td[data-step="x"]') == pytest.approx(unscaled.tolist(), abs=1e-5)
     assert max(unscaled[:5]) > max(own) and page.values('#steps td[data-step="4"]') == own  # the model's stay
+    note = page.text("#experiment-note")  # the scale's own note, not the mask's
+    assert f"√d_k = {math.sqrt(len(q[4])):.3f} times larger" in note and "future" not in note
+    assert page.text("#output h3:last-of-type") == "The output without 1/√d_k"
     page.page.uncheck("#no-scale")
     page.page.check("#no-mask")  # the future keys get weight
     unmasked = torch.softmax(scores / math.sqrt(len(q[4])), -1)
     assert page.values('#steps td[data-step="x"]') == pytest.approx(unmasked.tolist(), abs=1e-5)
-    assert "the future keys now take" in page.text("#experiment-note")
+    assert "The future keys now take" in page.text("#experiment-note")
+    page.page.check("#no-scale")
+    assert page.text("#output h3:last-of-type") == "The output without 1/√d_k and without the causal mask"
+    page.page.uncheck("#no-scale")
     page.page.uncheck("#no-mask")
     assert page.page.eval_on_selector_all('#steps td[data-step="x"]', "c => c.map(x => x.textContent)") == [""] * len(own)
     assert page.page.query_selector("#experiment-output") is None
@@ -251,8 +257,9 @@ def test_the_experiments_change_what_they_should_and_back(pages, open_page):
     page.page.click(f'.ablate[data-layer="{best[0]}"][data-head="{best[1]}"]')
     off = data["ablation"][best[0]][best[1]]
     rows = page.page.eval_on_selector_all("#prediction tr[data-id]", "r => r.map(x => [Number(x.dataset.id), x.querySelector('.ablated').dataset.value])")
-    probs = dict(zip(off["ids"], off["probs"]))
-    assert rows and all(float(v) == pytest.approx(probs[i], abs=1e-6) for i, v in rows if i in probs)
+    logits = torch.from_numpy(decoded(off["logits"]).copy())[None]
+    probs = next_token_probabilities(logits, Sampling(1.0, None, None, tuple(data["prediction"]["suppressed"])))[0]
+    assert rows and all(float(v) == pytest.approx(probs[i].item(), abs=1e-6) for i, v in rows)
     assert f"with layer {best[0]}, head {best[1]} off" in page.text("#ablation-head")
     page.page.click(f'.ablate[data-layer="{best[0]}"][data-head="{best[1]}"]')  # and on again
     assert page.text("#ablation-head") == "" and page.errors == []
@@ -339,6 +346,9 @@ def test_chinese_renders_without_replacement_characters(pages, open_page):
     assert "今" in open_page(pages["chinese"][0].as_uri()).text("#tokens")
     tokens = page.text("#tokens")  # byte-level BPE: pieces of 你 and 好 as bytes, with the character
     assert "⟨" in tokens and ("→ 你" in tokens or "→ 好" in tokens)
+    labels = page.page.eval_on_selector_all("#head-lines text", "nodes => nodes.map(n => n.textContent)")
+    assert any("⟨你⟩" in label or "⟨好⟩" in label for label in labels)  # the maps' axes: the character, not bytes
+    assert not any(re.search(r"⟨[0-9a-f]{2}", label) for label in labels)
 
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [("1", "", ""), ("0.7", "5", "0.9"), ("2", "", "0.5"),
@@ -355,6 +365,41 @@ def test_sampling_controls_follow_model_sampling(pages, open_page, temperature, 
     ids = [int(i) for i in page.page.eval_on_selector_all("#prediction tr[data-id]", "rows => rows.map(r => r.dataset.id)")]
     assert len(ids) == 20 and page.values("#prediction td.probability") == pytest.approx(expected[ids].tolist(), abs=1e-5)
     assert prediction["suppressed"] and page.text("#suppressed").startswith("Never generated: <unk>")
+    page.page.click('.ablate[data-layer="1"][data-head="0"]')  # a head off: its column by the same rule
+    off = torch.from_numpy(decoded(data["ablation"][1][0]["logits"]).copy())[None]
+    expected_off = next_token_probabilities(off, sampling)[0]
+    assert page.values("#prediction td.ablated") == pytest.approx(expected_off[ids].tolist(), abs=1e-5)
+    assert page.text("#ablation-head") == "with layer 1, head 0 off"
+
+
+def test_the_page_says_what_the_run_trained_and_warns_when_it_barely_did(micro, tmp_path, open_page):
+    import train
+    from common.run_dir import RunDir
+
+    settings = micro("train.max_iters=4", "train.warmup_iters=100", "train.sample_tokens=0")
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *settings]) == 0
+    out = tmp_path / "page.html"
+    assert explore.main(["--checkpoint", str(tmp_path / "run"), "--prompt", "RO", "--out", str(out), "--lang", "en"]) == 0
+    loss = RunDir(tmp_path / "run").summary()["val_loss"]
+    page = open_page(out.as_uri())
+    assert page.text("#run-line") == (f"Its training: 4 iterations, 1,024 tokens, validation loss {loss:.4f}; the page "
+                                      "shows the trained weights.")  # 4 steps of 8 windows of 32 tokens
+    assert page.page.is_visible("#run-warning") and page.text("#run-warning").startswith(
+        "This model is barely trained: its run stopped inside its learning-rate warm-up, at iteration 4 of 100.")
+    page.page.click("#lang")
+    assert page.text("#run-warning").startswith("这个模型几乎没有训练：它的训练在学习率预热期间就停了，停在第 4 次迭代（预热共 100 次）。")
+    page.page.click("#model-switch")  # the model at initialisation: no run to speak of
+    assert page.text("#run-line") == "" and not page.page.is_visible("#run-warning")
+    assert page.errors == []
+
+
+def test_control_characters_are_drawn_as_visible_signs(pages, open_page):
+    """A token of a control character (U+0017 in a logit lens) is drawn as its picture, as a
+    space and a newline are; C1 controls and invisible format characters as escapes."""
+    page = open_page(pages["char"][0].as_uri())
+    assert page.page.evaluate(r"visible('a\u0017b\u007f \n\t\u0085\u200b\u202e!')") == "a␗b␡␣↵⇥\\u{85}\\u{200b}\\u{202e}!"
+    lens = page.page.eval_on_selector_all("#lens .piece", "nodes => nodes.map(n => n.textContent)")
+    assert lens and not any(re.search(r"[\x00-\x1f\x7f-\x9f]", piece) for piece in lens)
 
 
 def test_a_hostile_prompt_runs_nothing(pages, open_page):

@@ -138,9 +138,11 @@ def test_the_page_is_served_with_the_prompt_and_without_one(served, served_run, 
     assert status == 200 and headers["Cache-Control"] == "no-store" and headers["X-Content-Type-Options"] == "nosniff"
     assert '"server":true' in page and '"prompt":"ROMEO:"' in page and '"model":"trained"' in page
     model, tokenizer = RunDir(served_run).load_model()
-    empty = Explorer(model, tokenizer, "zh", "", 8)
+    facts = {"iteration": 3, "tokens": 96, "val_loss": 4.0, "weights": "trained", "barely_trained": None}
+    empty = Explorer(model, tokenizer, "zh", "", 8, run=facts)
     assert '<script type="application/json" id="explorer-data">null</script>' in empty.page()  # waits for a prompt
     assert empty.data(tokenizer.encode("ROMEO").ids)["model"] == "trained"
+    assert empty.data(tokenizer.encode("ROMEO").ids)["run"] == facts  # the trained model's run, on every answer
     assert request(served, "HEAD", "/")[0] == 405
     assert "GET / -> 200" in capsys.readouterr().err  # one line of log a request
     status, answer = api(served, "/api/explore", {"prompt": "ROMEO: But soft, what light through yonder window"})

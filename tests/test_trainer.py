@@ -557,6 +557,7 @@ def test_the_done_line_reports_the_whole_run_and_this_process(tmp_path, micro, m
     # the first process: 7 steps; the second: 13 steps and 2 evaluations
     assert "done: 20 iterations in 0.5 min (30 s), 0.4 min (23 s) of them in this process; val loss" \
         in capsys.readouterr().out
+    assert RunDir(tmp_path / "run").summary()["tokens"] == 20 * 8 * 32  # both processes' steps of 8 windows of 32
     assert make_trainer(micro, *settings, "train.max_iters=21").fit() == 0
     assert "done: 21 iterations in 0.6 min (36 s), 0.1 min (6 s) of them in this process;" in capsys.readouterr().out
 
@@ -576,7 +577,7 @@ def test_a_budget_shorter_than_the_warmup_shortens_it_and_says_so(tmp_path, micr
     assert max(lrs) == pytest.approx(trainer.settings.muon_lr) and lrs.index(max(lrs)) == warmup  # (Muon's group)
     out = capsys.readouterr().out
     assert f"the learning-rate warm-up now ends at iteration {warmup} instead of 100" in out
-    assert "warm-up" not in (trainer.barely_trained() or "")
+    assert (trainer.barely_trained() or {}).get("reason") != "warmup"
 
 
 def test_a_barely_trained_model_is_said_at_the_end_with_the_command_that_trains_it_on(tmp_path, micro, capsys):
@@ -586,7 +587,9 @@ def test_a_barely_trained_model_is_said_at_the_end_with_the_command_that_trains_
     command = f"python train.py --config {run / 'config.yaml'} train.max_iters=8"
     assert (f"the model is barely trained: the run stopped inside its learning-rate warm-up, at iteration 4 of 100. "
             f"Its samples will read as noise. Train it on: {command}\n") in out
-    assert RunDir(run).summary()["barely_trained"].startswith("the run stopped inside its learning-rate warm-up")
+    summary = RunDir(run).summary()
+    assert summary["barely_trained"]["reason"] == "warmup" and summary["barely_trained"]["warmup"] == 100
+    assert summary["tokens"] == 4 * 8 * 32 and summary["weights"] == "trained"  # 4 steps of 8 windows of 32
     assert generate.main(["--checkpoint", str(run), "--prompt", "RO", "--max-new-tokens", "2"]) == 0
     assert "note: this model is barely trained (the run stopped inside" in capsys.readouterr().err
     assert train.main(command.split()[2:]) == 0  # the command it gives trains the same run on
@@ -602,8 +605,9 @@ def test_a_model_whose_loss_barely_fell_is_said_to_be_barely_trained(tmp_path, m
                          out="still")
     assert still.fit() == 0
     assert still.losses.initial == pytest.approx(still.val_loss, rel=0.05)
-    assert still.barely_trained() == (f"its validation loss {still.val_loss:.2f} is less than 25% below "
-                                      f"{still.losses.initial:.2f}, the loss at initialisation")
+    assert still.barely_trained()["text"] == (f"its validation loss {still.val_loss:.2f} is less than 25% below "
+                                              f"{still.losses.initial:.2f}, the loss at initialisation")
+    assert still.barely_trained()["reason"] == "loss"
     learnt = make_trainer(micro, "train.lr=1e-2", "train.warmup_iters=0", "train.max_iters=60", out="learnt")
     assert learnt.fit() == 0
     assert learnt.val_loss < 0.75 * learnt.losses.initial and learnt.barely_trained() is None

@@ -32,7 +32,7 @@ def warmup_message(old_end: int, new_end: int, length: int) -> str:
 
 
 def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, prompt: str,
-                 barely_trained: str | None, continue_command: str) -> str:
+                 barely_trained: dict | None, continue_command: str) -> str:
     """The last lines: iterations, the run's whole time (and this process's part, after a
     resume), the loss, and a prompt the run's tokenizer can encode to try the model; when
     the model is barely trained, why, and the command that trains it on."""
@@ -40,7 +40,7 @@ def done_message(it: int, total: float, mine: float, val_loss: float, best: floa
     done = (f"done: {it} iterations in {total / 60:.1f} min ({total:.0f} s){part}; val loss {val_loss:.4f} "
             f"(best {best:.4f}); model in {out_dir}\n")
     if barely_trained:
-        done += (f"the model is barely trained: {barely_trained}. Its samples will read as noise. "
+        done += (f"the model is barely trained: {barely_trained['text']}. Its samples will read as noise. "
                  f"Train it on: {continue_command}\n")
     return done + f"try it: python generate.py --checkpoint {out_dir} --prompt \"{prompt}\""
 

@@ -83,6 +83,8 @@ class Trainer:
         self.losses = StepLosses()
         self.threads = AdaptiveThreads(run.adapt_threads, self.clock)
         self.iteration = 0  # optimizer steps taken
+        self.tokens_before = 0  # tokens trained on up to the checkpoint this process resumed from
+        self.resumed_at = 0  # the iteration of that checkpoint
         self.val_loss = math.nan
         self.best_val_loss = math.inf
         self.changed_settings: list[str] = []  # optimizer settings a resume changed (said at the start)
@@ -305,6 +307,7 @@ class Trainer:
             "ranks": ranks,
             "grad_accum": self.grad_accum,
             "best_val_loss": self.best_val_loss,
+            "tokens_seen": self.tokens_seen(),
             "losses": self.losses.state_dict(),
             "identity": self.run.identity,  # the model and data settings a resume must match
         }
@@ -312,6 +315,8 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         """Continue where the saved run stopped: each piece takes back its own state."""
         self.iteration = state["iteration"]
+        self.resumed_at = state["iteration"]
+        self.tokens_before = state["tokens_seen"]
         self.best_val_loss = state["best_val_loss"]
         self.losses.load_state_dict(state["losses"])
         self.model.load_state_dict(state["model"])
@@ -333,27 +338,38 @@ class Trainer:
         else:  # another process count: rank 0's sampler; every process draws the same global batch
             self.sampler.load_state_dict(ranks[0]["sampler"])
 
+    def tokens_seen(self) -> int:
+        """Training tokens so far, across resumes (each with its own batch layout)."""
+        per_step = self.settings.batch_size * self.grad_accum * self.dist.world_size * self.run.model_config.block_size
+        return self.tokens_before + (self.iteration - self.resumed_at) * per_step
+
     def summary(self) -> dict:
-        """summary.json: the last evaluation, what it scored, and a prompt to try (model cards)."""
+        """summary.json: the last evaluation, what it scored, and a prompt to try (model cards),
+        the tokens trained on, which weights were saved, and whether the model is barely trained."""
         data = self.run.data
         measured = math.isfinite(self.val_loss)
         return {"iteration": self.iteration, "val_loss": self.val_loss if measured else None,
                 "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
                 "val_bits_per_char": data.bits_per_character(self.val_loss) if measured else None,
                 "data_fingerprint": data.meta["fingerprint"], "prompt": self.run.prompt,
-                "seconds": round(self.budget.seconds_used(), 1), "barely_trained": self.barely_trained()}
+                "seconds": round(self.budget.seconds_used(), 1), "tokens": self.tokens_seen(),
+                "weights": "average" if self.average is not None else "trained",
+                "barely_trained": self.barely_trained()}
 
-    def barely_trained(self) -> str | None:
-        """Why the model saved now is barely trained, in plain words (None: it is not). The
+    def barely_trained(self) -> dict | None:
+        """Why the model saved now is barely trained (None: it is not): the reason, its
+        numbers (for the explorer's words in each language) and a sentence in English. The
         rule holds for any recipe: the run stopped inside its warm-up, or (from scratch) its
         validation loss fell by less than BARELY_TRAINED of the first step's loss."""
         if self.iteration < self.schedule.warmup:
-            return (f"the run stopped inside its learning-rate warm-up, at iteration {self.iteration} of "
-                    f"{self.schedule.warmup}")
+            return {"reason": "warmup", "iteration": self.iteration, "warmup": self.schedule.warmup,
+                    "text": f"the run stopped inside its learning-rate warm-up, at iteration {self.iteration} of "
+                            f"{self.schedule.warmup}"}
         initial = self.losses.initial
         if self.run.base is None and initial is not None and self.val_loss > (1 - BARELY_TRAINED) * initial:
-            return (f"its validation loss {self.val_loss:.2f} is less than {BARELY_TRAINED:.0%} below "
-                    f"{initial:.2f}, the loss at initialisation")
+            return {"reason": "loss", "val_loss": self.val_loss, "initial_loss": initial,
+                    "text": f"its validation loss {self.val_loss:.2f} is less than {BARELY_TRAINED:.0%} below "
+                            f"{initial:.2f}, the loss at initialisation"}
         return None
 
     # ---- what the user reads at the end -------------------------------------------------

@@ -36,10 +36,18 @@ function el(tag, attributes = {}, ...children) {
 }
 
 const $ = (id) => document.getElementById(id);
+const count = (n) => n.toLocaleString(state.lang === "zh" ? "zh-CN" : "en");
 const fmt = (x, digits = 4) => (x === -Infinity ? "−∞" : x === Infinity ? "∞" : x.toFixed(digits).replace("-", "−"));
-// spaces, newlines and tabs made visible, so that every token can be seen
-const visible = (text) => text.replace(/ /g, "␣").replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍");
+// spaces, newlines and tabs made visible, so that every token can be seen; the other control
+// characters as their Unicode pictures (U+0017 as ␗), C1 controls and invisible format
+// characters (a zero-width space, a right-to-left override) as escapes
+const visible = (text) => text.replace(/ /g, "␣").replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍")
+  .replace(/[\u0000-\u001f\u007f]/g, (c) => String.fromCharCode(c === "\u007f" ? 0x2421 : 0x2400 + c.charCodeAt(0)))
+  .replace(/[\u0080-\u009f]|\p{Cf}/gu, (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
 const tokenLabel = (token) => (token.bytes ? `⟨${token.bytes}⟩` : visible(token.text));
+// where there is room for a few characters only (the maps' axes): a token that holds part of
+// a character shows that character, in brackets, instead of its bytes
+const axisLabel = (i) => `${index(i)} ${DATA.tokens[i].bytes ? `⟨${visible(DATA.tokens[i].joined)}⟩` : tokenLabel(DATA.tokens[i])}`;
 const textOf = (id) => visible(DATA.texts[String(id)] ?? `#${id}`);
 const index = (i) => t("tokenIndex", { i }); // a token's number: from 0 in English, from 1 in Chinese
 
@@ -113,7 +121,7 @@ function drawLabels(ctx, cell, margin) {
   ctx.fillStyle = "#5f6368";
   ctx.font = `${Math.min(11, Math.max(8, cell))}px monospace`;
   for (let i = 0; i < T; i += every) {
-    const label = `${index(i)} ${tokenLabel(DATA.tokens[i])}`.slice(0, 8);
+    const label = axisLabel(i).slice(0, 8);
     ctx.textAlign = "right";
     ctx.fillText(label, margin - 3, margin + i * cell + cell * 0.8); // the query's row
     ctx.save();
@@ -135,6 +143,7 @@ function renderHeader() {
   $("model-line").textContent = c ? t("modelLine", {
     layers: c.n_layer, heads: c.n_head, width: c.n_embd, dk: c.head_size, block: c.block_size,
     vocab: c.vocab_size, positions: word("positions", c.pos_encoding), norm: word("norms", c.norm) }) : "";
+  renderRun(DATA ? DATA.run : null);
   const init = DATA && DATA.model === "init";
   $("model-state").textContent = DATA ? t(init ? "showingInit" : "showingTrained") : "";
   $("model-switch").textContent = t(init ? "switchToTrained" : "switchToInit");
@@ -142,6 +151,19 @@ function renderHeader() {
   document.documentElement.lang = state.lang === "zh" ? "zh-CN" : "en";
   document.title = t("title");
   for (const node of document.querySelectorAll("[data-i18n]")) node.textContent = t(node.dataset.i18n);
+}
+
+// The run that trained this model, from its summary.json: how long it trained, and a warning
+// when the run itself found the model barely trained.
+function renderRun(run) {
+  $("run-line").textContent = run ? t("runLine", { iterations: count(run.iteration), tokens: count(run.tokens ?? 0),
+    loss: run.val_loss === null ? "—" : fmt(run.val_loss, 4), weights: t(run.weights === "average" ? "weightsAverage"
+      : "weightsTrained") }) : "";
+  const why = run && run.barely_trained;
+  $("run-warning").hidden = !why;
+  $("run-warning").textContent = !why ? "" : why.reason === "warmup"
+    ? t("barelyWarmup", { iteration: why.iteration, warmup: why.warmup })
+    : t("barelyLoss", { loss: fmt(why.val_loss, 2), initial: fmt(why.initial_loss, 2) });
 }
 
 function renderTokens() {
@@ -301,7 +323,7 @@ function renderHeadView(weights, query) {
   DATA.tokens.forEach((token, i) => {
     for (const [x, anchor] of [[95, "end"], [205, "start"]]) {
       const label = svg("text", { x, y: 12 + i * step, "text-anchor": anchor, class: i === query ? "picked" : "" });
-      label.textContent = `${index(i)} ${tokenLabel(token)}`.slice(0, 14);
+      label.textContent = axisLabel(i).slice(0, 14);
       box.append(label);
     }
   });
@@ -480,12 +502,16 @@ function renderOutput(head, v, s, experiment) {
     el("p", { class: "note", text: t("outputCheck", { gap: gap.toExponential(1) }) }));
   if (experiment) {
     const changed = Math.max(...experiment.output.map((x, d) => Math.abs(x - s.output[d])));
-    box.append(el("h3", { text: t(v.noMask ? "experimentMaskTitle" : "experimentScaleTitle") }),
+    const title = v.noMask && v.noScale ? "experimentBothTitle" : v.noMask ? "experimentMaskTitle" : "experimentScaleTitle";
+    const note = t("experimentNote", { changed: fmt(changed, 4), spread: fmt(Math.max(...experiment.weights), 4),
+      own: fmt(Math.max(...s.weights), 4) });
+    const why = v.noMask // (without the mask the future keys take weight; without the scale only the spread changes)
+      ? t("experimentMaskNote", { future: experiment.weights.slice(v.query + 1).reduce((a, b) => a + b, 0).toFixed(4) })
+      : t("experimentScaleNote", { root: Math.sqrt(s.dk).toFixed(3) });
+    box.append(el("h3", { text: t(title) }),
       el("p", { class: "vector mono", id: "experiment-output", "data-values": JSON.stringify(experiment.output),
         text: experiment.output.map((x) => fmt(x, 3)).join("  ") }),
-      el("p", { class: "note", id: "experiment-note", text: t("experimentNote", { changed: fmt(changed, 4),
-        spread: fmt(Math.max(...experiment.weights), 4), own: fmt(Math.max(...s.weights), 4),
-        future: experiment.weights.slice(v.query + 1).reduce((a, b) => a + b, 0).toFixed(4) }) }));
+      el("p", { class: "note", id: "experiment-note", text: `${note} ${why}` }));
   }
 }
 
@@ -595,9 +621,13 @@ function renderPrediction() {
   const ids = logits.map((_, i) => i).filter((id) => !suppressed.includes(id))
     .sort((a, b) => logits[b] - logits[a]).slice(0, 20);
   const off = state.ablate && DATA.ablation[state.ablate[0]][state.ablate[1]];
-  const offProbs = off ? Object.fromEntries(off.ids.map((id, i) => [id, off.probs[i]])) : {};
+  // the head switched off, by the same rule as the model's column where its logits are here;
+  // a large model's page keeps only its likeliest tokens at temperature 1, and says so
+  const offProbs = !off ? {} : off.logits ? nextTokenProbabilities(Array.from(values(off.logits)), sampling)
+    : Object.fromEntries(off.ids.map((id, i) => [id, off.probs[i]]));
   $("prediction-note").textContent = t("predictionNote", { text: tokenLabel(DATA.tokens[DATA.tokens.length - 1]) });
-  $("ablation-head").textContent = off ? t("colAblated", { layer: state.ablate[0], head: state.ablate[1] }) : "";
+  $("ablation-head").textContent = !off ? "" : t(off.logits ? "colAblated" : "colAblatedPlain",
+    { layer: state.ablate[0], head: state.ablate[1] });
   $("prediction").tBodies[0].replaceChildren(...ids.map((id) => {
     const bar = el("span", { class: "bar" });
     bar.style.width = `${120 * probs[id]}px`;
