@@ -5,7 +5,7 @@
 writes docs/images/{qkv,maps,causal,cache}{,.zh-CN}.svg (--out: elsewhere). The attention maps are the
 model's own (model.trace): the model of --checkpoint (the quick start's run by
 default) as trained, and the same model freshly initialised. The other pictures
-draw the shapes of model/attention.py and model/gpt.py for small sizes.
+draw the shapes of model/attention.py and model/gpt.py for small sizes, read from their modules.
 """
 
 from __future__ import annotations
@@ -23,18 +23,23 @@ import torch  # noqa: E402
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes  # noqa: E402
 from inspection.words import words  # noqa: E402
 from common.run_dir import RunDir  # noqa: E402
-from model import GPT  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from model.attention import MultiHeadAttention  # noqa: E402
 
 IMAGES = ROOT / "docs" / "images"
 FONT = "font-family='DejaVu Sans, Noto Sans CJK SC, WenQuanYi Zen Hei, sans-serif'"
-QKV_COLOURS = {"q": ("#d62828", "#f4a3a3"), "k": ("#1f6fb2", "#9cc6ea"), "v": ("#2a9d3f", "#a6dcae")}
+QKV_COLOURS = {"q": ("#d62828", "#f4a3a3", "#a61c1c", "#fbd5d5"), "k": ("#1f6fb2", "#9cc6ea"),
+               "v": ("#2a9d3f", "#a6dcae")}
 
 WORDS = {
     "en": {
-        "qkv_title": "c_attn computes X W_Q, X W_K, X W_V side by side; view and permute split them into heads",
-        "qkv_row": "c_attn(x): [B, T, 3C], one token's row (C = 8, H = 2, d_k = 4)",
-        "qkv_view": "view(B, T, 3, H, d_k): the same numbers, counted as 3 × H blocks of d_k",
-        "qkv_permute": "permute(2, 0, 3, 1, 4) → [3, B, H, T, d_k]: q, k, v, each split into heads",
+        "qkv_title": "c_attn computes X W_Q, X W_K, X W_V side by side; split cuts them apart, view and transpose "
+                     "split each into heads",
+        "qkv_row": "c_attn(x): [B, T, C + 2·H_kv·d_k] = [B, T, {{width}}], one token's row (C = {{C}}, H = {{H}}, "
+                   "H_kv = {{H_kv}}, d_k = {{d_k}})",
+        "qkv_split": "split([C, H_kv·d_k, H_kv·d_k], dim=-1): q, k and v",
+        "qkv_heads": "view(B, T, heads, d_k).transpose(1, 2): each split into its heads",
+        "qkv_shared": "grouped-query attention: each key/value head serves {{group}} query heads (repeat_interleave)",
         "head": "{head} {{h}}", "maps_title": "Attention weights of layer 0 for the same {{T}} characters",
         "init": "at initialisation (weights of std 0.02)", "trained": "after the quick start's training",
         "maps_note": "Row i is query i, column j is key j. At init row i is nearly uniform over its i + 1 keys: "
@@ -50,10 +55,12 @@ WORDS = {
                       "Grey: out of the window.",
     },
     "zh": {
-        "qkv_title": "c_attn 并排算出 X W_Q、X W_K、X W_V；view 和 permute 把它们拆成多个头",
-        "qkv_row": "c_attn(x)：[B, T, 3C]，一个 token 的那一行（C = 8，H = 2，d_k = 4）",
-        "qkv_view": "view(B, T, 3, H, d_k)：同样的数，按 3 × H 个长为 d_k 的块来数",
-        "qkv_permute": "permute(2, 0, 3, 1, 4) → [3, B, H, T, d_k]：q、k、v，各自拆成多个头",
+        "qkv_title": "c_attn 并排算出 X W_Q、X W_K、X W_V；split 把它们切开，view 和 transpose 再把各自拆成多个头",
+        "qkv_row": "c_attn(x)：[B, T, C + 2·H_kv·d_k] = [B, T, {{width}}]，一个 token 的那一行（C = {{C}}，H = {{H}}，"
+                   "H_kv = {{H_kv}}，d_k = {{d_k}}）",
+        "qkv_split": "split([C, H_kv·d_k, H_kv·d_k], dim=-1)：q、k、v",
+        "qkv_heads": "view(B, T, 头数, d_k).transpose(1, 2)：各自拆成多个头",
+        "qkv_shared": "分组查询注意力：每个 key/value 头由 {{group}} 个 query 头共用（repeat_interleave）",
         "head": "{head} {{h}}", "maps_title": "同样 {{T}} 个字符上，第 0 层的{attention_weights}",
         "init": "初始化时（权重标准差 0.02）", "trained": "快速开始训练之后",
         "maps_note": "第 i 行是 query i，第 j 列是 key j。初始化时，第 i 行在它的 i + 1 个 key 上几乎均匀："
@@ -105,34 +112,48 @@ class Svg:
 
 
 def qkv_figure(w: dict) -> str:
-    """c_attn's 3C output columns, coloured by q/k/v and by head, before and after the split."""
-    C, H = 8, 2
-    d_k, cell = C // H, 22
-    svg = Svg(760, 340)
+    """c_attn's output columns, coloured by q/k/v and by head, then split into q, k and v and
+    each into heads; the widths are those of model/attention.py's own layer for small sizes."""
+    attn = MultiHeadAttention(GPTConfig(n_embd=8, n_head=4, n_kv_head=2, block_size=4, vocab_size=4), layer=0)
+    C, H, H_kv, d_k = attn.c_attn.in_features, attn.n_head, attn.n_kv_head, attn.d_k
+    widths = {"q": H * d_k, "k": H_kv * d_k, "v": H_kv * d_k}
+    assert attn.c_attn.out_features == sum(widths.values())  # C + 2·H_kv·d_k
+    heads = {"q": H, "k": H_kv, "v": H_kv}
+    cell, gap = 26, 18
+    svg = Svg(760, 400)
     for i, line in enumerate(wrap(w["qkv_title"], 80 if w is WORDS["en"] else 40)):
         svg.text(20, 24 + i * 18, line, 14, weight="bold")
-    svg.text(20, 58, w["qkv_row"])
-    for i in range(3 * C):  # one token's row of c_attn's output
-        part, head = "qkv"[i // C], (i % C) // d_k
-        svg.rect(20 + i * cell, 68, cell, cell, QKV_COLOURS[part][head])
-        svg.text(20 + i * cell + cell / 2, 84, str(i % d_k), 10, "middle", fill="white" if head == 0 else "#1d1d1f")
-    svg.arrow(300, 96, 300, 122)
-    svg.text(20, 140, w["qkv_view"])
-    for part_index, part in enumerate("qkv"):
-        for head in range(H):
-            x = 20 + (part_index * H + head) * (d_k * cell + 14)
-            for j in range(d_k):
-                svg.rect(x + j * cell, 150, cell, cell, QKV_COLOURS[part][head])
-            svg.text(x + d_k * cell / 2, 190, f"{part} · " + w["head"].format(h=head), 11, "middle")
-    svg.arrow(300, 198, 300, 224)
-    svg.text(20, 242, w["qkv_permute"])
-    for part_index, part in enumerate("qkv"):
-        x0 = 20 + part_index * 245
-        svg.text(x0, 268, f"{part}: [B, H, T, d_k]", 12, weight="bold", fill=QKV_COLOURS[part][0])
-        for head in range(H):
+    svg.text(20, 62, w["qkv_row"].format(C=C, H=H, H_kv=H_kv, d_k=d_k, width=attn.c_attn.out_features))
+    column = 0
+    for part in "qkv":  # one token's row of c_attn's output
+        for i in range(widths[part]):
+            head = i // d_k
+            svg.rect(20 + column * cell, 72, cell, cell, QKV_COLOURS[part][head])
+            svg.text(20 + column * cell + cell / 2, 90, str(i % d_k), 10, "middle",
+                     fill="white" if head % 2 == 0 else "#1d1d1f")  # (the dark shades: 0 and 2)
+            column += 1
+    svg.arrow(220, 102, 220, 126)
+    svg.text(20, 144, w["qkv_split"])
+    x = 20
+    starts = {}
+    for part in "qkv":  # split: three pieces
+        starts[part] = x
+        for i in range(widths[part]):
+            svg.rect(x + i * cell, 154, cell, cell, QKV_COLOURS[part][i // d_k])
+        svg.text(x + widths[part] * cell / 2, 196, f"{part}: [B, T, {widths[part]}]", 11, "middle")
+        x += widths[part] * cell + gap
+    svg.arrow(220, 206, 220, 230)
+    svg.text(20, 248, w["qkv_heads"])
+    x0 = 20
+    for part in "qkv":  # view + transpose: each piece split into its heads
+        shape = "[B, H, T, d_k]" if part == "q" else "[B, H_kv, T, d_k]"
+        svg.text(x0, 274, f"{part}: {shape}", 12, weight="bold", fill=QKV_COLOURS[part][0])
+        for head in range(heads[part]):
             for t in range(3):  # a few tokens of each head, stacked
-                svg.rect(x0 + head * 110 + t * 6, 278 + t * 6, d_k * 20, 26, QKV_COLOURS[part][head], "#5f6368")
-            svg.text(x0 + head * 110 + 40, 325, w["head"].format(h=head), 11, "middle")
+                svg.rect(x0 + head * 62 + t * 5, 284 + t * 5, d_k * 22, 24, QKV_COLOURS[part][head], "#5f6368")
+            svg.text(x0 + head * 62 + 26, 334, w["head"].format(h=head), 11, "middle")
+        x0 += heads[part] * 62 + 40
+    svg.text(20, 366, w["qkv_shared"].format(group=H // H_kv))
     return svg.svg()
 
 

@@ -49,6 +49,29 @@ def test_python_snippets_run(name):
         assert result.returncode == 0, result.stderr[-2000:]
 
 
+def quoted_lines(text: str) -> list[tuple[str, str]]:
+    """(source file, line of code) for each table a doc marks as quoting this project's code
+    (`<!-- quoted from FILE: column N -->` above it): each code span of that column that
+    holds a statement or a call."""
+    quoted = []
+    for source, column, table in re.findall(r"<!-- quoted from (\S+): column (\d+) -->\n((?:\|.*\n)+)", text):
+        for row in table.splitlines()[2:]:  # (after the header and its rule)
+            cell = row.split(" | ")[int(column) - 1]
+            quoted += [(source, span) for span in re.findall(r"`([^`]+)`", cell) if "(" in span or "=" in span]
+    return quoted
+
+
+@pytest.mark.parametrize("name", ["docs/attention.md", "docs/attention.zh-CN.md"])
+def test_the_docs_quote_this_projects_code_as_it_is(name):
+    """The code tour's tables quote model/attention.py; a change there that the tour does
+    not follow fails here (the tutorials' code beside it is quoted from them, unchecked)."""
+    quoted = quoted_lines((ROOT / name).read_text(encoding="utf-8"))
+    assert len(quoted) >= 20
+    for source, line in quoted:
+        code = " ".join((ROOT / source).read_text(encoding="utf-8").split())
+        assert " ".join(line.split()) in code, f"{name} quotes {line!r}, which {source} does not hold"
+
+
 def test_rope_snippet_prints_what_it_says():
     code = next(c for c in re.findall(r"```python\n(.*?)```", (ROOT / "docs/attention.md").read_text(), re.S)
                 if "RotaryEmbedding" in c)
@@ -112,7 +135,8 @@ def test_the_figures_are_made_by_the_script(tmp_path):
     for name in names:
         ElementTree.parse(tmp_path / "images" / name)
     assert "因果掩码" in (tmp_path / "images" / "causal.zh-CN.svg").read_text(encoding="utf-8")
-    assert "permute(2, 0, 3, 1, 4)" in (tmp_path / "images" / "qkv.svg").read_text()
+    qkv = (tmp_path / "images" / "qkv.svg").read_text()  # the split of model/attention.py, at its widths
+    assert "split([C, H_kv·d_k, H_kv·d_k], dim=-1)" in qkv and "[B, T, 16]" in qkv and "permute" not in qkv
     for page in ("docs/attention.md", "docs/attention.zh-CN.md"):  # and the code tour shows them
         text = (ROOT / page).read_text(encoding="utf-8")
         assert all(f"images/{n}" in text for n in ("qkv", "maps", "causal", "cache"))
