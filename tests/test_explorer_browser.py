@@ -195,6 +195,10 @@ def test_each_panel_shows_the_models_own_numbers_for_the_picked_token(pages, ope
     assert page.values("#projection-terms li") == pytest.approx([xi * w for xi, w in zip(x, W[row])], abs=1e-6)
     total = float(page.page.get_attribute("#projection-terms .sum", "data-value"))
     assert total == pytest.approx(float(x @ W[row] + b[row]), abs=1e-5) == pytest.approx(before[3].item(), abs=1e-5)
+    # one notation: what is projected is LN(x) in every panel that names it, and LayerNorm subtracts the mean
+    assert page.text("#projection-terms li").startswith("LN(x)[0] · W[0] = ") and "LN(x)[i] · W[i]" in page.text(
+        "#projection-terms h3") and "LN(x) W_Q" in page.text("#qkv-note")
+    assert page.text("#norm-stats").startswith("LayerNorm subtracted the stream's mean")
     # 4. after attention
     heads = [array(h["output"])[5] for h in layer["heads"]]
     assert shown(page, '#block [data-name="concat"]') == pytest.approx(sum(heads, []), abs=1e-6)
@@ -286,12 +290,12 @@ def test_the_model_switch_shows_the_model_at_initialisation_and_back(pages, open
     assert page.text("#model-state") == "训练后的模型"
     page.page.click("#model-switch")
     page.page.wait_for_url("**/char.init.html#*")
-    assert page.text("#model-state") == "初始化时的模型" and "第 2 层" in page.text("#steps-title")  # where it was
+    assert page.text("#model-state") == "初始化时的模型" and "层 1、头 0" in page.text("#steps-title")  # where it was
     assert page.values('#steps td[data-step="4"]') == pytest.approx(array(init["layers"][1]["heads"][0]["weights"])[5], abs=1e-5)
     assert init["model"] == "init" and init["tokens"] == data["tokens"]
     page.page.click("#model-switch")
     page.page.wait_for_url("**/char.html#*")
-    assert page.text("#model-state") == "训练后的模型" and "第 6 个 token" in page.text("#steps-title")
+    assert page.text("#model-state") == "训练后的模型" and "token 5" in page.text("#steps-title")
     assert page.requests == [] and page.errors == []
 
 
@@ -319,6 +323,18 @@ def test_a_llama_style_block_shows_its_shared_keys_and_gated_network(tmp_path, o
     assert page.errors == []
 
 
+def test_a_post_norm_block_projects_x_itself_and_says_so(tmp_path, open_page):
+    """The paper's post-LN block: attention projects the stream x, not LN(x), and every
+    panel that writes the projection says x."""
+    run = make_run(tmp_path / "post", norm_position="post")
+    out = tmp_path / "post.html"
+    assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:", "--out", str(out), "--lang", "en"]) == 0
+    page = open_page(out.as_uri())
+    page.page.click('#qkv [data-which="q"] button.coordinate[data-dim="0"]')
+    assert page.text("#projection-terms li").startswith("x[0] · W[0] = ") and "x W_Q" in page.text("#qkv-note")
+    assert "LN(x)" not in page.text("#qkv-panel") and page.errors == []
+
+
 def test_every_label_switches_to_chinese_and_back(pages, open_page):
     table = strings()
     page = open_page(pages["char"][0].as_uri())
@@ -330,12 +346,33 @@ def test_every_label_switches_to_chinese_and_back(pages, open_page):
     shown = page.page.eval_on_selector_all("body *", "nodes => nodes.map(n => n.childNodes.length === 1 ? n.textContent : '')")
     assert not english & set(shown)
     for selector, word in (("#steps-title", "五个步骤"), ("#step-2", "缩放"), ("#step-3", "因果掩码"),
-                           ("#block", "残差连接"), ("#map-title", "注意力权重"), ("#grid", "第 1 层"), ("#grid", "第 1 个头")):
+                           ("#block", "残差连接"), ("#map-title", "注意力权重"), ("#grid", "层 0"), ("#grid", "头 0")):
         assert word in page.text(selector)
     page.screenshot("explorer-zh.png")
     page.page.click("#lang")
     assert all(page.text(f'[data-i18n="{key}"]') == table["en"][key] for key in ("title", "headsTitle"))
     assert page.errors == []
+
+
+def test_the_chinese_page_uses_chinese_punctuation_and_no_negative_zero(pages, open_page):
+    """Every string the script assembles in Chinese (notes joined, lists of heads) keeps
+    full-width punctuation, no ASCII comma or colon beside a Chinese character; and no
+    number is written "−0.000" in either language."""
+    page = open_page(pages["char"][0].as_uri())
+    assert page.page.evaluate('t("tokensNote", { count: 1 })').startswith("1 token;")  # not "1 tokens"
+    assert page.page.evaluate('t("tokensNote", { count: 2 })').startswith("2 tokens;")
+    page.page.click('.token[data-index="6"]')
+    page.page.check("#no-scale")
+    page.page.check("#no-mask")
+    page.page.click('.ablate[data-layer="0"][data-head="1"]')
+    for lang in ("en", "zh"):
+        body = page.page.inner_text("main")
+        assert not re.search(r"−0\.0+(?!\d*[1-9])\b", body), lang
+        if lang == "en":
+            page.page.click("#lang")
+    mixed = re.findall(r"[\u4e00-\u9fff][,;:!?]\s|[,;:!?] [\u4e00-\u9fff]", page.page.inner_text("body"))
+    assert mixed == [] and "、" in page.text("#ablation-ranking") and page.errors == []
+    assert page.page.evaluate("fmt(-0.00001, 4)") == "0.0000" and page.page.evaluate("fmt(-0.5, 2)") == "−0.50"
 
 
 def test_chinese_renders_without_replacement_characters(pages, open_page):
@@ -523,7 +560,7 @@ def test_the_slider_walks_the_model_from_its_initialisation_to_the_end(trained_r
         assert f"layer {layer}, head {head}" in said and f"{last[layer][head]:.3f}" in said
         assert said.startswith("Highest" if last[layer][head] > 2 * first[layer][head] else "No head has learnt")
     page.page.click("#lang")
-    expect(page.page.locator("#timeline-readout")).to_contain_text("第 2 步（第 3 个，共 6 个）")
+    expect(page.page.locator("#timeline-readout")).to_contain_text("第 2 步（快照 3/6）")
     assert "归纳得分" in page.text("#timeline-panel")
     page.page.keyboard.press("End")
     assert not page.errors and not page.requests and not page.dialogs

@@ -15,11 +15,12 @@ const state = { lang: SETTINGS.lang, layer: 0, head: 0, query: 0, key: null, loc
 
 // A string of the page's language. Chinese counts from 1 (第 1 层): every number n passed
 // in is also there as {n1} = n + 1; English counts from 0, as the code does, and says so.
+// A string of the page in its language; a key with a "_one" variant takes it when the count is 1
+// ("1 token", not "1 tokens").
 function t(key, values = {}) {
-  const text = STRINGS[state.lang][key] ?? STRINGS.en[key] ?? key;
-  const all = { ...values };
-  for (const [name, value] of Object.entries(values)) if (typeof value === "number") all[`${name}1`] = value + 1;
-  return text.replace(/\{(\w+)\}/g, (_, name) => String(all[name] ?? ""));
+  const one = values.count === 1 ? STRINGS[state.lang][`${key}_one`] ?? STRINGS.en[`${key}_one`] : undefined;
+  const text = one ?? STRINGS[state.lang][key] ?? STRINGS.en[key] ?? key;
+  return text.replace(/\{(\w+)\}/g, (_, name) => String(values[name] ?? ""));
 }
 
 const word = (group, name) => STRINGS.words[state.lang][group][name]; // inspection/words.json
@@ -37,7 +38,9 @@ function el(tag, attributes = {}, ...children) {
 
 const $ = (id) => document.getElementById(id);
 const count = (n) => n.toLocaleString(state.lang === "zh" ? "zh-CN" : "en");
-const fmt = (x, digits = 4) => (x === -Infinity ? "−∞" : x === Infinity ? "∞" : x.toFixed(digits).replace("-", "−"));
+// a number as the page writes it: a true minus sign, and no "−0.000" for a tiny negative number
+const fmt = (x, digits = 4) => (x === -Infinity ? "−∞" : x === Infinity ? "∞"
+  : x.toFixed(digits).replace(/^-(?=0\.?0*$)/, "").replace("-", "−"));
 // spaces, newlines and tabs made visible, so that every token can be seen; the other control
 // characters as their Unicode pictures (U+0017 as ␗), C1 controls and invisible format
 // characters (a zero-width space, a right-to-left override) as escapes
@@ -49,7 +52,7 @@ const tokenLabel = (token) => (token.bytes ? `⟨${token.bytes}⟩` : visible(to
 // a character shows that character, in brackets, instead of its bytes
 const axisLabel = (i) => `${index(i)} ${DATA.tokens[i].bytes ? `⟨${visible(DATA.tokens[i].joined)}⟩` : tokenLabel(DATA.tokens[i])}`;
 const textOf = (id) => visible(DATA.texts[String(id)] ?? `#${id}`);
-const index = (i) => t("tokenIndex", { i }); // a token's number: from 0 in English, from 1 in Chinese
+const index = (i) => t("tokenIndex", { i }); // a token's index, the code's: from 0 in both languages
 
 // A vector on screen: its numbers as text, the exact values in data-values (tests read them).
 function vectorBox(vector, name, digits = 3) {
@@ -73,6 +76,8 @@ const residualOut = (l) => rowOf(l + 1 < DATA.layers.length ? layerData(l + 1).r
   view().query);
 
 // what the attention layer projects to q, k and v: LN(x) with pre-LN; x itself with post-LN
+// (inputName: how the page writes it)
+const inputName = () => (DATA.config.norm_position === "post" ? "x" : "LN(x)");
 const attentionInput = (layer, position) => rowOf(DATA.config.norm_position === "post" ? layer.residual_in : layer.ln_1,
   position);
 
@@ -181,7 +186,7 @@ function renderTokens() {
     box.append(chip);
   });
   $("tokens-note").textContent = t("tokensNote", { count: DATA.tokens.length })
-    + (DATA.truncated ? " " + t("truncated", { count: DATA.truncated }) : "");
+    + (DATA.truncated ? t("sentenceGap") + t("truncated", { count: DATA.truncated }) : "");
 }
 
 // ---- 1. from token to vector ---------------------------------------------------------------
@@ -203,7 +208,8 @@ function renderEmbedding() {
     box.append(vectorRow(t("positionRow", { query: v.query, kind: word("positions", c.pos_encoding) }),
       `[C] = [${c.n_embd}]`, rowOf(DATA.embedding.position, v.query), "position"));
   }
-  box.append(vectorRow(t("streamIn"), `[C] = [${c.n_embd}]`, rowOf(layerData(0).residual_in, v.query), "sum"));
+  box.append(vectorRow(t(DATA.embedding.position === null ? "streamInRope" : "streamIn"), `[C] = [${c.n_embd}]`,
+    rowOf(layerData(0).residual_in, v.query), "sum"));
 }
 
 // ---- every layer and head; one query across them all ------------------------------------------
@@ -349,6 +355,7 @@ function renderQKV() {
   const head = headVectors(v.layer, v.head);
   const box = $("qkv");
   $("qkv-title").textContent = t("qkvTitle", { layer: v.layer, head: v.head, query: v.query, key });
+  $("qkv-note").textContent = t("qkvNote", { input: inputName() });
   const normNote = c.norm_position === "post" ? t("postNormNote")
     : stats.rms !== undefined ? t("rmsNote", { rms: fmt(stats.rms, 6) })
       : t("layerNormNote", { mean: fmt(stats.mean, 6), std: fmt(stats.std, 6) });
@@ -381,11 +388,11 @@ function projectionRow(which, position, traced) {
     row.append(vectorBox(traced, `${which}-model`));
   } else if (rotated) { // RoPE: computed from the weights before the rotation, the model's after it
     const before = projected(layer.c_attn, which, v.head, attentionInput(layer, position), c);
-    row.append(el("p", { class: "note", text: t("beforeRotation", { position }) }),
+    row.append(el("p", { class: "note", text: t("beforeRotation", { position, input: inputName() }) }),
       coordinates(before, which, position, `${which}-before`),
       el("p", { class: "note", text: t("afterRotation", { position }) }), vectorBox(traced, `${which}-model`));
   } else { // the model's own vector, each coordinate a sum of products to click
-    row.append(el("p", { class: "note", text: t("modelVector") }), coordinates(traced, which, position, `${which}-model`));
+    row.append(el("p", { class: "note", text: t("modelVector", { input: inputName() }) }), coordinates(traced, which, position, `${which}-model`));
   }
   return row;
 }
@@ -409,12 +416,12 @@ function renderTermsOfProjection(layer, v) {
   const { which, position, dim } = v.coordinate;
   const x = attentionInput(layer, position);
   const { terms, weights, bias, value } = projectionTerms(layer.c_attn, which, v.head, dim, x, c);
-  box.append(el("h3", { text: t("projectionTitle", { which, dim, position, C: c.n_embd }) }));
+  box.append(el("h3", { text: t("projectionTitle", { which, dim, position, C: c.n_embd, input: inputName() }) }));
   const list = el("ul", { class: "terms" });
   terms.forEach((term, i) => list.append(el("li", { "data-value": term,
-    text: `x[${i}]·W[${i}] = ${fmt(x[i], 3)} × ${fmt(weights[i], 3)} = ${fmt(term, 4)}` })));
+    text: `${inputName()}[${i}] · W[${i}] = ${fmt(x[i], 3)} × ${fmt(weights[i], 3)} = ${fmt(term, 4)}` })));
   box.append(list, el("p", { class: "sum", "data-value": value,
-    text: t("projectionSum", { C: c.n_embd, bias: fmt(bias, 4), value: fmt(value, 6) }) }));
+    text: t("projectionSum", { C: c.n_embd, bias: fmt(bias, 4), value: fmt(value, 6), input: inputName() }) }));
 }
 
 // ---- 3. the five steps, complete, and the experiments on them --------------------------------
@@ -511,7 +518,7 @@ function renderOutput(head, v, s, experiment) {
     box.append(el("h3", { text: t(title) }),
       el("p", { class: "vector mono", id: "experiment-output", "data-values": JSON.stringify(experiment.output),
         text: experiment.output.map((x) => fmt(x, 3)).join("  ") }),
-      el("p", { class: "note", id: "experiment-note", text: `${note} ${why}` }));
+      el("p", { class: "note", id: "experiment-note", text: note + t("sentenceGap") + why }));
   }
 }
 
@@ -667,7 +674,7 @@ function renderAblation() {
     .sort((a, b) => b.kl - a.kl);
   const best = ranked[0];
   $("ablation-ranking").textContent = t("ablationRanking", { layer: best.l, head: best.h, kl: fmt(best.kl, 4),
-    next: ranked.slice(1, 4).map((r) => t("layerHead", { layer: r.l, head: r.h })).join(", ") });
+    next: ranked.slice(1, 4).map((r) => t("layerHead", { layer: r.l, head: r.h })).join(t("listSeparator")) });
 }
 
 // ---- watching it learn: the prompt through the model at each snapshot of training ----------
@@ -733,9 +740,9 @@ function renderTimeline() {
   const slider = $("timeline-step");
   slider.max = String(timeline.steps.length - 1);
   slider.value = String(s);
-  slider.setAttribute("aria-valuetext", t("timelineStep") + " " + step);
+  slider.setAttribute("aria-valuetext", t("timelineStepValue", { step }));
   const loss = timeline.loss[s];
-  $("timeline-readout").textContent = t("timelineReadout", { step, k: s, count: timeline.steps.length,
+  $("timeline-readout").textContent = t("timelineReadout", { step, number: s + 1, count: timeline.steps.length,
     loss: loss === null ? "" : t("timelineLossValue", { loss: fmt(loss, 4) }) });
   $("timeline-loss").replaceChildren(timeline.loss[0] === null ? el("p", { class: "note", text: t("timelineNoLoss") })
     : stepChart([{ name: "loss", values: timeline.loss, colour: "rgb(59, 82, 139)" }], s, t("timelineLoss")));
@@ -786,7 +793,7 @@ function renderTimeline() {
     best[kind] = lines.reduce((a, b) => (b.values[b.values.length - 1] > a.values[a.values.length - 1] ? b : a));
   }
   $("timeline-best").replaceChildren(...TIMELINE_KINDS.map(([kind, name]) => el("span", { "data-kind": kind,
-    text: bestHead(best[kind], t(name)) + " " })));
+    text: bestHead(best[kind], t(name)) + t("sentenceGap") })));
 }
 
 // The head that scores highest at the last step, and from which step it stayed above half
