@@ -41,7 +41,7 @@ class FeedForward(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """FFN(x) = W_2 (SiLU(x W_gate) ⊙ x W_up), applied to each position on its own (Shazeer,
+    """FFN(x) = (SiLU(x W_gate) ⊙ x W_up) W_2, applied to each position on its own (Shazeer,
     "GLU Variants Improve Transformer"; Llama's feed-forward network).
 
     Two matrices read x: one, through SiLU(z) = z σ(z), becomes a gate that scales, unit

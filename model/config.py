@@ -40,7 +40,7 @@ class GPTConfig:
     rope_base:     base of the rotary frequencies (10000 in RoFormer and Llama)
     n_kv_head:     key/value heads (grouped-query attention: each group of n_head / n_kv_head
                    query heads shares one); None: n_head (multi-head), 1: multi-query
-    mlp:           gelu (act(x W_1) W_2, GPT-2) or swiglu (W_2 (SiLU(x W_gate) ⊙ x W_up), Llama)
+    mlp:           gelu (act(x W_1) W_2, GPT-2) or swiglu ((SiLU(x W_gate) ⊙ x W_up) W_2, Llama)
     ffn_hidden:    the feed-forward network's hidden width (transformers' intermediate_size);
                    None: 4 × n_embd for gelu, and for swiglu 8/3 × n_embd rounded up to a
                    multiple of 32, the width that keeps the 4× GELU network's parameter count

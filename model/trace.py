@@ -3,8 +3,8 @@ learner (and the explorer, --explain and the attention maps) can follow a token 
 the whole model with the model's own numbers.
 
 Each block fills its LayerTrace as it runs; nothing is computed twice. With pre-LN (GPT-2):
-    ln_1 = LN(residual_in); attn = W_O(heads); mid = residual_in + attn
-    ln_2 = LN(mid); mlp = W_2(mlp_hidden); residual_out = mid + mlp
+    ln_1 = LN(residual_in); attn = concat(heads) W_O + b_O; mid = residual_in + attn
+    ln_2 = LN(mid); mlp = mlp_hidden W_2 + b_2; residual_out = mid + mlp
 With post-LN (the paper) the norms come after each residual:
     ln_1 = LN(residual_in + attn); ln_2 = LN(ln_1 + mlp) = residual_out
 """

@@ -342,7 +342,8 @@ def test_every_label_switches_to_chinese_and_back(pages, open_page):
     labels = page.page.eval_on_selector_all("[data-i18n]", "nodes => nodes.map(n => [n.dataset.i18n, n.textContent])")
     assert labels and all(text == table["zh"][key] for key, text in labels)
     assert page.page.evaluate("document.documentElement.lang") == "zh-CN"
-    english = {text for key, text in table["en"].items() if text != table["zh"][key]}
+    english = {text for key, text in table["en"].items() if text != table["zh"][key] and re.search("[A-Za-z]", text)}
+    english -= set(table["zh"].values())  # (what Chinese says the same way: "token")
     shown = page.page.eval_on_selector_all("body *", "nodes => nodes.map(n => n.childNodes.length === 1 ? n.textContent : '')")
     assert not english & set(shown)
     for selector, word in (("#steps-title", "五个步骤"), ("#step-2", "缩放"), ("#step-3", "因果掩码"),
@@ -428,6 +429,54 @@ def test_the_page_says_what_the_run_trained_and_warns_when_it_barely_did(micro, 
     page.page.click("#model-switch")  # the model at initialisation: no run to speak of
     assert page.text("#run-line") == "" and not page.page.is_visible("#run-warning")
     assert page.errors == []
+
+
+def test_a_map_of_the_whole_model_lights_the_panel_being_read(pages, open_page):
+    """At the top: token → embedding → [norm → attention → + → norm → FFN → +] × L → final norm →
+    head → probabilities, each piece a link to its panel; the pieces of the panel being read
+    are lit, and the layer picked is named."""
+    page = open_page(pages["char"][0].as_uri())
+    pieces = page.page.eval_on_selector_all("#model-map a", "links => links.map(a => [a.textContent, a.dataset.panel])")
+    assert [label for label, _ in pieces] == ["token", "embedding", "LayerNorm", "attention", "+", "LayerNorm",
+                                             "feed-forward network", "+", "final LayerNorm", "LM head", "probabilities"]
+    assert all(page.page.query_selector(f"section#{panel}") for _, panel in pieces)
+    assert "× 2 layers (now layer 0)" in page.text("#model-map")
+    page.page.click('canvas.thumb[data-layer="1"][data-head="0"]')
+    assert "× 2 layers (now layer 1)" in page.text("#model-map")
+    page.page.click('#model-map a[data-panel="block-panel"]')  # jump to the block: its four pieces light up
+    expect(page.page.locator("#model-map a.current")).to_have_count(4)
+    lit = page.page.eval_on_selector_all("#model-map a.current", "links => links.map(a => a.textContent)")
+    assert lit == ["+", "LayerNorm", "feed-forward network", "+"]
+    page.page.click('#model-map a[data-panel="steps-panel"]')
+    expect(page.page.locator("#model-map a.current")).to_have_text(["attention"])
+    page.page.click("#lang")
+    assert "× 2 层（现在是层 1）" in page.text("#model-map") and page.errors == []
+
+
+def test_each_panel_states_its_formula_for_this_model(pages, open_page):
+    rope = open_page(pages["char"][0].as_uri())
+    formula = lambda page, panel: page.text(f'[data-formula="{panel}"]')
+    assert formula(rope, "embedding").startswith("x = wte[id];  q, k rotated")  # RoPE: nothing added here
+    assert formula(rope, "qkv") == "q = LN(x) W_Q + b_Q;  k = LN(x) W_K + b_K;  v = LN(x) W_V + b_V"
+    assert formula(rope, "steps") == "Attention(q, K, V) = softmax(q Kᵀ / √d_k + mask) V"
+    assert "FFN(h) = GELU(h W_1 + b_1) W_2 + b_2" in formula(rope, "block")
+    learned = open_page(pages["bpe"][0].as_uri())
+    assert formula(learned, "embedding") == "x = wte[id] + wpe[position]"
+
+
+def test_vectors_are_drawn_as_strips_of_colour_with_their_numbers(pages, open_page):
+    path, data = pages["char"]
+    page = open_page(path.as_uri())
+    page.page.click('.token[data-index="5"]')
+    wte = array(data["embedding"]["token"])[5]
+    cells = page.page.eval_on_selector_all('#embedding [data-strip="wte"] span',
+                                           "cells => cells.map(c => [c.title, getComputedStyle(c).backgroundColor])")
+    assert len(cells) == len(wte) == data["config"]["n_embd"]
+    top, bottom = max(range(len(wte)), key=lambda i: wte[i]), min(range(len(wte)), key=lambda i: wte[i])
+    assert cells[top] == [f"[{top}] {wte[top]:.4f}", "rgb(214, 40, 40)"]  # the largest: full red
+    assert cells[bottom][1] != "rgb(214, 40, 40)" and cells[bottom][1].startswith("rgb(") and wte[bottom] < 0
+    red, green, blue = map(int, re.findall(r"\d+", cells[bottom][1]))
+    assert blue > red  # below 0: blue
 
 
 def test_control_characters_are_drawn_as_visible_signs(pages, open_page):

@@ -60,9 +60,24 @@ function vectorBox(vector, name, digits = 3) {
     text: vector.map((x) => fmt(x, digits)).join("  ") });
 }
 
+// The same vector as a strip of colours, so that a pattern shows before it is read: blue
+// below 0, white at 0, red above, scaled to the largest magnitude in the vector; each cell
+// says its number on hover.
+function vectorStrip(vector, name) {
+  const largest = Math.max(...vector.map(Math.abs), 1e-12);
+  return el("div", { class: "strip-cells", "data-strip": name, "aria-hidden": "true" },
+    ...vector.map((x, i) => el("span", { title: `[${i}] ${fmt(x, 4)}`, style: `background:${diverging(x / largest)}` })));
+}
+
+function diverging(x) { // x in [-1, 1] -> blue, white, red
+  const a = Math.min(1, Math.abs(x));
+  const [r, g, b] = x < 0 ? [59, 82, 139] : [214, 40, 40];
+  return `rgb(${Math.round(255 + (r - 255) * a)}, ${Math.round(255 + (g - 255) * a)}, ${Math.round(255 + (b - 255) * a)})`;
+}
+
 function vectorRow(label, shape, vector, name) {
   return el("div", { class: "vector-row" }, el("h4", {}, el("span", { text: label }), " ",
-    el("span", { class: "shape mono", text: shape })), vectorBox(vector, name));
+    el("span", { class: "shape mono", text: shape })), vectorStrip(vector, name), vectorBox(vector, name));
 }
 
 // ---- the picked token's numbers, from the data -----------------------------------------
@@ -161,9 +176,10 @@ function renderHeader() {
 // The run that trained this model, from its summary.json: how long it trained, and a warning
 // when the run itself found the model barely trained.
 function renderRun(run) {
-  $("run-line").textContent = run ? t("runLine", { iterations: count(run.iteration), tokens: count(run.tokens ?? 0),
-    loss: run.val_loss === null ? "—" : fmt(run.val_loss, 4), weights: t(run.weights === "average" ? "weightsAverage"
-      : "weightsTrained") }) : "";
+  const known = (x, write) => (x === null || x === undefined ? "—" : write(x)); // (a run of an earlier version)
+  $("run-line").textContent = run ? t("runLine", { iterations: count(run.iteration), tokens: known(run.tokens, count),
+    loss: known(run.val_loss, (x) => fmt(x, 4)), weights: t({ average: "weightsAverage", trained: "weightsTrained" }[run.weights]
+      ?? "weightsSaved") }) : "";
   const why = run && run.barely_trained;
   $("run-warning").hidden = !why;
   $("run-warning").textContent = !why ? "" : why.reason === "warmup"
@@ -812,11 +828,93 @@ $("timeline-step").addEventListener("input", () => {
 
 // ---- all of it ------------------------------------------------------------------------------
 
+// ---- the map of the whole model, and each panel's formula ----------------------------------
+
+// The model's pieces in the order it runs them, each a link to the panel that shows it and lit
+// while one of the panels in `lit` is the one being read.
+function mapPieces(c) {
+  const norm = word("norms", c.norm);
+  const piece = (label, panel, lit = [panel]) => ({ label, panel, lit });
+  const attention = piece(word("pieces", "attention"), "steps-panel",
+    ["heads-panel", "query-panel", "map-panel", "head-view-panel", "qkv-panel", "steps-panel"]);
+  const ffn = piece(word("pieces", "feed_forward"), "block-panel");
+  const add = piece("+", "block-panel");
+  const block = c.norm_position === "post"
+    ? [attention, add, piece(norm, "block-panel"), ffn, add, piece(norm, "block-panel")]
+    : [piece(norm, "qkv-panel"), attention, add, piece(norm, "block-panel"), ffn, add];
+  return {
+    before: [piece(t("mapToken"), "tokens-panel"),
+      piece(t(c.pos_encoding === "rope" ? "mapEmbeddingRope" : "mapEmbedding"), "embedding-panel")],
+    block,
+    after: [piece(t("mapFinalNorm", { norm }), "lens-panel"), piece(word("pieces", "lm_head"), "prediction-panel",
+      ["lens-panel", "prediction-panel"]), piece(t("mapProbabilities"), "prediction-panel")],
+  };
+}
+
+function renderModelMap() {
+  const c = DATA.config;
+  const { before, block, after } = mapPieces(c);
+  const link = (p) => el("a", { href: `#${p.panel}`, "data-panel": p.panel, "data-lit": p.lit.join(" "), text: p.label });
+  const arrow = () => el("span", { class: "arrow", text: "→" });
+  const chain = (pieces) => pieces.flatMap((p, i) => (i ? [arrow(), link(p)] : [link(p)]));
+  $("model-map").setAttribute("aria-label", t("mapLabel"));
+  $("model-map").replaceChildren(...chain(before), arrow(),
+    el("span", { class: "layers" }, ...chain(block),
+      el("span", { class: "repeat", text: t("mapLayers", { count: c.n_layer, layer: view().layer }) })),
+    arrow(), ...chain(after));
+  lightMap();
+}
+
+// The panel being read: the last one whose top has passed a third of the way down the window.
+function lightMap() {
+  const line = window.innerHeight / 3;
+  const panels = [...document.querySelectorAll("#explorer section:not([hidden])")];
+  const reading = panels.filter((p) => p.getBoundingClientRect().top <= line).pop() ?? panels[0];
+  for (const a of document.querySelectorAll("#model-map a")) {
+    const lit = reading !== undefined && a.dataset.lit.split(" ").includes(reading.id);
+    a.classList.toggle("current", lit);
+    if (lit) a.setAttribute("aria-current", "location"); else a.removeAttribute("aria-current");
+  }
+}
+let mapFrame = null;
+window.addEventListener("scroll", () => { mapFrame ??= requestAnimationFrame(() => { mapFrame = null; lightMap(); }); });
+
+// What each panel computes, in the code's notation, for this model's pieces.
+function panelFormulas(c) {
+  const norm = c.norm === "rmsnorm" ? "RMSNorm" : "LN";
+  const input = c.norm_position === "post" ? "x" : `${norm}(x)`;
+  const bias = (name) => (c.bias ? ` + b_${name}` : "");
+  const position = { learned: " + wpe[position]", sinusoidal: " + PE(position)", rope: "" }[c.pos_encoding];
+  const ffn = c.mlp === "swiglu" ? "(SiLU(h W_gate) ⊙ h W_up) W_2"
+    : `${c.activation === "gelu_tanh" ? "GELU_tanh" : "GELU"}(h W_1${bias(1)}) W_2${bias(2)}`;
+  const block = c.norm_position === "post"
+    ? `x = ${norm}(x + Attention(x));  x = ${norm}(x + FFN(x));  FFN(h) = ${ffn}`
+    : `x = x + concat(heads) W_O${bias("O")};  x = x + FFN(${norm}(x));  FFN(h) = ${ffn}`;
+  const weights = "w = softmax(q kᵀ / √d_k + mask)";
+  return {
+    tokens: "ids = tokenizer.encode(text)",
+    embedding: `x = wte[id]${position}` + (c.pos_encoding === "rope" ? ";  q, k rotated by position × θ_i in every layer" : ""),
+    heads: weights, query: weights, map: weights, "head-view": weights,
+    qkv: ["Q", "K", "V"].map((m) => `${m.toLowerCase()} = ${input} W_${m}${bias(m)}`).join(";  "),
+    steps: "Attention(q, K, V) = softmax(q Kᵀ / √d_k + mask) V",
+    block,
+    lens: "p_ℓ = softmax(lm_head(ln_f(x_ℓ)))",
+    prediction: "p = softmax(lm_head(ln_f(x_L)) / temperature), then top-k and top-p",
+  };
+}
+
+function renderFormulas() {
+  const formulas = panelFormulas(DATA.config);
+  for (const node of document.querySelectorAll("[data-formula]")) node.textContent = formulas[node.dataset.formula];
+}
+
 function render() {
   renderHeader();
   $("empty").hidden = DATA !== null;
   $("explorer").hidden = DATA === null;
   if (DATA === null) return;
+  renderModelMap();
+  renderFormulas();
   renderTokens();
   renderTimeline();
   renderEmbedding();
