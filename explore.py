@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import OneLineParser, positive, UserError, locale_language, run_main
+from common.cli import OneLineParser, UserError, check_output_folder, locale_language, positive, run_main
 from common.prompt import encode_prompt
 from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import thread_help, use_threads
@@ -91,8 +91,7 @@ def check_out(path: Path) -> None:
         raise UserError(f"--out {path} is a folder; give a file name ending in .html")
     if path.suffix.lower() not in (".html", ".htm"):
         raise UserError(f"--out {path}: the file name must end in .html")
-    if not path.parent.is_dir():
-        raise UserError(f"--out {path}: folder {path.parent} does not exist; create it first")
+    check_output_folder("--out", path)
 
 
 def write_page(path: Path, html: str) -> None:

@@ -19,7 +19,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from common.cli import OneLineParser, positive, UserError, run_main
+from common.cli import OneLineParser, UserError, check_output_folder, positive, run_main
 from common.run_dir import RunDir
 from common.threads import thread_help, use_threads
 from interop.gguf import write_gguf
@@ -124,6 +124,7 @@ def export(checkpoint: Path, out: Path) -> None:
         return export_gguf(checkpoint, out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not empty; choose another folder")
+    check_output_folder("--out", out)
     run = RunDir(checkpoint)
     model, tokenizer = run.load_model()
     try:
@@ -139,7 +140,7 @@ def export(checkpoint: Path, out: Path) -> None:
              "README.md": model_card(run, out, model, hf_config)}
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     try:
-        tmp.mkdir(parents=True)
+        tmp.mkdir()
         for name, data in files.items():
             (tmp / name).write_bytes(data if isinstance(data, bytes) else data.encode())
         if out.exists():
@@ -155,8 +156,7 @@ def export_gguf(checkpoint: Path, out: Path) -> None:
     """One GGUF file for llama.cpp and Ollama (interop/gguf.py says why it is written here)."""
     if out.exists():
         raise UserError(f"--out {out} already exists; choose another file name")
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: the folder {out.parent} does not exist; create it first")
+    check_output_folder("--out", out)
     model, tokenizer = RunDir(checkpoint).load_model()
     try:
         arch = write_gguf(out, model.config, model.state_dict(), tokenizer, checkpoint.resolve().name)

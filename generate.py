@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from common.cli import OneLineParser, positive, UserError, run_main
+from common.cli import OneLineParser, UserError, check_output_folder, positive, run_main
 from common.device import DTYPES, resolve_device, resolve_dtype
 from common.prompt import encode_prompt
 from common.run_dir import DEFAULT_RUN, RunDir
@@ -287,8 +287,7 @@ def check_attention_path(path: Path, interactive: bool) -> None:
                         "and run python explore.py --prompt-file FILE --out PAGE.html")
     if path.suffix.lower() != ".png":
         raise UserError(f"--show-attention {path}: the file name must end in .png")
-    if not path.parent.is_dir():
-        raise UserError(f"--show-attention {path}: folder {path.parent} does not exist; create it first")
+    check_output_folder("--show-attention", path)
     if path.is_dir():
         raise UserError(f"--show-attention {path} is a folder; give a file name ending in .png")
 

@@ -20,6 +20,14 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def check_output_folder(option: str, path) -> None:
+    """The rule of every program for a file or folder it is told to write (--out,
+    --show-attention): the folder it goes in must exist; none is made on a typo's behalf.
+    (train.py's out_dir is a run folder the program owns, and makes, out/ included.)"""
+    if not path.parent.is_dir():
+        raise UserError(f"{option} {path}: folder {path.parent} does not exist; create it first")
+
+
 def positive(text: str) -> int:
     """An argparse type: a whole number of at least 1 (a usage error names the option otherwise)."""
     try:

@@ -137,35 +137,43 @@ def content_digest(directory: Path) -> str:
 def build_cache(src, settings: dict, fingerprint: str, directory: Path, progress: bool,
           tokenizer: Tokenizer | None) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
-    # one builder at a time; the OS drops the lock of a killed one, whose half-built folder goes
-    with FileLock(directory.with_name(f"{directory.name}.lock")):
-        if (directory / "meta.json").is_file():  # built by another process while this one waited
-            return
-        for stale in directory.parent.glob(f"{directory.name}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
-        tmp.mkdir()
-        try:
-            build_in(tmp, src, settings, fingerprint, directory, progress, tokenizer)
-            os.rename(tmp, directory)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    lock = directory.with_name(f"{directory.name}.lock")
+    try:
+        # one builder at a time; the OS drops the lock of a killed one, whose half-built folder goes
+        with FileLock(lock):
+            if (directory / "meta.json").is_file():  # built by another process while this one waited
+                return
+            for stale in directory.parent.glob(f"{directory.name}.tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
+            tmp.mkdir()
+            try:
+                build_in(tmp, src, settings, fingerprint, directory, progress, tokenizer)
+                os.rename(tmp, directory)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        lock.unlink(missing_ok=True)  # a source that failed leaves nothing in the cache
+        raise
 
 
 def build_in(tmp: Path, src, settings: dict, fingerprint: str, directory: Path, progress: bool,
              tokenizer: Tokenizer | None) -> None:
     """Tokenizer, token files and meta.json, written into the folder tmp."""
     log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
-    log(f"preparing data: {src.name}, {settings['tokenizer']} tokenizer -> {directory}")
+    # said once the source's first text is read: a source that cannot be read fails with one line
+    train = announced(src.train(), lambda: log(f"preparing data: {src.name}, {settings['tokenizer']} "
+                                               f"tokenizer -> {directory}"))
     if tokenizer is None:
-        tokenizer = train_tokenizer(settings["tokenizer"], chunked(src.train()), settings["vocab_size"])
+        tokenizer = train_tokenizer(settings["tokenizer"], chunked(train), settings["vocab_size"])
+        train = src.train()
     tokenizer.save(str(tmp / "tokenizer.json"))
     vocab = tokenizer.get_vocab_size()
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
     sizes = {}
     with tqdm(desc="tokenizing", total=src.size(), unit="B", unit_scale=True, disable=not progress,
               file=sys.stderr, mininterval=1.0) as bar:  # MB/s, and the time left where the size is known
-        for split, pieces in (("train", src.train()), ("val", src.val())):
+        for split, pieces in (("train", train), ("val", src.val())):
             sizes[split] = write_tokens(chunked(pieces), tokenizer, tmp / f"{split}.bin", dtype, bar.update)
     if sizes["train"]["tokens"] == 0 or sizes["val"]["tokens"] == 0:
         raise DataError(f"data source {src.name!r} gave an empty train or validation split; "
@@ -179,6 +187,14 @@ def build_in(tmp: Path, src, settings: dict, fingerprint: str, directory: Path, 
             **{f"{split}_{key}": sizes[split][key] for split in ("train", "val")
                for key in ("tokens", "characters", "bytes", "unknown")}}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def announced(pieces: Iterable[Piece], say: Callable[[], None]) -> Iterator[Piece]:
+    """pieces, calling say() once the first of them has been read."""
+    for index, piece in enumerate(pieces):
+        if index == 0:
+            say()
+        yield piece
 
 
 def chunked(pieces: Iterable[Piece]) -> Iterator[Piece]:

@@ -93,11 +93,15 @@ def local_source(source: str, text_field: str, val_fraction: float) -> Source:
                 yield text
                 yield END
 
-    stat = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    identity = {"source": "local", "files": stat, "text_field": text_field if fmt != "text" else None,
+    identity = {"source": "local", "files": file_stats(files), "text_field": text_field if fmt != "text" else None,
                 "val_fraction": val_fraction}
     name = path.stem if path.is_file() else path.name
     return split_by_characters(name, identity, documents, val_fraction, label=source)
+
+
+def file_stats(files: list[Path]) -> list[tuple[str, int, int]]:
+    """What a local source's fingerprint sees of its files: path, size, modification time."""
+    return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
 
 
 def folder_files(folder: Path, source: str) -> list[Path]:
@@ -115,7 +119,13 @@ def folder_files(folder: Path, source: str) -> list[Path]:
 
 
 def hub_source(spec: str, text_field: str, val_fraction: float) -> Source:
-    """'name' or 'name:config' on the Hugging Face hub (or a local dataset folder)."""
+    """'name' or 'name:config' on the Hugging Face hub (or a local dataset folder).
+
+    A local folder is fingerprinted by its files (paths, sizes, modification times), as a
+    folder source is, so that rows appended to a shard make new token files. A hub dataset
+    is fingerprinted by its name (and config) only: asking the hub whether it changed would
+    need the network at every run; delete its token files (or change data.cache_dir) to
+    take a new version."""
     name, _, config = spec.partition(":")
     if not name:
         raise DataError("data.source='hf:' needs a dataset name, e.g. hf:karpathy/tiny_shakespeare")
@@ -132,6 +142,8 @@ def hub_source(spec: str, text_field: str, val_fraction: float) -> Source:
 
     identity = {"source": "hf", "name": name, "config": config, "text_field": text_field,
                 "val_fraction": val_fraction}
+    if Path(name).is_dir():
+        identity["files"] = file_stats(sorted(p for p in Path(name).rglob("*") if p.is_file()))
     return split_by_characters(name.replace("/", "_"), identity, documents, val_fraction, label=f"hf:{spec}")
 
 

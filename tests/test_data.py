@@ -185,6 +185,35 @@ def test_folder_jsonl_csv_parquet_and_hub_folder(tmp_path):
     assert len({d.directory for d in results}) == 4
 
 
+def test_a_source_that_fails_says_so_in_one_line_and_leaves_nothing_in_the_cache(tmp_path, capsys):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 au lait\n".encode("latin-1") * 50)
+    with pytest.raises(DataError, match="is not UTF-8 text"):
+        prepare(DataConfig(str(bad), cache_dir=tmp_path / "c"), progress=True)
+    assert capsys.readouterr().err == ""  # no "preparing data: ..." line before the error's own
+    assert list((tmp_path / "c").iterdir()) == []  # no lock, no half-built folder
+    good = tmp_path / "good.txt"
+    good.write_text("some good text for a tokenizer to read\n" * 40)
+    prepare(DataConfig(str(good), cache_dir=tmp_path / "c"), progress=True)
+    assert capsys.readouterr().err.startswith("preparing data: good, char tokenizer -> ")
+
+
+def test_a_local_dataset_folder_is_fingerprinted_by_its_files(tmp_path):
+    """Rows appended to a shard of an hf: folder make new token files (as for a plain
+    folder), not the old cache reused in silence; the same files reuse it."""
+    hub = tmp_path / "hubset"
+    hub.mkdir()
+    rows = [json.dumps({"text": f"document {i} of the set, with a few words"}) for i in range(60)]
+    (hub / "train.jsonl").write_text("\n".join(rows[:30]) + "\n")
+    config = DataConfig(f"hf:{hub}", cache_dir=tmp_path / "c")
+    before = prepare(config, progress=False)
+    assert prepare(config, progress=False).directory == before.directory  # unchanged: the cache
+    with open(hub / "train.jsonl", "a") as f:
+        f.write("\n".join(rows[30:]) + "\n")
+    after = prepare(config, progress=False)
+    assert after.directory != before.directory and len(after.train) + len(after.val) > len(before.train) + len(before.val)
+
+
 def test_a_folder_of_jsonl_shards_is_read_in_sorted_order(tmp_path):
     """Shards in subfolders too, in the sorted order of their paths; a README beside them is no text."""
     folder = tmp_path / "shards"

@@ -229,6 +229,15 @@ def test_export_never_writes_into_an_existing_folder(runs, tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err and os.listdir(tmp_path) == ["keep.txt"]
 
 
+@pytest.mark.parametrize("out", ["missing/hf", "missing/model.gguf"])
+def test_export_refuses_a_missing_folder_for_either_kind_as_every_program_does(runs, tmp_path, capsys, out):
+    """One rule for every output path of every program: the folder it goes in must exist."""
+    assert export.main(["--checkpoint", str(runs["rope"]), "--out", str(tmp_path / out)]) == 2
+    assert capsys.readouterr().err == (f"error: --out {tmp_path / out}: folder {tmp_path / 'missing'} does not exist; "
+                                       "create it first\n")
+    assert not (tmp_path / "missing").exists()
+
+
 def untrained_run(folder, kind="char", source="shakespeare", state=True, config=True, **model_settings):
     """A run directory made without training (fast): an untrained micro model (rope
     positions unless model_settings say otherwise), a tokenizer, and optionally the
@@ -285,10 +294,11 @@ def test_the_model_card_says_what_is_known_and_what_is_not(tmp_path):
     assert "**Measured**: not recorded by this run." in bare and "that of your data" in bare
 
 
-def test_export_makes_missing_folders_and_says_how_to_load_the_result(tmp_path, capsys):
+def test_export_writes_its_folder_and_says_how_to_load_the_result(tmp_path, capsys):
     from safetensors import safe_open
 
     out = tmp_path / "nested" / "deeper" / "hf"
+    out.parent.mkdir(parents=True)
     assert export.main(["--checkpoint", str(untrained_run(tmp_path / "run")), "--out", str(out)]) == 0
     assert sorted(os.listdir(out)) == ["README.md", "config.json", "generation_config.json", "model.safetensors",
                                        "tokenizer.json", "tokenizer_config.json"]
