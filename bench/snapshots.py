@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from bench.common import ROOT, machine, save, table, timed
+from common.run_dir import RunDir
 from bench.learning import quick_corpus
 from training.config import load_config
 from training.logger import RunLogger
@@ -54,7 +55,7 @@ def main() -> None:
 
         advance()  # (the first steps allocate the optimizers' state)
         iteration = statistics.median(timed(advance) / steps for _ in range(rounds))
-        with RunLogger(Path(tmp) / "events", True, 0, 1, 1) as log:
+        with RunLogger(RunDir(Path(tmp) / "events"), True, 0, 1, 1) as log:
             heads = statistics.median(timed(lambda: trainer.evaluator.log_heads(log, 0, trainer.eval_model))
                                       for _ in range(rounds))
         snapshot = statistics.median(timed(trainer.save_snapshot) for _ in range(rounds))

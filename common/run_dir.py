@@ -10,6 +10,9 @@ a RunDir; no other module names a file in it.
                                        the iteration, the schedule, RNG and sampler states
       snapshots/step_NNNNNN.safetensors the model at a schedule of steps (train.snapshots)
       events.out.tfevents.*            TensorBoard's curves (training/logger.py)
+      metrics.jsonl                    the same scalars, one JSON line a step: {"step": N, "train/loss": x, ...}
+      best/                            the model with the lowest validation loss so far (train.keep_best),
+                                       a run folder of its own: model, tokenizer, summary.json, config.yaml
       .lock                            held while a run trains into out_dir
 
 Every file is written by model.files.write_atomic (a temporary file, flushed, renamed
@@ -25,6 +28,7 @@ import io
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,8 @@ class RunDir:
     SUMMARY = "summary.json"
     STATE = "trainer_state.pt"
     SNAPSHOTS = "snapshots"
+    METRICS = "metrics.jsonl"
+    BEST = "best"
     LOCK = ".lock"
     MODEL_FILES = (MODEL_CONFIG, WEIGHTS, TOKENIZER)  # what generate.py needs: a finished model
 
@@ -181,17 +187,53 @@ class RunDir:
         for name in self.checkpoint_files():
             write_atomic(self.path / name, files[name])
 
+    def save_best(self, model: GPT, tokenizer: Tokenizer, summary: dict[str, Any]) -> None:
+        """best/: the model just evaluated, the best so far (train.keep_best), with its summary
+        and the run's config: a folder generate.py, evaluate.py and export.py open as a run."""
+        best = self.path / self.BEST
+        best.mkdir(exist_ok=True)
+        files = {**self.model_files(model, tokenizer),
+                 self.SUMMARY: (json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode(),
+                 self.RUN_CONFIG: (self.path / self.RUN_CONFIG).read_bytes()}
+        for name, data in files.items():
+            write_atomic(best / name, data)
+
+    def best(self) -> "RunDir | None":
+        """The best model's folder, where the run keeps one."""
+        return RunDir(self.path / self.BEST) if (self.path / self.BEST / self.SUMMARY).is_file() else None
+
     @classmethod
     def checkpoint_files(cls) -> tuple[str, ...]:
         """The files of one checkpoint, in the order they are written: the state last."""
         return *cls.MODEL_FILES, cls.SUMMARY, cls.STATE
 
     def start_over(self) -> None:
-        """--fresh: forget the resume point, the old curves and snapshots (the model files
-        are replaced by the first checkpoint of the new run)."""
+        """--fresh: forget the resume point, the old curves (TensorBoard's and metrics.jsonl),
+        the best model and the snapshots (the model files are replaced by the first
+        checkpoint of the new run)."""
         (self.path / self.STATE).unlink(missing_ok=True)
+        (self.path / self.METRICS).unlink(missing_ok=True)
+        shutil.rmtree(self.path / self.BEST, ignore_errors=True)
         for old in [*self.path.glob("events.out.tfevents.*"), *self.snapshot_paths().values()]:
             old.unlink()
+
+    def open_metrics(self, resumed_at: int):
+        """metrics.jsonl, open for appending one JSON line a step. A run resumed at iteration
+        `resumed_at` first drops the lines past it (written by the process that was killed
+        after its last checkpoint, and about to be written again), and a last line a kill cut
+        short."""
+        path = self.path / self.METRICS
+        if path.exists():
+            kept = []
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    step = json.loads(line)["step"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if step <= resumed_at:
+                    kept.append(line + "\n")
+            write_atomic(path, "".join(kept).encode())
+        return open(path, "a", encoding="utf-8")
 
     # ---- snapshots: the model as it forms ---------------------------------------------
 

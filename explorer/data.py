@@ -76,7 +76,8 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
     return {
         "version": SCHEMA_VERSION,
         "model": which,
-        "config": {**c.to_dict(), "head_size": c.head_size},
+        "config": {**c.to_dict(), "head_size": c.head_size,  # and RoPE's θ_i, as the model computes them
+                   "rope_frequencies": None if model.rotary is None else model.rotary.inv_freq.tolist()},
         "tokens": token_views(tokenizer, ids),
         "truncated": truncated,
         "embedding": {"token": array(trace.token[0]), "position": None if trace.position is None else array(trace.position[0])},

@@ -44,6 +44,9 @@ def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], to
     ValueError (interop.hf.Unsupported among them) naming what GGUF cannot hold."""
     gguf = import_gguf()
     kind = export_kind(config)
+    if config.rope_scaling:  # (llama.cpp takes it as a rope_freqs tensor of factors, not written here yet)
+        raise ValueError("Llama 3's rope_scaling is not written to GGUF by this project yet; export it as a "
+                         "transformers folder instead")
     arch = getattr(gguf.MODEL_ARCH, ARCHITECTURES[kind])
     tokens, types, merges = gpt2_vocabulary(tokenizer, config.vocab_size)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")

@@ -21,6 +21,7 @@ import re
 import torch
 
 from model import GPTConfig
+from model.config import ROPE_SCALING
 
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # ours -> transformers' name
 ACTIVATIONS_IN = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}  # and back
@@ -48,6 +49,7 @@ def export_kind(c: GPTConfig) -> str:
                 f"norm={c.norm} (Llama normalises with RMSNorm)" if kind == "llama" and c.norm != "rmsnorm" else None]
     if kind != "llama":
         problems.append("tie_embeddings=false" if not c.tie_embeddings else None)
+        problems.append("Llama 3's rope_scaling" if c.rope_scaling else None)
     problems = [p for p in problems if p]
     if problems:
         raise Unsupported(f"as {name}, no transformers class computes a model with {', '.join(problems)}; "
@@ -89,7 +91,8 @@ def to_llama(c: GPTConfig, state: dict[str, torch.Tensor], common: dict) -> tupl
           "intermediate_size": c.ffn_hidden, "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head,
           "num_key_value_heads": c.n_kv_head, "head_dim": c.head_size, "hidden_act": "silu",
           "max_position_embeddings": c.block_size, "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_base,
-          "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_base}, "attention_bias": c.bias,
+          "rope_parameters": {"rope_type": "llama3" if c.rope_scaling else "default", "rope_theta": c.rope_base,
+                              **(c.rope_scaling or {})}, "attention_bias": c.bias,
           "mlp_bias": c.bias, "attention_dropout": c.dropout, **common}
     return hf, rename_llama(state, c, to_llama=True)
 
@@ -215,14 +218,16 @@ def config_of(hf: dict) -> GPTConfig:
 
 def config_from_llama(hf: dict) -> GPTConfig:
     """Our config for a LlamaForCausalLM config.json; what our block cannot express (a
-    rope scaling, another activation, biases on attention alone, a head size other than
-    hidden_size / heads, a sliding window) is refused naming the setting."""
+    rope scaling other than Llama 3's, another activation, biases on attention alone, a
+    head size other than hidden_size / heads, a sliding window) is refused naming the
+    setting."""
     rope = hf.get("rope_parameters") or {}  # (transformers 5; 4 wrote rope_theta and rope_scaling)
     scaling = hf.get("rope_scaling") or rope
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type != "default":
+    if rope_type not in ("default", "llama3"):
         raise Unsupported(f"llama with rope scaling {rope_type!r} is not supported (this model's rotary "
-                          "positions are unscaled: rope_type 'default')")
+                          "positions are unscaled, rope_type 'default', or Llama 3's, rope_type 'llama3')")
+    rope_scaling = {key: scaling[key] for key in ROPE_SCALING} if rope_type == "llama3" else None
     heads = hf["num_attention_heads"]
     require(hf, {"hidden_act": "silu", "pretraining_tp": 1, "head_dim": hf["hidden_size"] // heads,
                  "mlp_bias": hf.get("attention_bias", False), "sliding_window": None})  # every key, every layer
@@ -232,7 +237,7 @@ def config_from_llama(hf: dict) -> GPTConfig:
                      bias=bool(hf.get("attention_bias", False)), pos_encoding="rope", norm="rmsnorm", mlp="swiglu",
                      ffn_hidden=hf["intermediate_size"], norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                      rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-                     tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+                     tie_embeddings=bool(hf.get("tie_word_embeddings", False)), rope_scaling=rope_scaling)
 
 
 def require(hf: dict, expected: dict) -> None:

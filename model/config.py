@@ -46,6 +46,10 @@ class GPTConfig:
                    multiple of 32, the width that keeps the 4× GELU network's parameter count
     norm_eps:      the ε of every LayerNorm or RMSNorm
     tie_embeddings: the LM head shares the token embedding's matrix (GPT-2); false: its own
+    rope_scaling:  None, or Llama 3's stretch of the slow rotary frequencies for contexts
+                   longer than it was trained on (transformers' rope_type "llama3"), e.g.
+                   {"factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
+                    "original_max_position_embeddings": 8192}: positional.RotaryEmbedding
     """
 
     vocab_size: int = 65
@@ -66,6 +70,7 @@ class GPTConfig:
     ffn_hidden: int | None = None
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
+    rope_scaling: dict | None = None
 
     def __post_init__(self) -> None:
         for name, value in checked_types(type(self), dataclasses.asdict(self)).items():
@@ -102,6 +107,8 @@ class GPTConfig:
             raise ValueError(
                 f"pos_encoding='rope' needs an even head size, got n_embd / n_head = {self.head_size}"
             )
+        if self.rope_scaling is not None:
+            check_rope_scaling(self.rope_scaling)
         if self.pos_encoding == "sinusoidal" and self.n_embd % 2:
             raise ValueError(f"pos_encoding='sinusoidal' needs an even n_embd, got {self.n_embd}")
 
@@ -127,6 +134,19 @@ class GPTConfig:
         return cls(**d)
 
 
+ROPE_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def check_rope_scaling(scaling: dict) -> None:
+    if set(scaling) != set(ROPE_SCALING):
+        raise ValueError(f"rope_scaling={scaling!r}: must have exactly the keys {', '.join(ROPE_SCALING)} "
+                         "(Llama 3's, transformers' rope_type llama3)")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in scaling.values()):
+        raise ValueError(f"rope_scaling={scaling!r}: its values must be positive numbers")
+    if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise ValueError(f"rope_scaling={scaling!r}: high_freq_factor must be above low_freq_factor")
+
+
 def checked_types(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     """`values` for the fields of dataclass `cls`, each checked against its annotation
     ('int', 'float', 'str | None', ...): a whole number is accepted for a float (and
@@ -134,7 +154,7 @@ def checked_types(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     Raises ValueError 'name=value: must be ...' for the first wrong one. Used for every
     config: GPTConfig here, and each section of a YAML run config in training/config.py."""
     annotations = {f.name: f.type for f in dataclasses.fields(cls)}
-    names = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+    names = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "dict": "a mapping"}
     checked = {}
     for name, value in values.items():
         kinds = [k.strip() for k in annotations[name].split("|")]
@@ -152,6 +172,7 @@ def checked_types(cls: type, values: dict[str, Any]) -> dict[str, Any]:
             "float": isinstance(value, (int, float)) and not isinstance(value, bool),
             "bool": isinstance(value, bool),
             "str": isinstance(value, str),
+            "dict": isinstance(value, dict),
         }[kind]
         if not ok:
             raise ValueError(f"{name}={value!r}: must be {names[kind]}")

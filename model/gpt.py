@@ -71,7 +71,7 @@ class GPT(nn.Module):
         elif config.pos_encoding == "sinusoidal":
             self.transformer.wpe = SinusoidalPositionalEncoding(config.n_embd)
         else:
-            self.rotary = RotaryEmbedding(config.head_size, config.rope_base)
+            self.rotary = RotaryEmbedding(config.head_size, config.rope_base, config.rope_scaling)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight  # weight tying

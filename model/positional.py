@@ -11,6 +11,8 @@ token decoded with the KV cache both get the positions they would have alone.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 
@@ -46,17 +48,37 @@ class RotaryEmbedding(nn.Module):
     through the signed offset m - n, so attention sees relative positions; nothing is
     added to x.
     forward returns (cos, sin) [B, 1, T, d_k] for `apply_rotary` (B may be 1: shared).
+
+    scaling (Llama 3, GPTConfig.rope_scaling): the pairs whose wavelength 2π/θ_i is longer
+    than original_max_position_embeddings / low_freq_factor turn `factor` times more
+    slowly, those shorter than original / high_freq_factor keep their speed, and those in
+    between move smoothly from one to the other: the fast pairs still tell neighbours
+    apart, and the slow ones span a context `factor` times longer.
     """
 
-    def __init__(self, head_size: int, base: float = 10000.0):
+    def __init__(self, head_size: int, base: float = 10000.0, scaling: dict | None = None):
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_size, 2).float() / head_size))  # [d_k/2]
+        if scaling is not None:
+            inv_freq = llama3_frequencies(inv_freq, **scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions[..., None].float() * self.inv_freq  # [B, T, d_k/2]
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, T, d_k]
         return angles.cos(), angles.sin()
+
+
+def llama3_frequencies(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                       original_max_position_embeddings: int) -> torch.Tensor:
+    """θ_i stretched as Llama 3 does (RotaryEmbedding's docstring says how): [d_k/2] -> [d_k/2]."""
+    wavelength = 2 * math.pi / inv_freq
+    slow = wavelength > original_max_position_embeddings / low_freq_factor
+    fast = wavelength < original_max_position_embeddings / high_freq_factor
+    # between the two: a mix of the stretched and the kept frequency, 0 at the slow end, 1 at the fast
+    mix = (original_max_position_embeddings / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    between = (1 - mix) * inv_freq / factor + mix * inv_freq
+    return torch.where(slow, inv_freq / factor, torch.where(fast, inv_freq, between))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

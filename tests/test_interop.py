@@ -488,7 +488,8 @@ def test_init_from_bad_input(gpt2_folder, tmp_path, corpus, monkeypatch, capsys)
 @pytest.mark.parametrize("offline", [False, True])
 def test_init_from_a_hub_id_downloads_the_three_files(gpt2_folder, tmp_path, corpus, monkeypatch, capsys, offline):
     """A hub id goes to huggingface_hub's snapshot_download (replaced here: nothing leaves
-    the machine), for the config, weights and tokenizer only; offline, from its cache only."""
+    the machine), for the config, weights (one file, or shards) and tokenizer only; offline,
+    from its cache only."""
     import huggingface_hub
 
     from data import sources
@@ -505,7 +506,8 @@ def test_init_from_a_hub_id_downloads_the_three_files(gpt2_folder, tmp_path, cor
     assert train.main(micro_finetune(corpus, tmp_path, "someone/some-model", "model.block_size=32",
                                      "train.max_iters=2")) == 0
     assert asked == [("someone/some-model", {"allow_patterns": DOWNLOAD, "local_files_only": offline})]
-    assert DOWNLOAD == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert DOWNLOAD == ["config.json", "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
+                        "tokenizer.json"]  # (the weights in one file, or in shards with their index)
 
 
 @pytest.mark.parametrize("message, shown", [("401 Client Error\nRepository gated: ask for access", "401 Client Error"),

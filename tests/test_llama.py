@@ -17,10 +17,11 @@ import explore
 import export
 import generate
 import train
+from common.cli import UserError
 from common.run_dir import RunDir
 from conftest import ROOT
 from data import DataConfig, prepare
-from model import GPT
+from model import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
 FINETUNE = str(ROOT / "configs" / "finetune-llama.yaml")
@@ -138,8 +139,78 @@ def test_generation_stops_at_the_end_of_a_text(tmp_path, capsys):
     assert capsys.readouterr().out == "hear\n"
 
 
+def test_weights_sharded_over_several_files_come_in_exact(llama_folder, tmp_path):
+    """A model over a few GB ships model-0000N-of-0000M.safetensors with an index: the
+    shards together are the model, logits equal transformers'; an index naming a file
+    outside the folder is refused."""
+    from training.init_from import open_base_model
+
+    hf = transformers.LlamaForCausalLM.from_pretrained(llama_folder).eval()
+    sharded = tmp_path / "sharded"
+    hf.save_pretrained(sharded, max_shard_size="40KB")
+    shutil.copy(llama_folder / "tokenizer.json", sharded)
+    assert not (sharded / "model.safetensors").exists() and len(list(sharded.glob("model-*.safetensors"))) > 2
+    base = open_base_model(str(sharded))
+    ours = GPT(base.config).eval()
+    ours.load_state_dict(base.state_dict(base.config))
+    idx = torch.randint(3, base.config.vocab_size, (2, 30))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    first = next(iter(index["weight_map"]))
+    index["weight_map"][first] = "../elsewhere.safetensors"
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(UserError, match="not a safetensors file of the model's folder"):
+        base.state_dict(base.config)
+
+
+def test_llama3s_rope_scaling_comes_in_and_goes_out_exact(tmp_path, corpus):
+    """Llama 3.x stretches its slow rotary frequencies (rope_type llama3): with sizes chosen
+    so that one pair keeps its speed, two are mixed and one is stretched, our logits equal
+    transformers' past the original context, and the export is a Llama 3 again."""
+    from training.init_from import open_base_model
+
+    tokenizer = llama_tokenizer(corpus.read_text())
+    scaling = {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 64}
+    config = transformers.LlamaConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=88,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                      rope_parameters={"rope_type": "llama3", "rope_theta": 100.0, **scaling},
+                                      bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.1)
+    folder = tmp_path / "llama3"
+    hf.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    base = open_base_model(str(folder))
+    assert base.config.rope_scaling == scaling and base.config.rope_base == 100.0
+    ours = GPT(base.config).eval()
+    ours.load_state_dict(base.state_dict(base.config))
+    wavelengths = 2 * torch.pi / ours.rotary.inv_freq
+    assert wavelengths[0] < 64 / 8 and 64 / 8 < wavelengths[1] < 64 and wavelengths[-1] > 64  # all three kinds
+    idx = torch.randint(3, base.config.vocab_size, (2, 120))  # past the original 64 positions
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
+    run = tmp_path / "run"
+    ours.save_pretrained(run)
+    tokenizer.save(str(run / "tokenizer.json"))
+    assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "out")]) == 0
+    again = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert again.config.rope_parameters["rope_type"] == "llama3"
+    with torch.no_grad():
+        torch.testing.assert_close(again(idx).logits, hf(idx).logits, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="must have exactly the keys factor, low_freq_factor"):
+        GPTConfig(pos_encoding="rope", rope_scaling={"factor": 8.0})
+    with pytest.raises(ValueError, match="high_freq_factor must be above low_freq_factor"):
+        GPTConfig(pos_encoding="rope", rope_scaling={**scaling, "high_freq_factor": 1.0})
+
+
 @pytest.mark.parametrize("change, message", [
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama with rope scaling 'llama3' is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0}},
+     "llama with rope scaling 'yarn' is not supported"),
     ({"hidden_act": "gelu"}, "llama with hidden_act='gelu' is not supported (this model computes hidden_act='silu')"),
     ({"attention_bias": True}, "llama with mlp_bias=False is not supported (this model computes mlp_bias=True)"),
     ({"head_dim": 16}, "llama with head_dim=16 is not supported (this model computes head_dim=8)"),

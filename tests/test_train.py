@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import train
+from common.run_dir import RunDir
 from conftest import ROOT, run_cli
 from model import GPT
 from training.config import ConfigError, TrainConfig, load_config
@@ -410,7 +411,7 @@ def test_hyperparameters_reach_tensorboard_with_their_types(tmp_path):
 
     from training.logger import RunLogger
 
-    logger = RunLogger(tmp_path, True, 0, 10, 5)
+    logger = RunLogger(RunDir(tmp_path), True, 0, 10, 5)
     logger.hparams({"out_dir": "out/x", "train": {"lr": 0.002, "max_iters": 30, "dtype": "auto",
                                                   "init_from": None}}, {"val/loss": 1.5})
     logger.close()
@@ -440,7 +441,7 @@ def test_log_lines_reach_a_pipe_at_once_and_text_keeps_its_layout(tmp_path, monk
 
     flushed = []
     monkeypatch.setattr(sys, "stdout", Pipe())
-    logger = RunLogger(tmp_path, True, 0, 10, 5)
+    logger = RunLogger(RunDir(tmp_path), True, 0, 10, 5)
     logger.message("model: ...")
     logger.progress(5, 2.5, 1e-3, 1234.0)
     logger.text("samples", "ROMEO:\n  But soft", 5)

@@ -5,6 +5,7 @@ bit-identical resume. The loop is run as train.py runs it (Trainer.fit); what a 
 is read through torch's optimizer hooks and the losses the loop hands to StepLosses."""
 
 import copy
+import json
 import math
 import re
 import signal
@@ -614,6 +615,59 @@ def test_a_model_whose_loss_barely_fell_is_said_to_be_barely_trained(tmp_path, m
     resumed = make_trainer(micro, "train.optimizer=adamw", "train.lr=1e-7", "train.min_lr=1e-8", "train.warmup_iters=0",
                            "train.max_iters=31", out="still")
     assert resumed.losses.initial == still.losses.initial  # kept through the checkpoint
+    capsys.readouterr()
+
+
+def test_metrics_jsonl_holds_the_curves_and_a_resume_repeats_no_step(tmp_path, micro, monkeypatch, capsys):
+    """Beside the TensorBoard events, one JSON line a step; a resume drops what a killed
+    process wrote past its checkpoint (and a line it cut short); --fresh starts it over."""
+    import json
+
+    settings = ["train.max_iters=20", "train.eval_interval=10", "train.sample_tokens=0"]
+    FakeClock(monkeypatch, stop_at=7)
+    assert make_trainer(micro, *settings).fit() == 128 + signal.SIGINT
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with open(metrics, "a") as f:  # as if the killed process had gone on past its checkpoint at 7
+        f.write(json.dumps({"step": 9, "train/loss": 9.9}) + "\n" + '{"step": 10, "train/lo')
+    FakeClock(monkeypatch)
+    assert make_trainer(micro, *settings).fit() == 0
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [line["step"] for line in lines if "train/loss" in line] == [5, 10, 15, 20]
+    assert [line["step"] for line in lines if "val/loss" in line] == [10, 20]
+    assert all(math.isfinite(line["train/lr"]) for line in lines if "train/lr" in line) and "9.9" not in str(lines)
+    assert train.main(["--config", TINY, *micro(*settings, "train.max_iters=5"), "--fresh"]) == 0
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [5, 5]  # train/ and val/
+    capsys.readouterr()
+
+
+def test_keep_best_keeps_the_model_of_the_lowest_validation_loss(tmp_path, micro, monkeypatch, capsys):
+    """train.keep_best: out_dir/best holds the model of the best evaluation so far, a run
+    folder of its own; a later, worse evaluation leaves it; a resume beats what it holds
+    (a killed process may have kept a better one after its checkpoint); --fresh clears it."""
+    losses = iter([3.0, 2.0, 2.5])
+    monkeypatch.setattr(Evaluator, "log", lambda *args, **kwargs: next(losses))
+    settings = ["train.keep_best=true", "train.max_iters=30", "train.eval_interval=10", "train.sample_tokens=0"]
+    trainer = make_trainer(micro, *settings)
+    kept = {}
+    real_save_best = RunDir.save_best
+    monkeypatch.setattr(RunDir, "save_best", lambda run_dir, model, tokenizer, summary: kept.update(
+        {summary["iteration"]: {k: v.clone() for k, v in model.state_dict().items()}})
+        or real_save_best(run_dir, model, tokenizer, summary))
+    assert trainer.fit() == 0
+    best = RunDir(tmp_path / "run").best()
+    assert sorted(kept) == [10, 20] and best.summary()["iteration"] == 20 and best.summary()["val_loss"] == 2.0
+    model, _ = best.load_model()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in kept[20].items())  # iteration 20's weights
+    assert (best.path / "config.yaml").is_file() and generate.main(["--checkpoint", str(best.path), "--prompt", "R",
+                                                                    "--max-new-tokens", "2"]) == 0
+    summary = json.loads((best.path / "summary.json").read_text())
+    (best.path / "summary.json").write_text(json.dumps({**summary, "val_loss": 1.0}))  # a better one, kept late
+    resumed = make_trainer(micro, *settings, "train.max_iters=40")
+    assert resumed.best_val_loss == 1.0
+    monkeypatch.undo()
+    assert train.main(["--config", TINY, *micro(*settings, "train.max_iters=5", "train.keep_best=false"),
+                       "--fresh"]) == 0
+    assert RunDir(tmp_path / "run").best() is None and not (tmp_path / "run" / "best").exists()
     capsys.readouterr()
 
 

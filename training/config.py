@@ -54,6 +54,7 @@ class TrainConfig:
     eval_iters: int = 20  # fixed batches per evaluation: eval_iters × the global batch windows
     eval_windows: int | None = None  # or this many windows (however the batch is laid out)
     checkpoint_interval: int | None = None  # default: eval_interval
+    keep_best: bool = False  # also keep the model of the lowest validation loss so far, in out_dir/best
     log_interval: int = 10
     sample_tokens: int = 200  # generated at each evaluation (0: none)
     sample_prompt: str = "\n"

@@ -1,7 +1,7 @@
 """train.init_from: begin a new run with existing weights, from a run directory of this
 project or from a Hugging Face GPT-2 family or Llama-family model (a local folder, or a hub
 id such as gpt2 or HuggingFaceTB/SmolLM2-135M, downloaded once with huggingface_hub:
-config, safetensors weights and tokenizer only). The model's settings and tokenizer come from the source; the run may
+config, safetensors weights, in one file or in shards with their index, and tokenizer only). The model's settings and tokenizer come from the source; the run may
 change only model.dropout, model.attn_impl (the same computation) and a smaller
 model.block_size.
 """
@@ -27,7 +27,9 @@ from model import GPTConfig
 OVERRIDABLE = ("dropout", "attn_impl")  # and block_size, downwards
 # a run folder's model files, which are also what a transformers model folder names them
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = RunDir.MODEL_CONFIG, RunDir.WEIGHTS, RunDir.TOKENIZER
-DOWNLOAD = [CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE]
+# a model over a few GB ships its weights in shards, with an index naming the shard of each tensor
+SHARD_INDEX = "model.safetensors.index.json"
+DOWNLOAD = [CONFIG_FILE, WEIGHTS_FILE, SHARD_INDEX, "model-*-of-*.safetensors", TOKENIZER_FILE]
 
 
 @dataclass
@@ -48,7 +50,9 @@ class BaseModel:
         """The weights in our names, cut to config.block_size (learned positions)."""
         from safetensors.torch import load_file
 
-        tensors = load_file(str(self.folder / WEIGHTS_FILE))
+        tensors = {}
+        for shard in weight_files(self.folder, self.name):
+            tensors.update(load_file(str(shard)))
         if "model_type" in read_json(self.folder / CONFIG_FILE):
             tensors = state_from_transformers(self.config, tensors)
         elif self.config.tie_embeddings:
@@ -56,6 +60,24 @@ class BaseModel:
         if "transformer.wpe.weight" in tensors:
             tensors["transformer.wpe.weight"] = tensors["transformer.wpe.weight"][:config.block_size]
         return tensors
+
+
+def weight_files(folder: Path, name: str) -> list[Path]:
+    """model.safetensors, or the shards its index names (each a file of this folder: a name
+    with a folder in it, or anything but safetensors, is refused)."""
+    if (folder / WEIGHTS_FILE).is_file():
+        return [folder / WEIGHTS_FILE]
+    weight_map = read_json(folder / SHARD_INDEX).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise UserError(f"train.init_from={name}: {SHARD_INDEX} has no weight_map")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".safetensors"):
+            raise UserError(f"train.init_from={name}: {SHARD_INDEX} names {shard!r}, not a safetensors file "
+                            "of the model's folder")
+        if not (folder / shard).is_file():
+            raise UserError(f"train.init_from={name}: the shard {shard} that {SHARD_INDEX} names is missing")
+    return [folder / shard for shard in shards]
 
 
 def read_json(path: Path) -> dict:
@@ -71,14 +93,15 @@ def open_base_model(init_from: str) -> BaseModel:
     if not folder.is_dir():
         folder = download(init_from)
     files = {p.name for p in folder.iterdir()}
-    if WEIGHTS_FILE not in files:
+    if not {WEIGHTS_FILE, SHARD_INDEX} & files:
         if {"pytorch_model.bin", "model.bin"} & files:
             raise UserError(f"train.init_from={init_from} holds only pytorch_model.bin, a pickle, which this project "
                             "never loads (it can run code); convert it once to safetensors, e.g. "
                             f"python -c \"from transformers import AutoModelForCausalLM as M; "
                             f"M.from_pretrained('{folder}').save_pretrained('{folder}-safetensors')\"")
         raise UserError(f"train.init_from={init_from} is neither a run directory ({CONFIG_FILE}, {WEIGHTS_FILE}, "
-                        f"{TOKENIZER_FILE}) nor a Hugging Face model folder with {WEIGHTS_FILE}")
+                        f"{TOKENIZER_FILE}) nor a Hugging Face model folder with {WEIGHTS_FILE} (or its shards "
+                        f"and {SHARD_INDEX})")
     for name in (CONFIG_FILE, TOKENIZER_FILE):
         if name not in files:
             raise UserError(f"train.init_from={init_from} has no {name}")

@@ -1,13 +1,17 @@
 """What the user sees during training: a progress bar (or plain lines when stdout is
-not a terminal) and TensorBoard event files in out_dir."""
+not a terminal), TensorBoard event files in out_dir, and the same scalars in its
+metrics.jsonl."""
 
 from __future__ import annotations
 
+import json
+import math
 import sys
-from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
+
+from common.run_dir import RunDir
 
 
 def header(model, data, device, dtype, processes: int, resumed_at: int) -> str:
@@ -46,18 +50,22 @@ def done_message(it: int, total: float, mine: float, val_loss: float, best: floa
 
 
 class RunLogger:
-    """Only rank 0 logs; on other ranks every method does nothing."""
+    """Only rank 0 logs; on other ranks every method does nothing. Every scalar goes to
+    TensorBoard and, one JSON line per step, to the run folder's metrics.jsonl, for a script
+    or another logger that reads a run without TensorBoard."""
 
-    def __init__(self, out_dir: Path, enabled: bool, start_iter: int, max_iters: int, log_interval: int):
+    def __init__(self, run_dir: RunDir, enabled: bool, start_iter: int, max_iters: int, log_interval: int):
         self.enabled = enabled
         self.log_interval = log_interval
         self.writer = None
+        self.metrics = None
         self.bar = None
         if not enabled:
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(out_dir))
+        self.writer = SummaryWriter(str(run_dir.path))
+        self.metrics = run_dir.open_metrics(start_iter)
         if sys.stdout.isatty():
             self.bar = tqdm(total=max_iters, initial=start_iter, unit="it", dynamic_ncols=True)
 
@@ -73,6 +81,10 @@ class RunLogger:
         if self.writer is not None:
             for tag, value in values.items():
                 self.writer.add_scalar(tag, value, step)
+        if self.metrics is not None:  # (JSON has no NaN: a value that is not finite is null)
+            line = {"step": step, **{tag: float(v) if math.isfinite(v) else None for tag, v in values.items()}}
+            self.metrics.write(json.dumps(line) + "\n")
+            self.metrics.flush()
 
     def text(self, tag: str, text: str, step: int) -> None:
         if self.writer is not None:
@@ -142,6 +154,8 @@ class RunLogger:
             self.bar.close()
         if self.writer is not None:
             self.writer.close()
+        if self.metrics is not None:
+            self.metrics.close()
 
     def __enter__(self) -> "RunLogger":
         return self

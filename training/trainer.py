@@ -116,7 +116,7 @@ class Trainer:
             return 0
         settings = self.settings
         checkpoint_interval = settings.checkpoint_interval or settings.eval_interval
-        log = RunLogger(self.run_dir.path, self.dist.is_main, self.iteration, self.max_iters, settings.log_interval)
+        log = RunLogger(self.run_dir, self.dist.is_main, self.iteration, self.max_iters, settings.log_interval)
         with log, StopRequest() as stop:
             self.begin(log)
             self.model.train()
@@ -248,7 +248,10 @@ class Trainer:
         weights = "the average of the weights" if self.average is not None else "the weights"
         trained = self.model if self.average is not None and self.iteration == self.max_iters else None
         self.val_loss = self.evaluator.log(log, self.iteration, self.eval_model, weights, trained)
+        improved = self.val_loss < self.best_val_loss
         self.best_val_loss = min(self.best_val_loss, self.val_loss)
+        if improved and self.settings.keep_best and self.dist.is_main:  # the best so far, in out_dir/best
+            self.save_best()
         self.tick = (self.clock(), self.iteration)  # evaluation time is not training throughput
 
     def retarget(self, log: RunLogger, target: int | None) -> None:
@@ -286,6 +289,14 @@ class Trainer:
                                 f"({e.strerror or e}); the previous checkpoint is kept. Free some space "
                                 "and run the same command to continue") from None
 
+    def save_best(self) -> None:
+        try:
+            self.run_dir.save_best(self.eval_model, self.run.data.tokenizer, self.summary())
+        except OSError as e:
+            raise TrainingError(f"could not write the best model of iteration {self.iteration} in {self.run_dir} "
+                                f"({e.strerror or e}); the previous checkpoint is kept. Free some space and run "
+                                "the same command to continue") from None
+
     def save_snapshot(self) -> None:
         """The model the run evaluates now, kept in snapshots/ (train.snapshots)."""
         try:
@@ -318,6 +329,10 @@ class Trainer:
         self.resumed_at = state["iteration"]
         self.tokens_before = state["tokens_seen"]
         self.best_val_loss = state["best_val_loss"]
+        best = self.run_dir.best()
+        if self.settings.keep_best and best is not None:  # (a killed process may have kept a better one
+            # after its last checkpoint: a real model, its loss really measured; it stays the one to beat)
+            self.best_val_loss = min(self.best_val_loss, best.summary().get("val_loss") or math.inf)
         self.losses.load_state_dict(state["losses"])
         self.model.load_state_dict(state["model"])
         self.changed_settings = resume.load_optimizers(self.optimizers, state["optimizers"], self.run_dir.path)

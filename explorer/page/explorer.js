@@ -217,7 +217,7 @@ function renderEmbedding() {
   box.replaceChildren(el("p", { class: "note", text: t("embeddingId", { id: token.id, vocab: c.vocab_size }) }),
     vectorRow(t("wteRow", { id: token.id }), `[C] = [${c.n_embd}]`, wte, "wte"));
   if (DATA.embedding.position === null) {
-    const angles = ropeAngles(v.query, c.head_size, c.rope_base);
+    const angles = ropeAngles(v.query, c.rope_frequencies);
     box.append(el("p", { class: "note", id: "rope-angle", "data-value": angles[0], text: t("ropeEmbedding", {
       query: v.query, first: fmt(angles[0], 4), last: fmt(angles[angles.length - 1], 6), half: angles.length - 1 }) }));
   } else {

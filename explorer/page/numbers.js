@@ -82,19 +82,10 @@ function projected(cAttn, which, head, x, config) { // the head's q (or k, v) be
   return Array.from({ length: config.head_size }, (_, d) => projectionTerms(cAttn, which, head, d, x, config).value);
 }
 
-// RoPE (model/positional.py): dims i and i + d_k/2 turn by position · θ_i, θ_i = base^(-2i/d_k)
-function ropeAngles(position, dk, base) {
-  return Array.from({ length: dk / 2 }, (_, i) => position * Math.pow(base, (-2 * i) / dk));
-}
-
-function rotate(vector, position, base) {
-  const half = vector.length / 2;
-  const angles = ropeAngles(position, vector.length, base);
-  return vector.map((x, d) => {
-    const i = d % half;
-    const pair = d < half ? -vector[d + half] : vector[d - half]; // rotate_half
-    return x * Math.cos(angles[i]) + pair * Math.sin(angles[i]);
-  });
+// RoPE (model/positional.py): dims i and i + d_k/2 turn by position · θ_i, where θ_i are the
+// model's own frequencies (base^(-2i/d_k), stretched where it has Llama 3's rope_scaling)
+function ropeAngles(position, frequencies) {
+  return frequencies.map((theta) => position * theta);
 }
 
 // what a norm divided by: LayerNorm (x − mean) / √(var + ε); RMSNorm x / √(mean(x²) + ε)
