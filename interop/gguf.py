@@ -22,7 +22,7 @@ from interop.hf import export_kind, with_zero_biases
 from data.tokenizer import UNK, end_of_text_id, start_ids
 from model import GPTConfig
 
-ARCHITECTURES = {"gpt2": "GPT2", "gpt_neox": "GPTNEOX", "llama": "LLAMA"}  # export_kind -> gguf.MODEL_ARCH
+ARCHITECTURES = {"gpt2": "GPT2", "gpt_neox": "GPTNEOX", "llama": "LLAMA", "qwen2": "QWEN2"}  # export_kind -> gguf.MODEL_ARCH
 BLOCK_TENSORS = {"ln_1": "ATTN_NORM", "attn.c_attn": "ATTN_QKV", "attn.c_proj": "ATTN_OUT", "ln_2": "FFN_NORM",
                  "mlp.c_gate": "FFN_GATE", "mlp.c_fc": "FFN_UP", "mlp.c_proj": "FFN_DOWN"}  # ours -> MODEL_TENSOR
 MODEL_TENSORS = {"transformer.wte": "TOKEN_EMBD", "transformer.wpe": "POS_EMBD", "transformer.ln_f": "OUTPUT_NORM",
@@ -82,7 +82,7 @@ def write_hyperparameters(writer, gguf, kind: str, c: GPTConfig, name: str) -> N
     writer.add_head_count(c.n_head)
     writer.add_head_count_kv(c.n_kv_head)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    if kind == "llama":
+    if kind in ("llama", "qwen2"):
         writer.add_layer_norm_rms_eps(c.norm_eps)
     else:
         writer.add_layer_norm_eps(c.norm_eps)
@@ -97,14 +97,14 @@ def gguf_tensors(gguf, arch, kind: str, c: GPTConfig, state: dict[str, torch.Ten
     """Our tensors by GGUF's names (the gguf library's), shaped as llama.cpp reads them.
     gpt2 and gptneox take every bias (zeros where the model has none); a tied head is
     token_embd read twice, except in gptneox, which requires an output matrix of its own;
-    llama splits c_attn into q, k and v."""
-    state = dict(state) if kind == "llama" else with_zero_biases(c, state)
+    llama and qwen2 split c_attn into q, k and v."""
+    state = dict(state) if kind in ("llama", "qwen2") else with_zero_biases(c, state)
     if c.tie_embeddings and kind != "gpt_neox":
         del state["lm_head.weight"]
     out = {}
     for ours, tensor in state.items():
-        if kind == "llama" and ".attn.c_attn." in ours:
-            out.update(split_qkv(gguf, c, ours, tensor))
+        if kind in ("llama", "qwen2") and ".attn.c_attn." in ours:
+            out.update(split_qkv(gguf, c, ours, tensor, adjacent=kind == "llama"))
         else:
             out[gguf_name(gguf, ours)] = tensor
     known = {gguf.TENSOR_NAMES[t].format(bid=i) for t in gguf.MODEL_TENSORS[arch] for i in range(c.n_layer)}
@@ -124,16 +124,17 @@ def gguf_name(gguf, ours: str, tensor: str | None = None) -> str:
     return f"{base}.{suffix}"
 
 
-def split_qkv(gguf, c: GPTConfig, ours: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
-    """c_attn's rows as llama.cpp's attn_q, attn_k, attn_v. Its llama architecture rotates
-    adjacent pairs (2i, 2i+1) of each head; ours rotate i with i + d/2 (rotate_half, as
-    transformers' Llama), so the rows of W_Q and W_K are reordered within each head: the
-    same attention scores (q·k sums over the same pairs, each rotated by the same angle)."""
+def split_qkv(gguf, c: GPTConfig, ours: str, t: torch.Tensor, adjacent: bool) -> dict[str, torch.Tensor]:
+    """c_attn's rows (or its bias) as llama.cpp's attn_q, attn_k, attn_v. Its llama
+    architecture rotates adjacent pairs (2i, 2i+1) of each head (`adjacent`); ours rotate i
+    with i + d/2 (rotate_half, as transformers' Llama and llama.cpp's qwen2), so for llama
+    the rows of W_Q and W_K are reordered within each head: the same attention scores (q·k
+    sums over the same pairs, each rotated by the same angle)."""
     kv = c.n_kv_head * c.head_size
     q, k, v = t.split([c.n_embd, kv, kv])
-    return {gguf_name(gguf, ours, "ATTN_Q"): adjacent_pairs(q, c.n_head),
-            gguf_name(gguf, ours, "ATTN_K"): adjacent_pairs(k, c.n_kv_head),
-            gguf_name(gguf, ours, "ATTN_V"): v}
+    if adjacent:
+        q, k = adjacent_pairs(q, c.n_head), adjacent_pairs(k, c.n_kv_head)
+    return {gguf_name(gguf, ours, "ATTN_Q"): q, gguf_name(gguf, ours, "ATTN_K"): k, gguf_name(gguf, ours, "ATTN_V"): v}
 
 
 def adjacent_pairs(t: torch.Tensor, heads: int) -> torch.Tensor:

@@ -34,20 +34,25 @@ class Unsupported(ValueError):
     """This configuration or checkpoint has no exact counterpart; the message says what does."""
 
 
-KINDS = "GPT-2 (learned positions, LayerNorm, GELU), GPT-NeoX (rope, LayerNorm, GELU) or Llama (rope, RMSNorm, SwiGLU)"
+KINDS = ("GPT-2 (learned positions, LayerNorm, GELU), GPT-NeoX (rope, LayerNorm, GELU), Llama (rope, RMSNorm, "
+         "SwiGLU) or Qwen2 (Llama's, with biases on W_Q, W_K, W_V alone)")
 
 
 def export_kind(c: GPTConfig) -> str:
-    """The transformers class a config becomes: "gpt2", "gpt_neox" or "llama"; raises
-    Unsupported naming, in one line, what that class cannot express."""
+    """The transformers class a config becomes: "gpt2", "gpt_neox", "llama" or "qwen2";
+    raises Unsupported naming, in one line, what that class cannot express."""
     kind = "llama" if c.norm == "rmsnorm" or c.mlp == "swiglu" else "gpt2" if c.pos_encoding == "learned" else "gpt_neox"
-    name = {"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "llama": "Llama"}[kind]
+    if kind == "llama" and c.qkv_bias and not c.bias:
+        kind = "qwen2"
+    modern = kind in ("llama", "qwen2")
+    name = {"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "llama": "Llama", "qwen2": "Qwen2"}[kind]
     problems = [f"pos_encoding={c.pos_encoding}" if c.pos_encoding == "sinusoidal" or
-                (kind == "llama" and c.pos_encoding != "rope") else None,
+                (modern and c.pos_encoding != "rope") else None,
                 f"norm_position={c.norm_position}" if c.norm_position != "pre" else None,
-                f"mlp={c.mlp} (Llama's feed-forward network is SwiGLU)" if kind == "llama" and c.mlp != "swiglu" else None,
-                f"norm={c.norm} (Llama normalises with RMSNorm)" if kind == "llama" and c.norm != "rmsnorm" else None]
-    if kind != "llama":
+                f"mlp={c.mlp} (Llama's feed-forward network is SwiGLU)" if modern and c.mlp != "swiglu" else None,
+                f"norm={c.norm} (Llama normalises with RMSNorm)" if modern and c.norm != "rmsnorm" else None,
+                f"qkv_bias={c.qkv_bias} with bias={c.bias}" if c.qkv_bias != c.bias and kind != "qwen2" else None]
+    if not modern:
         problems.append("tie_embeddings=false" if not c.tie_embeddings else None)
         problems.append("Llama 3's rope_scaling" if c.rope_scaling else None)
     problems = [p for p in problems if p]
@@ -64,7 +69,7 @@ def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int 
     c, kind = config, export_kind(config)
     common = {"vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_embeddings, "bos_token_id": eot,
               "eos_token_id": eot, "torch_dtype": "float32"}
-    if kind == "llama":
+    if kind in ("llama", "qwen2"):
         return to_llama(c, state, common)
     c, state = with_every_kv_head(c, state)
     state = with_zero_biases(c, state)
@@ -85,8 +90,9 @@ def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int 
 
 
 def to_llama(c: GPTConfig, state: dict[str, torch.Tensor], common: dict) -> tuple[dict, dict]:
-    """LlamaForCausalLM: what its defaults would get wrong is written out (the norms' ε,
-    the tying, the key/value heads, the SwiGLU width, the rope base, the context)."""
+    """LlamaForCausalLM (or Qwen2ForCausalLM, for biases on W_Q, W_K, W_V alone): what its
+    defaults would get wrong is written out (the norms' ε, the tying, the key/value heads,
+    the SwiGLU width, the rope base, the context, Qwen2's window left off)."""
     hf = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": c.n_embd,
           "intermediate_size": c.ffn_hidden, "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head,
           "num_key_value_heads": c.n_kv_head, "head_dim": c.head_size, "hidden_act": "silu",
@@ -94,6 +100,9 @@ def to_llama(c: GPTConfig, state: dict[str, torch.Tensor], common: dict) -> tupl
           "rope_parameters": {"rope_type": "llama3" if c.rope_scaling else "default", "rope_theta": c.rope_base,
                               **(c.rope_scaling or {})}, "attention_bias": c.bias,
           "mlp_bias": c.bias, "attention_dropout": c.dropout, **common}
+    if c.qkv_bias and not c.bias:
+        del hf["attention_bias"], hf["mlp_bias"]  # (Qwen2's q, k and v have biases, the rest none)
+        hf |= {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False}
     return hf, rename_llama(state, c, to_llama=True)
 
 
@@ -114,6 +123,7 @@ def rename_llama(tensors: dict[str, torch.Tensor], c: GPTConfig, to_llama: bool)
         for kind in ("weight", "bias") if c.bias else ("weight",):
             names |= {f"attn.c_proj.{kind}": f"self_attn.o_proj.{kind}", f"mlp.c_gate.{kind}": f"mlp.gate_proj.{kind}",
                       f"mlp.c_fc.{kind}": f"mlp.up_proj.{kind}", f"mlp.c_proj.{kind}": f"mlp.down_proj.{kind}"}
+        for kind in ("weight", "bias") if c.qkv_bias else ("weight",):  # (Qwen2: biases on q, k, v alone)
             parts = [f"{theirs}self_attn.{p}_proj.{kind}" for p in "qkv"]
             if to_llama:
                 split = tensors[f"{ours}attn.c_attn.{kind}"].split([c.n_embd, kv, kv])
@@ -212,8 +222,15 @@ def config_of(hf: dict) -> GPTConfig:
                          rope_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))))
     if kind == "llama":
         return config_from_llama(hf)
+    if kind == "qwen2":  # Llama's block with biases on q, k and v alone, and a sliding window it may leave off
+        if hf.get("use_sliding_window"):
+            raise Unsupported("qwen2 with use_sliding_window=true is not supported (this model attends to every "
+                              "key in every layer)")
+        llama = {**hf, "attention_bias": False, "mlp_bias": False, "sliding_window": None}
+        return dataclasses.replace(config_from_llama(llama), qkv_bias=True)
     raise Unsupported(f"model_type {kind!r} is not supported; init_from takes a run directory of this project, "
-                      "a GPT-2 family model (gpt2, distilgpt2, ...) or a Llama-family one (model_type llama)")
+                      "a GPT-2 family model (gpt2, distilgpt2, ...) or a Llama-family one (model_type llama or "
+                      "qwen2)")
 
 
 def config_from_llama(hf: dict) -> GPTConfig:

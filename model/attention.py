@@ -106,7 +106,7 @@ class MultiHeadAttention(nn.Module):
         self.explicit = config.attn_impl == "explicit"
         self.dropout = config.dropout
         kv = 2 * config.n_kv_head * config.head_size
-        self.c_attn = nn.Linear(config.n_embd, config.n_embd + kv, bias=config.bias)  # W_Q, W_K, W_V
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + kv, bias=config.qkv_bias)  # W_Q, W_K, W_V
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
         self.resid_dropout = nn.Dropout(config.dropout)
 

@@ -46,6 +46,7 @@ class GPTConfig:
                    multiple of 32, the width that keeps the 4× GELU network's parameter count
     norm_eps:      the ε of every LayerNorm or RMSNorm
     tie_embeddings: the LM head shares the token embedding's matrix (GPT-2); false: its own
+    qkv_bias:      biases on W_Q, W_K, W_V alone (Qwen2) where bias is false; None: as bias
     rope_scaling:  None, or Llama 3's stretch of the slow rotary frequencies for contexts
                    longer than it was trained on (transformers' rope_type "llama3"), e.g.
                    {"factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
@@ -71,6 +72,7 @@ class GPTConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     rope_scaling: dict | None = None
+    qkv_bias: bool | None = None
 
     def __post_init__(self) -> None:
         for name, value in checked_types(type(self), dataclasses.asdict(self)).items():
@@ -86,6 +88,8 @@ class GPTConfig:
             raise ValueError(f"norm_eps={self.norm_eps}: must be between 0 and 1, e.g. 1e-5")
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
+        if self.qkv_bias is None:
+            self.qkv_bias = self.bias
         if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
             raise ValueError(f"n_kv_head={self.n_kv_head}: must divide n_head={self.n_head} "
                              "(each key/value head serves n_head / n_kv_head query heads)")

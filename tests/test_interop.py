@@ -218,8 +218,8 @@ def test_export_refuses_what_no_transformers_class_computes(tmp_path, settings, 
     assert export.main(["--checkpoint", str(tmp_path), "--out", str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and err.endswith(
-        "the kinds that export are GPT-2 (learned positions, LayerNorm, GELU), GPT-NeoX (rope, LayerNorm, GELU) or "
-        "Llama (rope, RMSNorm, SwiGLU)\n")
+        "the kinds that export are GPT-2 (learned positions, LayerNorm, GELU), GPT-NeoX (rope, LayerNorm, GELU), "
+        "Llama (rope, RMSNorm, SwiGLU) or Qwen2 (Llama's, with biases on W_Q, W_K, W_V alone)\n")
     assert not (tmp_path / "hf").exists()
 
 
@@ -395,7 +395,7 @@ def test_an_exported_model_comes_back_unchanged(runs, exported, name):
     source = open_base_model(str(exported[name]))
     back = GPT(source.config)
     back.load_state_dict(source.state_dict(source.config))
-    assert source.config == dataclass_replace(ours.config, bias=True, attn_impl="sdpa")  # zero biases were written
+    assert source.config == dataclass_replace(ours.config, bias=True, qkv_bias=True, attn_impl="sdpa")  # zero biases
     idx = torch.randint(0, ours.config.vocab_size, (2, 20))
     with torch.no_grad():
         torch.testing.assert_close(back.eval()(idx)[0], ours.eval()(idx)[0], atol=1e-5, rtol=0)
@@ -465,7 +465,7 @@ def test_init_from_bad_input(gpt2_folder, tmp_path, corpus, monkeypatch, capsys)
     (llama / "config.json").write_text(json.dumps({"model_type": "mamba"}))
     assert fails(llama) == (f"error: train.init_from={llama}: model_type 'mamba' is not supported; init_from takes "
                             "a run directory of this project, a GPT-2 family model (gpt2, distilgpt2, ...) or a "
-                            "Llama-family one (model_type llama)\n")
+                            "Llama-family one (model_type llama or qwen2)\n")
     (llama / "config.json").write_text(json.dumps({"model_type": "llama", "rope_scaling": None}))
     assert fails(llama) == f"error: train.init_from={llama}: its config.json (llama) has no 'num_attention_heads'\n"
     assert "model.n_layer=4 differs from train.init_from" in fails(gpt2_folder, "model.n_layer=4")

@@ -164,6 +164,15 @@ def test_weights_sharded_over_several_files_come_in_exact(llama_folder, tmp_path
         base.state_dict(base.config)
 
 
+def exported(ours: GPT, tokenizer, tmp_path):
+    """(the run folder, the transformers model export.py made of it) for our model."""
+    run = tmp_path / "run"
+    ours.save_pretrained(run)
+    tokenizer.save(str(run / "tokenizer.json"))
+    assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "out")]) == 0
+    return run, transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+
+
 def test_llama3s_rope_scaling_comes_in_and_goes_out_exact(tmp_path, corpus):
     """Llama 3.x stretches its slow rotary frequencies (rope_type llama3): with sizes chosen
     so that one pair keeps its speed, two are mixed and one is stretched, our logits equal
@@ -194,18 +203,61 @@ def test_llama3s_rope_scaling_comes_in_and_goes_out_exact(tmp_path, corpus):
     idx = torch.randint(3, base.config.vocab_size, (2, 120))  # past the original 64 positions
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
-    run = tmp_path / "run"
-    ours.save_pretrained(run)
-    tokenizer.save(str(run / "tokenizer.json"))
-    assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "out")]) == 0
-    again = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "out").eval()
-    assert again.config.rope_parameters["rope_type"] == "llama3"
+    _, again = exported(ours, tokenizer, tmp_path)
+    assert type(again).__name__ == "LlamaForCausalLM" and again.config.rope_parameters["rope_type"] == "llama3"
     with torch.no_grad():
         torch.testing.assert_close(again(idx).logits, hf(idx).logits, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="must have exactly the keys factor, low_freq_factor"):
         GPTConfig(pos_encoding="rope", rope_scaling={"factor": 8.0})
     with pytest.raises(ValueError, match="high_freq_factor must be above low_freq_factor"):
         GPTConfig(pos_encoding="rope", rope_scaling={**scaling, "high_freq_factor": 1.0})
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_qwen2_comes_in_and_goes_out_exact(tmp_path, corpus, tied):
+    """Qwen2 (and Qwen2.5): Llama's block with biases on q, k and v alone, and a sliding
+    window its config names but leaves off. Our logits equal transformers'; the export is
+    a Qwen2ForCausalLM again, and a GGUF of llama.cpp's qwen2 architecture with the biases."""
+    from training.init_from import open_base_model
+
+    tokenizer = llama_tokenizer(corpus.read_text())
+    config = transformers.Qwen2Config(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=88,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=tied,
+                                      use_sliding_window=False, sliding_window=32, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    hf = transformers.Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.1)
+    assert hf.model.layers[0].self_attn.q_proj.bias is not None and hf.model.layers[0].self_attn.o_proj.bias is None
+    folder = tmp_path / "qwen2"
+    hf.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    base = open_base_model(str(folder))
+    assert (base.config.bias, base.config.qkv_bias, base.config.tie_embeddings) == (False, True, tied)
+    ours = GPT(base.config).eval()
+    ours.load_state_dict(base.state_dict(base.config))
+    idx = torch.randint(3, base.config.vocab_size, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
+    run, again = exported(ours, tokenizer, tmp_path)
+    assert type(again).__name__ == "Qwen2ForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(again(idx).logits, hf(idx).logits, atol=1e-5, rtol=0)
+    gguf = pytest.importorskip("gguf")
+    assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "qwen2.gguf")]) == 0
+    reader = gguf.GGUFReader(tmp_path / "qwen2.gguf")
+    names = {t.name for t in reader.tensors}
+    assert {"blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias"} <= names and "blk.0.attn_output.bias" not in names
+    q_bias = next(t for t in reader.tensors if t.name == "blk.1.attn_q.bias")
+    assert np.array_equal(np.asarray(q_bias.data), hf.model.layers[1].self_attn.q_proj.bias.detach().numpy())  # as it is
+    field = reader.fields["general.architecture"]
+    assert bytes(field.parts[field.data[0]]).decode() == "qwen2"
+    (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()),
+                                                    "use_sliding_window": True}))
+    with pytest.raises(UserError, match="qwen2 with use_sliding_window=true is not supported"):
+        open_base_model(str(folder))
 
 
 @pytest.mark.parametrize("change, message", [

@@ -895,7 +895,8 @@ function panelFormulas(c) {
     tokens: "ids = tokenizer.encode(text)",
     embedding: `x = wte[id]${position}` + (c.pos_encoding === "rope" ? ";  q, k rotated by position × θ_i in every layer" : ""),
     heads: weights, query: weights, map: weights, "head-view": weights,
-    qkv: ["Q", "K", "V"].map((m) => `${m.toLowerCase()} = ${input} W_${m}${bias(m)}`).join(";  "),
+    qkv: ["Q", "K", "V"].map((m) => `${m.toLowerCase()} = ${input} W_${m}${(c.qkv_bias ?? c.bias) ? ` + b_${m}` : ""}`)
+      .join(";  "),
     steps: "Attention(q, K, V) = softmax(q Kᵀ / √d_k + mask) V",
     block,
     lens: "p_ℓ = softmax(lm_head(ln_f(x_ℓ)))",
