@@ -22,7 +22,7 @@ from pathlib import Path
 from common.cli import OneLineParser, UserError, check_output_folder, positive, run_main
 from common.run_dir import RunDir
 from common.threads import thread_help, use_threads
-from interop.gguf import write_gguf
+from interop.gguf import GGUF_TYPES, write_gguf
 from interop.hf import Unsupported, to_transformers
 from data.tokenizer import EOT, UNK, end_of_text_id, end_of_text_ids, start_ids, suppressed_ids
 from model.files import safetensors_bytes
@@ -119,9 +119,12 @@ def past_context(c) -> str:
     return f"a GPT-2 model has no position embedding past {c.block_size}, and transformers stops with an IndexError"
 
 
-def export(checkpoint: Path, out: Path) -> None:
+def export(checkpoint: Path, out: Path, gguf_type: str | None = None) -> None:
     if out.suffix == ".gguf":
-        return export_gguf(checkpoint, out)
+        return export_gguf(checkpoint, out, gguf_type or "f32")
+    if gguf_type is not None:
+        raise UserError(f"--gguf-type {gguf_type} is for a FILE.gguf; --out {out} is a transformers folder, "
+                        "written in float32")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not empty; choose another folder")
     check_output_folder("--out", out)
@@ -152,23 +155,27 @@ def export(checkpoint: Path, out: Path) -> None:
           f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
 
 
-def export_gguf(checkpoint: Path, out: Path) -> None:
-    """One GGUF file for llama.cpp and Ollama (interop/gguf.py says why it is written here)."""
+def export_gguf(checkpoint: Path, out: Path, gguf_type: str) -> None:
+    """One GGUF file for llama.cpp and Ollama (interop/gguf.py says why it is written here),
+    its matrices in gguf_type."""
     if out.exists():
         raise UserError(f"--out {out} already exists; choose another file name")
     check_output_folder("--out", out)
     model, tokenizer = RunDir(checkpoint).load_model()
     try:
-        arch = write_gguf(out, model.config, model.state_dict(), tokenizer, checkpoint.resolve().name)
+        arch = write_gguf(out, model.config, model.state_dict(), tokenizer, checkpoint.resolve().name, gguf_type)
     except ValueError as e:
         raise UserError(f"{checkpoint} cannot be written as GGUF: {e}") from None
-    print(f"wrote {out}: GGUF, llama.cpp's {arch} architecture, float32; run it with llama-cli -m {out}")
+    kind = {"f32": "float32", "f16": "float16 matrices", "q8_0": "Q8_0 matrices"}[gguf_type]
+    print(f"wrote {out}: GGUF, llama.cpp's {arch} architecture, {kind}; run it with llama-cli -m {out}")
 
 
 def parse_args(argv):
     p = OneLineParser(prog="export.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, required=True, help="run directory, e.g. out/tiny")
     p.add_argument("--out", type=Path, required=True, help="new folder for the transformers model, or a new FILE.gguf for llama.cpp")
+    p.add_argument("--gguf-type", choices=GGUF_TYPES, help="the matrices of a FILE.gguf in float32 (the default), "
+                   "float16 or Q8_0 (8-bit blocks of 32; norms and biases stay float32)")
     p.add_argument("--threads", type=positive, help=thread_help("export"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     return p.parse_args(argv)
@@ -176,7 +183,7 @@ def parse_args(argv):
 
 def command(args) -> int:
     use_threads("export", args.threads)
-    export(args.checkpoint, args.out)
+    export(args.checkpoint, args.out, args.gguf_type)
     return 0
 
 

@@ -18,6 +18,8 @@ class DataConfig:
     text_field: str = "text"  # the column holding the text in .jsonl/.csv/.parquet files and datasets
     val_fraction: float = 0.1  # the share of the text held out for validation
     cache_dir: str | None = None  # where token files go; default data/cache
+    hf_split: str = "train"  # hf: sources: the dataset's split to read, as load_dataset names it ("train[:10%]")
+    hf_data_files: str | None = None  # hf: sources: only the files matching this pattern ("en/*.parquet")
 
     def __post_init__(self) -> None:
         if self.tokenizer not in KINDS:
@@ -27,3 +29,6 @@ class DataConfig:
                             f"byte-level BPE starts from, plus {EOT}; use at least {BYTE_ALPHABET + 1}")
         if not 0.0 < self.val_fraction < 1.0:
             raise DataError(f"data.val_fraction={self.val_fraction}: must be between 0 and 1, e.g. 0.1")
+        if not self.source.startswith("hf:") and (self.hf_split != "train" or self.hf_data_files is not None):
+            raise DataError(f"data.hf_split and data.hf_data_files choose within an hf: dataset; data.source="
+                            f"{self.source!r} is not one: remove them")

@@ -71,7 +71,7 @@ def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | No
 def locate(config: DataConfig, tokenizer: Tokenizer | None = None):
     """(source, tokenizer settings, fingerprint, folder) of the token files for config:
     with a tokenizer trained on the source, or with the one given."""
-    src = open_source(config.source, config.text_field, config.val_fraction)
+    src = open_source(config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
     settings = {"tokenizer": config.tokenizer, "vocab_size": config.vocab_size if config.tokenizer == "bpe" else None,
                 "format": FORMAT_VERSION}
     if tokenizer is not None:
@@ -99,7 +99,7 @@ def find_prepared(config: DataConfig, tokenizer: Tokenizer) -> TokenData | None:
 def tokenize_split(config: DataConfig, tokenizer: Tokenizer, split: str, path: Path) -> tuple[np.ndarray, dict]:
     """One split of config's text encoded by `tokenizer` into the file `path`, as `prepare`
     writes it, without a cache folder: (its tokens, their counts)."""
-    src = open_source(config.source, config.text_field, config.val_fraction)
+    src = open_source(config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
     dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
     sizes = write_tokens(chunked(src.train() if split == "train" else src.val()), tokenizer, path, dtype)
     tokens = np.memmap(path, dtype=dtype, mode="r") if sizes["tokens"] else np.empty(0, dtype=dtype)

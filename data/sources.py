@@ -41,12 +41,14 @@ class Source:
     size: Callable[[], int | None] = lambda: None  # UTF-8 bytes of both splits, where known (progress)
 
 
-def open_source(source: str, text_field: str = "text", val_fraction: float = 0.1) -> Source:
-    """Resolve data.source: 'shakespeare', 'hf:<name>[:<config>]' or a local path."""
+def open_source(source: str, text_field: str = "text", val_fraction: float = 0.1, hf_split: str = "train",
+                hf_data_files: str | None = None) -> Source:
+    """Resolve data.source: 'shakespeare', 'hf:<name>[:<config>]' (with its split and data
+    files) or a local path."""
     if source == "shakespeare":
         return shakespeare_source(val_fraction)
     if source.startswith("hf:"):
-        return hub_source(source[3:], text_field, val_fraction)
+        return hub_source(source[3:], text_field, val_fraction, hf_split, hf_data_files)
     return local_source(source, text_field, val_fraction)
 
 
@@ -118,8 +120,11 @@ def folder_files(folder: Path, source: str) -> list[Path]:
     return files
 
 
-def hub_source(spec: str, text_field: str, val_fraction: float) -> Source:
-    """'name' or 'name:config' on the Hugging Face hub (or a local dataset folder).
+def hub_source(spec: str, text_field: str, val_fraction: float, split: str = "train",
+               data_files: str | None = None) -> Source:
+    """'name' or 'name:config' on the Hugging Face hub (or a local dataset folder): its
+    `split` (load_dataset's, e.g. "train" or "train[:10%]"), of the files matching
+    `data_files` where it is given.
 
     A local folder is fingerprinted by its files (paths, sizes, modification times), as a
     folder source is, so that rows appended to a shard make new token files. A hub dataset
@@ -136,12 +141,12 @@ def hub_source(spec: str, text_field: str, val_fraction: float) -> Source:
             raise DataError(f"could not reach the Hugging Face hub to load dataset {name!r}; "
                             "download the text and use data.source=path/to/file.txt "
                             "(or set HF_HUB_OFFLINE=1 to use a copy already cached)")
-        for text in load_rows(name, None, text_field, name=config or None):
+        for text in load_rows(name, data_files, text_field, split, name=config or None):
             yield text
             yield END
 
     identity = {"source": "hf", "name": name, "config": config, "text_field": text_field,
-                "val_fraction": val_fraction}
+                "val_fraction": val_fraction, "split": split, "data_files": data_files}
     if Path(name).is_dir():
         identity["files"] = file_stats(sorted(p for p in Path(name).rglob("*") if p.is_file()))
     return split_by_characters(name.replace("/", "_"), identity, documents, val_fraction, label=f"hf:{spec}")
@@ -159,10 +164,11 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def load_rows(builder: str, files: list[Path] | None, text_field: str, **kwargs) -> Iterator[str]:
-    """Rows of `text_field` of a dataset (what datasets.load_dataset does, in its steps),
-    read in batches from its memory-mapped Arrow cache, so memory stays bounded however
-    large the files."""
+def load_rows(builder: str, files: list[Path] | str | None, text_field: str, split: str = "train",
+              **kwargs) -> Iterator[str]:
+    """Rows of `text_field` of a dataset's `split` (what datasets.load_dataset does, in its
+    steps), read in batches from its memory-mapped Arrow cache, so memory stays bounded
+    however large the files. files: local files, or a pattern of the dataset's own."""
     import datasets
     import pyarrow
     import pyarrow.dataset
@@ -171,21 +177,21 @@ def load_rows(builder: str, files: list[Path] | None, text_field: str, **kwargs)
     # Arrow's default allocator (mimalloc) keeps freed memory; the system's keeps less
     # (measured in docs/scaling.md)
     pyarrow.set_memory_pool(pyarrow.system_memory_pool())
-    data_files = [str(f) for f in files] if files else None
+    data_files = files if isinstance(files, str) or files is None else [str(f) for f in files]
     try:
         loader = datasets.load_dataset_builder(builder, data_files=data_files, **kwargs)
         if hasattr(loader.config, "fragment_scan_options"):  # Parquet files (local, or the hub's)
             # pre-buffering reads a whole file into memory before its first batch (apache/arrow#39808)
             loader.config.fragment_scan_options = pyarrow.dataset.ParquetFragmentScanOptions(pre_buffer=False)
         loader.download_and_prepare()
-        dataset = loader.as_dataset(split="train")
+        dataset = loader.as_dataset(split=split)
     except (FileNotFoundError, ValueError, ConnectionError) as e:
         raise DataError(f"could not load dataset {builder!r}: {str(e).splitlines()[0]}") from e
     except Exception as e:  # datasets raises many types for malformed files
-        where = data_files[0] if data_files else builder
+        where = data_files[0] if isinstance(data_files, list) else builder
         raise DataError(f"could not read {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     if text_field not in dataset.column_names:
-        raise DataError(f"{data_files[0] if data_files else builder} has no field {text_field!r} "
+        raise DataError(f"{data_files[0] if isinstance(data_files, list) else builder} has no field {text_field!r} "
                         f"(it has {', '.join(dataset.column_names)}); set data.text_field")
     for batch in dataset.iter(batch_size=1000):
         for text in batch[text_field]:

@@ -22,6 +22,7 @@ from interop.hf import export_kind, with_zero_biases
 from data.tokenizer import UNK, end_of_text_id, start_ids
 from model import GPTConfig
 
+GGUF_TYPES = ("f32", "f16", "q8_0")  # what export.py --gguf-type writes the matrices in
 ARCHITECTURES = {"gpt2": "GPT2", "gpt_neox": "GPTNEOX", "llama": "LLAMA", "qwen2": "QWEN2"}  # export_kind -> gguf.MODEL_ARCH
 BLOCK_TENSORS = {"ln_1": "ATTN_NORM", "attn.c_attn": "ATTN_QKV", "attn.c_proj": "ATTN_OUT", "ln_2": "FFN_NORM",
                  "mlp.c_gate": "FFN_GATE", "mlp.c_fc": "FFN_UP", "mlp.c_proj": "FFN_DOWN"}  # ours -> MODEL_TENSOR
@@ -38,10 +39,12 @@ def import_gguf():
     return gguf
 
 
-def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer, name: str) -> str:
+def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer, name: str,
+               dtype: str = "f32") -> str:
     """Write the model and its tokenizer to path (through a temporary file, so that no
-    half-written file is ever left there); returns llama.cpp's architecture name. Raises
-    ValueError (interop.hf.Unsupported among them) naming what GGUF cannot hold."""
+    half-written file is ever left there), its matrices in `dtype` (GGUF_TYPES); returns
+    llama.cpp's architecture name. Raises ValueError (interop.hf.Unsupported among them)
+    naming what GGUF cannot hold."""
     gguf = import_gguf()
     kind = export_kind(config)
     if config.rope_scaling:  # (llama.cpp takes it as a rope_freqs tensor of factors, not written here yet)
@@ -52,7 +55,7 @@ def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], to
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[arch])
     try:
-        write_hyperparameters(writer, gguf, kind, config, name)
+        write_hyperparameters(writer, gguf, kind, config, name, dtype)
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre("gpt-2")  # GPT-2's regex splits the text into words, as ByteLevel does
         writer.add_token_list(tokens)
@@ -60,7 +63,8 @@ def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], to
         writer.add_token_merges(merges)
         write_special_tokens(writer, tokenizer)
         for tensor_name, tensor in gguf_tensors(gguf, arch, kind, config, state).items():
-            writer.add_tensor(tensor_name, tensor.float().contiguous().numpy())
+            values, raw_dtype = stored(gguf, tensor.float().contiguous().numpy(), dtype)
+            writer.add_tensor(tensor_name, values, raw_dtype=raw_dtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -72,7 +76,19 @@ def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], to
     return gguf.MODEL_ARCH_NAMES[arch]
 
 
-def write_hyperparameters(writer, gguf, kind: str, c: GPTConfig, name: str) -> None:
+def stored(gguf, values, dtype: str) -> tuple:
+    """(the array written, its GGUF type or None for the array's own): a matrix in the file's
+    dtype, a vector (norms, biases) in float32 as llama.cpp's own converter keeps them; Q8_0
+    packs blocks of 32 numbers along a row (one float16 scale, 32 bytes), so a matrix whose
+    rows are not a multiple of 32 long is stored in float16."""
+    if values.ndim == 1 or dtype == "f32":
+        return values, None
+    if dtype == "q8_0" and values.shape[-1] % 32 == 0:
+        return gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+    return values.astype("float16"), None
+
+
+def write_hyperparameters(writer, gguf, kind: str, c: GPTConfig, name: str, dtype: str) -> None:
     """The keys llama.cpp reads for the architecture (what its defaults would get wrong included)."""
     writer.add_name(name)
     writer.add_context_length(c.block_size)
@@ -81,7 +97,8 @@ def write_hyperparameters(writer, gguf, kind: str, c: GPTConfig, name: str) -> N
     writer.add_feed_forward_length(c.ffn_hidden)
     writer.add_head_count(c.n_head)
     writer.add_head_count_kv(c.n_kv_head)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                          "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype])
     if kind in ("llama", "qwen2"):
         writer.add_layer_norm_rms_eps(c.norm_eps)
     else:

@@ -198,6 +198,27 @@ def test_a_source_that_fails_says_so_in_one_line_and_leaves_nothing_in_the_cache
     assert capsys.readouterr().err.startswith("preparing data: good, char tokenizer -> ")
 
 
+def test_an_hf_source_reads_the_split_and_files_it_is_told_to(tmp_path):
+    """data.hf_split and data.hf_data_files, as load_dataset takes them; each choice is
+    its own token files; a source that is not hf: refuses them."""
+    hub = tmp_path / "hubset"
+    hub.mkdir()
+    for split, word in (("train", "alpha"), ("test", "omega")):
+        rows = [json.dumps({"text": f"{word} document number {i} with some words"}) for i in range(40)]
+        (hub / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
+    text = lambda data: data.tokenizer.decode(np.concatenate([data.train, data.val]).tolist())
+    train = prepare(DataConfig(f"hf:{hub}", cache_dir=tmp_path / "c"), progress=False)
+    test = prepare(DataConfig(f"hf:{hub}", hf_split="test", cache_dir=tmp_path / "c"), progress=False)
+    assert "alpha" in text(train) and "omega" not in text(train)
+    assert "omega" in text(test) and "alpha" not in text(test) and test.directory != train.directory
+    part = prepare(DataConfig(f"hf:{hub}", hf_split="train[:50%]", cache_dir=tmp_path / "c"), progress=False)
+    assert 0 < len(part.train) + len(part.val) < 0.6 * (len(train.train) + len(train.val))
+    only = prepare(DataConfig(f"hf:{hub}", hf_data_files="test.jsonl", cache_dir=tmp_path / "c"), progress=False)
+    assert "omega" in text(only) and "alpha" not in text(only)  # (one file given: load_dataset calls it train)
+    with pytest.raises(DataError, match="data.hf_split and data.hf_data_files choose within an hf: dataset"):
+        DataConfig(str(hub / "train.jsonl"), hf_split="test")
+
+
 def test_a_local_dataset_folder_is_fingerprinted_by_its_files(tmp_path):
     """Rows appended to a shard of an hf: folder make new token files (as for a plain
     folder), not the old cache reused in silence; the same files reuse it."""

@@ -172,6 +172,40 @@ def test_export_writes_a_gguf_and_refuses_what_it_cannot_write(tmp_path, micro, 
     assert not list(tmp_path.glob("other.gguf*"))  # nothing half-written left behind
 
 
+@pytest.mark.parametrize("gguf_type", ["f16", "q8_0"])
+def test_export_writes_float16_and_q8_0_matrices_and_float32_vectors(tmp_path, micro, capsys, gguf_type):
+    """export.py --gguf-type: every matrix in the chosen type (Q8_0: blocks of 32 along a
+    row; a row of another length in float16), every norm and bias in float32, and the
+    embedding read back within the type's rounding of ours."""
+    from gguf.quants import dequantize
+
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *micro("train.max_iters=2")]) == 0
+    out = tmp_path / f"tiny.{gguf_type}.gguf"
+    assert export.main(["--checkpoint", str(tmp_path / "run"), "--out", str(out), "--gguf-type", gguf_type]) == 0
+    assert {"f16": "float16 matrices", "q8_0": "Q8_0 matrices"}[gguf_type] in capsys.readouterr().out
+    reader = gguf.GGUFReader(out)
+    assert field(reader, "general.file_type") == {"f16": 1, "q8_0": 7}[gguf_type]
+    model, _ = RunDir(tmp_path / "run").load_model()
+    wanted = {"f16": gguf.GGMLQuantizationType.F16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[gguf_type]
+    for t in reader.tensors:
+        shape = tuple(reversed(t.shape.tolist()))
+        if len(shape) == 1:
+            assert t.tensor_type == gguf.GGMLQuantizationType.F32, t.name
+        else:
+            expected = wanted if gguf_type == "f16" or shape[-1] % 32 == 0 else gguf.GGMLQuantizationType.F16
+            assert t.tensor_type == expected, t.name
+    back = {t.name: torch.from_numpy(dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist()))).copy())
+            for t in reader.tensors}
+    wte = model.state_dict()["transformer.wte.weight"]
+    step = wte.abs().max() / 127 if gguf_type == "q8_0" else wte.abs().max() * 2 ** -10
+    assert (back["token_embd.weight"] - wte).abs().max() <= step
+    assert model.config.n_embd % 32 == 0 and reader.tensors[0].tensor_type in (wanted, gguf.GGMLQuantizationType.F32)
+    with pytest.raises(SystemExit):
+        export.parse_args(["--checkpoint", "x", "--out", "y.gguf", "--gguf-type", "q4_k"])
+    assert export.main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--gguf-type", "f16"]) == 2
+    assert "--gguf-type f16 is for a FILE.gguf" in capsys.readouterr().err
+
+
 def test_a_configuration_gguf_cannot_hold_is_refused_in_one_line(tmp_path, micro, capsys):
     assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"),
                        *micro("train.max_iters=2", "model.pos_encoding=sinusoidal")]) == 0
