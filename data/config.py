@@ -17,7 +17,7 @@ class DataConfig:
     vocab_size: int = 4096  # bpe only
     text_field: str = "text"  # the column holding the text in .jsonl/.csv/.parquet files and datasets
     val_fraction: float = 0.1  # the share of the text held out for validation
-    cache_dir: str | None = None  # where token files go; default data/cache
+    cache_dir: str | None = None  # where token files go; default ~/.cache/tinygpt/tokens (data/prepare.py)
     hf_split: str = "train"  # hf: sources: the dataset's split to read, as load_dataset names it ("train[:10%]")
     hf_data_files: str | None = None  # hf: sources: only the files matching this pattern ("en/*.parquet")
 

@@ -18,6 +18,7 @@ the next one removes what a killed one left half-built.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -39,7 +40,15 @@ from .tokenizer import Encoder, end_of_text_id, load_tokenizer, start_ids, train
 
 FORMAT_VERSION = 2  # 2: BPE text cut only where the tokens cannot change; char vocabularies hold "\n"
 CHUNK_CHARS = 1 << 20  # text is tokenized in chunks of about 1M characters
-DEFAULT_CACHE = Path(__file__).resolve().parent / "cache"
+LEGACY_CACHE = Path(__file__).resolve().parent / "cache"  # the default before default_cache(): still read
+
+
+def default_cache() -> Path:
+    """Where token files go unless data.cache_dir says: where a user looks for a program's
+    cache, as huggingface_hub's go to ~/.cache/huggingface: $XDG_CACHE_HOME/tinygpt/tokens,
+    else ~/.cache/tinygpt/tokens, on every system. Runs made before this default keep
+    theirs in the repository's data/cache (LEGACY_CACHE), which is still read, never written."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tinygpt" / "tokens"
 
 
 @dataclass
@@ -49,6 +58,7 @@ class TokenData:
     train: np.ndarray  # memmap of token ids
     val: np.ndarray
     meta: dict
+    built: bool = False  # made by this call of prepare (not found from an earlier run)
 
     @property
     def vocab_size(self) -> int:
@@ -63,9 +73,18 @@ def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | No
     """Token files for (source, tokenizer settings): reused if present, else built.
     A given tokenizer (a model's own, when fine-tuning) is used instead of training one."""
     src, settings, fingerprint, directory = locate(config, tokenizer)
-    if not (directory / "meta.json").is_file():
+    built = not (directory / "meta.json").is_file()
+    if built:
         build_cache(src, settings, fingerprint, directory, progress, tokenizer)
-    return load_cache(directory)
+    return dataclasses.replace(load_cache(directory), built=built)
+
+
+def discard(data: TokenData) -> None:
+    """Remove token files no run can use (a text too short for one window) that this
+    process made: the folder and its lock."""
+    if data.built:
+        shutil.rmtree(data.directory, ignore_errors=True)
+        data.directory.with_name(f"{data.directory.name}.lock").unlink(missing_ok=True)
 
 
 def locate(config: DataConfig, tokenizer: Tokenizer | None = None):
@@ -80,8 +99,12 @@ def locate(config: DataConfig, tokenizer: Tokenizer | None = None):
     fingerprint = hashlib.sha256(
         json.dumps({"source": src.identity, "settings": settings}, sort_keys=True).encode()
     ).hexdigest()[:16]
-    cache = Path(config.cache_dir) if config.cache_dir is not None else DEFAULT_CACHE
-    return src, settings, fingerprint, cache / f"{src.name}-{settings['tokenizer']}-{fingerprint}"
+    name = f"{src.name}-{settings['tokenizer']}-{fingerprint}"
+    if config.cache_dir is not None:
+        return src, settings, fingerprint, Path(config.cache_dir) / name
+    if not (default_cache() / name / "meta.json").is_file() and (LEGACY_CACHE / name / "meta.json").is_file():
+        return src, settings, fingerprint, LEGACY_CACHE / name  # made before the default moved: still used
+    return src, settings, fingerprint, default_cache() / name
 
 
 def find_prepared(config: DataConfig, tokenizer: Tokenizer) -> TokenData | None:

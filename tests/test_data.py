@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import pathlib
 import sys
 
 import numpy as np
@@ -795,11 +796,22 @@ def test_bpe_needs_room_for_the_bytes_and_the_end_of_text_token():
     assert DataConfig("x.txt", "bpe", 257).vocab_size == 257
 
 
-def test_token_files_go_to_data_cache_unless_told_otherwise(tmp_path, monkeypatch):
+def test_token_files_go_to_the_users_cache_unless_told_otherwise(tmp_path, monkeypatch):
+    """The default is $XDG_CACHE_HOME/tinygpt/tokens (~/.cache/... where unset); token
+    files a run made under the repository's data/cache before the default moved are still
+    found there (evaluate.py and a resume read them), and nothing new is written there."""
     data_module = sys.modules["data.prepare"]  # (the package exports the function of that name)
-    monkeypatch.setattr(data_module, "DEFAULT_CACHE", tmp_path / "default")
-    data = prepare(DataConfig(str(write(tmp_path / "corpus.txt", SAMPLE))), progress=False)
-    assert data.directory.parent == tmp_path / "default"
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert data_module.default_cache() == pathlib.Path.home() / ".cache" / "tinygpt" / "tokens"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(data_module, "LEGACY_CACHE", tmp_path / "legacy")
+    corpus = str(write(tmp_path / "corpus.txt", SAMPLE))
+    old = data_module.prepare(DataConfig(corpus, cache_dir=str(tmp_path / "legacy")), progress=False)
+    assert data_module.prepare(DataConfig(corpus), progress=False).directory == old.directory  # found where it was
+    other = data_module.prepare(DataConfig(corpus, val_fraction=0.2), progress=False)  # new files: the new place
+    assert other.directory.parent == tmp_path / "xdg" / "tinygpt" / "tokens"
+    assert data_module.prepare(DataConfig(corpus, cache_dir=str(tmp_path / "mine")), progress=False
+                               ).directory.parent == tmp_path / "mine"
 
 
 def test_a_malformed_tokenizer_file_is_named_with_what_is_wrong(tmp_path):

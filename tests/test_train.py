@@ -255,6 +255,19 @@ def test_a_refused_run_leaves_no_folder_behind_and_keeps_one_it_did_not_make(tmp
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_a_text_too_short_for_one_window_leaves_no_token_files(tmp_path, micro, capsys):
+    """Two characters: the token files are made, then no window of block_size + 1 tokens
+    fits; the run is refused in one line and the cache keeps nothing of it (files an
+    earlier run made are kept)."""
+    short = tmp_path / "short.txt"
+    short.write_text("ab")
+    cache = tmp_path.parent / "token-cache"  # (micro's)
+    before = set(cache.iterdir()) if cache.exists() else set()
+    assert train.main(["--config", TINY, *micro(f"data.source={short}")]) == 2
+    assert "fewer than block_size + 1" in capsys.readouterr().err
+    assert set(cache.iterdir()) == before and not (tmp_path / "run").exists()
+
+
 def test_second_run_into_same_out_dir_is_refused(tmp_path, micro):
     from common.run_dir import RunDir
 

@@ -19,7 +19,8 @@ from typing import Callable
 from common.cli import UserError
 from common.threads import use_threads
 from common.run_dir import RunDir
-from data import TokenData, content_digest, prepare
+from data import DataError, TokenData, content_digest, discard, prepare
+from data.batches import check_length
 from data.tokenizer import suggest_prompt
 from model import GPT, GPTConfig
 
@@ -88,11 +89,19 @@ def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tupl
     if dist.nodes > 1:
         check_same_data(data, dist)
     if base is None:
-        return data, cfg.model_with_vocab(data.vocab_size)
-    if data.vocab_size > base.config.vocab_size:
+        model_config = cfg.model_with_vocab(data.vocab_size)
+    elif data.vocab_size > base.config.vocab_size:
         raise UserError(f"train.init_from={base.name}: its tokenizer has {data.vocab_size} tokens, more than "
                         f"the model's {base.config.vocab_size}")
-    return data, config_for(base, cfg.model, cfg.model_keys)
+    else:
+        model_config = config_for(base, cfg.model, cfg.model_keys)
+    try:  # (a text too short for one window of either split)
+        check_length(data.train, model_config.block_size, "train")
+        check_length(data.val, model_config.block_size, "val")
+    except DataError:
+        discard(data)  # token files no run with these settings can use are not kept in the cache
+        raise
+    return data, model_config
 
 
 def check_same_data(data: TokenData, dist: Distributed) -> None:
