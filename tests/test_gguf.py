@@ -239,3 +239,32 @@ def test_llama_cpp_computes_our_logits_token_by_token(tmp_path, arch, tokenizer_
     theirs = torch.from_numpy(llm.scores[: len(ids)].copy())
     # llama.cpp's GELU is the tanh approximation (ours: exact erf) and it sums in its own order
     torch.testing.assert_close(theirs, ours, atol=2e-3 if arch != "llama" else 1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("gguf_type, tolerance", [("f16", 1e-3), ("q8_0", 3e-2)])
+def test_llama_cpp_computes_our_logits_from_float16_and_q8_0_and_qwen2(tmp_path, arch, gguf_type, tolerance):
+    """Where llama.cpp is installed: its logits from the float16 and Q8_0 files, and from
+    llama.cpp's qwen2 architecture (biases on q, k, v alone). Measured on this machine
+    (llama-cpp-python 0.3.36, logits of std 0.16): f16 2.9e-4 (llama) and 3.3e-4 (qwen2),
+    q8_0 9.0e-3 and 6.7e-3; qwen2 in float32 1.0e-4."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    tokenizer = tokenizer_of("bpe")
+    torch.manual_seed(0)
+    settings = {**KINDS["llama"], **({"qkv_bias": True} if arch == "qwen2" else {})}
+    config = GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=64, n_layer=2, n_head=4, n_embd=64, **settings)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    path = tmp_path / f"{arch}.{gguf_type}.gguf"
+    assert write_gguf(path, config, model.state_dict(), tokenizer, "test", gguf_type) == arch
+    llm = llama_cpp.Llama(str(path), n_ctx=64, logits_all=True, verbose=False)
+    ids = tokenizer.encode(TEXT).ids[:64]
+    for token in ids:
+        llm.eval([token])
+    with torch.no_grad():
+        ours = model(torch.tensor([ids]))[0][0]
+    torch.testing.assert_close(torch.from_numpy(llm.scores[: len(ids)].copy()), ours, atol=tolerance, rtol=0)
+
