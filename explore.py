@@ -156,7 +156,8 @@ def command(args) -> int:
     other = counterpart_of(args.out)
     html = render(data, lang, counterpart=other.name if init_model is not None else None)
     write_page(args.out, html)
-    print(f"wrote {args.out} ({len(html.encode('utf-8')) / 1e6:.2f} MB): {len(data['tokens'])} token{'s' * (len(data['tokens']) != 1)}, "
+    tokens = len(data["tokens"])
+    print(f"wrote {args.out} ({len(html.encode('utf-8')) / 1e6:.2f} MB): {tokens} token{'s' if tokens != 1 else ''}, "
           f"{model.config.n_layer} layers × {model.config.n_head} heads; open it in a browser")
     if init_model is None:
         print(f"note: no page of the model at initialisation: {why}", file=sys.stderr)

@@ -46,11 +46,11 @@ class GPTConfig:
                    multiple of 32, the width that keeps the 4× GELU network's parameter count
     norm_eps:      the ε of every LayerNorm or RMSNorm
     tie_embeddings: the LM head shares the token embedding's matrix (GPT-2); false: its own
-    qkv_bias:      biases on W_Q, W_K, W_V alone (Qwen2) where bias is false; None: as bias
     rope_scaling:  None, or Llama 3's stretch of the slow rotary frequencies for contexts
                    longer than it was trained on (transformers' rope_type "llama3"), e.g.
                    {"factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
                     "original_max_position_embeddings": 8192}: positional.RotaryEmbedding
+    qkv_bias:      biases on W_Q, W_K, W_V alone (Qwen2) where bias is false; None: as bias
     """
 
     vocab_size: int = 65
@@ -112,6 +112,8 @@ class GPTConfig:
                 f"pos_encoding='rope' needs an even head size, got n_embd / n_head = {self.head_size}"
             )
         if self.rope_scaling is not None:
+            if self.pos_encoding != "rope":
+                raise ValueError(f"rope_scaling stretches rotary positions; pos_encoding={self.pos_encoding!r} has none")
             check_rope_scaling(self.rope_scaling)
         if self.pos_encoding == "sinusoidal" and self.n_embd % 2:
             raise ValueError(f"pos_encoding='sinusoidal' needs an even n_embd, got {self.n_embd}")

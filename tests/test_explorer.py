@@ -389,6 +389,12 @@ def test_a_page_is_a_file_page_unless_told_otherwise(run):
     assert '"lang":"en"' in render(data)
 
 
+def test_a_one_token_page_says_token_not_tokens(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    assert explore.main(["--checkpoint", str(run), "--prompt", "R", "--out", str(tmp_path / "p.html"), "--lang", "en"]) == 0
+    assert "MB): 1 token, " in capsys.readouterr().out
+
+
 def test_explore_parses_its_options(monkeypatch, tmp_path):
     monkeypatch.setattr(explore, "DEFAULT_RUN", tmp_path / "default-run")
     args = explore.parse_args(["--serve", "--port", "0", "--lang", "en"])

@@ -211,6 +211,8 @@ def test_llama3s_rope_scaling_comes_in_and_goes_out_exact(tmp_path, corpus):
         GPTConfig(pos_encoding="rope", rope_scaling={"factor": 8.0})
     with pytest.raises(ValueError, match="high_freq_factor must be above low_freq_factor"):
         GPTConfig(pos_encoding="rope", rope_scaling={**scaling, "high_freq_factor": 1.0})
+    with pytest.raises(ValueError, match="rope_scaling stretches rotary positions; pos_encoding='learned' has none"):
+        GPTConfig(pos_encoding="learned", rope_scaling=scaling)
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
