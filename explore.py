@@ -27,11 +27,13 @@ from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import thread_help, use_threads
 from data import DataError
 from data.prepare import validation_tokens
-from explorer.data import MAX_TOKENS, initial_model, page_data, run_facts, timeline_data
+from explorer.data import MAX_TOKENS, initial_model, page_data, page_model, run_facts, timeline_data
 from explorer.page import render
 from model.files import write_atomic
 
 DEFAULT_OUT = Path("explorer.html")
+PAGE_CANNOT = {"too_large": "the model has {count:,} parameters, more than the {limit:,} a page carries",
+               "tokenizer": "the page cannot run its tokenizer"}  # explorer.data.page_model's reasons
 
 
 def explore(model, tokenizer, prompt: str, max_tokens: int, which: str = "trained", run: RunDir | None = None) -> dict:
@@ -154,16 +156,22 @@ def command(args) -> int:
     data = explore(model.eval(), tokenizer, prompt, args.max_tokens, run=run)
     init_model, why = initial(model, args.checkpoint)
     other = counterpart_of(args.out)
-    html = render(data, lang, counterpart=other.name if init_model is not None else None)
+    page = functools.partial(render, lang=lang, prompt=prompt, max_tokens=args.max_tokens)
+    runnable, why_not = page_model(model, tokenizer)
+    html = page(data, counterpart=other.name if init_model is not None else None, model=runnable, why_not=why_not)
     write_page(args.out, html)
     tokens = len(data["tokens"])
     print(f"wrote {args.out} ({len(html.encode('utf-8')) / 1e6:.2f} MB): {tokens} token{'s' if tokens != 1 else ''}, "
-          f"{model.config.n_layer} layers × {model.config.n_head} heads; open it in a browser")
+          f"{model.config.n_layer} layers × {model.config.n_head} heads; open it in a browser"
+          + ("" if runnable is None else ", and type any text into it: it runs the model itself"))
+    if why_not is not None:
+        print(f"note: the page shows this prompt only ({PAGE_CANNOT[why_not['code']].format(**why_not['values'])}); "
+              "to type any text: python explore.py --serve", file=sys.stderr)
     if init_model is None:
         print(f"note: no page of the model at initialisation: {why}", file=sys.stderr)
         return 0
-    init_html = render(explore(init_model, tokenizer, prompt, args.max_tokens, "init"), lang,
-                       counterpart=args.out.name)
+    init_html = page(explore(init_model, tokenizer, prompt, args.max_tokens, "init"), counterpart=args.out.name,
+                     model=runnable and page_model(init_model, tokenizer)[0])
     write_page(other, init_html)
     print(f"wrote {other} ({len(init_html.encode('utf-8')) / 1e6:.2f} MB): the same prompt through the model at "
           "initialisation (the page's button switches between them)")

@@ -76,8 +76,7 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
     return {
         "version": SCHEMA_VERSION,
         "model": which,
-        "config": {**c.to_dict(), "head_size": c.head_size,  # and RoPE's θ_i, as the model computes them
-                   "rope_frequencies": None if model.rotary is None else model.rotary.inv_freq.tolist()},
+        "config": page_config(model),
         "tokens": token_views(tokenizer, ids),
         "truncated": truncated,
         "embedding": {"token": array(trace.token[0]), "position": None if trace.position is None else array(trace.position[0])},
@@ -92,6 +91,69 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
         "timeline": timeline,
         "run": run if which == "trained" else None,
     }
+
+
+def page_config(model: GPT) -> dict:
+    """The model's config as the page reads it: GPTConfig's fields, the head size, and the
+    frequencies of its positions as the model computes them (RoPE's θ_i; the sinusoidal
+    encoding's), so that the page's arithmetic starts from the model's own numbers."""
+    c = model.config
+    wpe = getattr(model.transformer, "wpe", None)
+    return {**c.to_dict(), "head_size": c.head_size,
+            "rope_frequencies": None if model.rotary is None else model.rotary.inv_freq.tolist(),
+            "sinusoidal_frequencies": wpe.inv_freq.tolist() if c.pos_encoding == "sinusoidal" else None}
+
+
+MAX_PAGE_PARAMETERS = 5_000_000  # a model up to this size travels in its page, which runs it (5.3 bytes of base64 a weight)
+
+
+def page_model(model: GPT, tokenizer) -> tuple[dict | None, dict | None]:
+    """(What a page needs to run the model itself, None), or (None, why it cannot).
+
+    What it needs (explorer/page/model.js and tokenizer.js): the config, the weights as
+    model.state_dict() names them (a tied LM head once, as the embedding), the tokenizer,
+    the tokens never sampled, and the sizes of the page's data. Why not: {"code", "values"}
+    for the page to word in its language: "too_large" (more than MAX_PAGE_PARAMETERS
+    parameters) or "tokenizer" (one the page's tokenizer.js does not know)."""
+    count = model.num_parameters()
+    if count > MAX_PAGE_PARAMETERS:
+        return None, {"code": "too_large", "values": {"count": count, "limit": MAX_PAGE_PARAMETERS}}
+    spec = page_tokenizer(tokenizer)
+    if spec is None:
+        return None, {"code": "tokenizer", "values": {}}
+    state = model.state_dict()
+    if model.config.tie_embeddings:
+        del state["lm_head.weight"]  # the page reads transformer.wte.weight for both
+    return {"config": page_config(model), "weights": {name: array(t) for name, t in state.items()}, "tokenizer": spec,
+            "suppressed": list(suppressed_ids(tokenizer)), "parameters": count,
+            "limits": {"top_units": TOP_UNITS, "lens_tokens": LENS_TOKENS, "ablation_tokens": ABLATION_TOKENS}}, None
+
+
+CHAR_SPLIT = {"type": "Split", "pattern": {"Regex": "[\\s\\S]"}, "behavior": "Isolated", "invert": False}
+
+
+def page_tokenizer(tokenizer) -> dict | None:
+    """The tokenizer as the page's tokenizer.js encodes with it, or None for one it does not
+    know. It knows the two kinds data/tokenizer.py trains: char (WordLevel over single
+    characters, <unk> for the rest) and byte-level BPE with GPT-2's regex (also GPT-2's own),
+    with no normaliser, no byte fallback, and no added tokens but special ones (which text
+    never spells: load_tokenizer encodes them as text)."""
+    spec = json.loads(tokenizer.to_str())
+    model, pre, decoder = spec["model"], spec.get("pre_tokenizer") or {}, spec.get("decoder") or {}
+    added = spec.get("added_tokens") or []
+    if spec.get("normalizer") is not None or not all(token["special"] for token in added):
+        return None
+    special = {token["id"]: token["content"] for token in added}
+    if model["type"] == "WordLevel" and pre == CHAR_SPLIT and decoder.get("type") == "Fuse":
+        return {"kind": "char", "vocab": model["vocab"], "unk": model["vocab"].get(model["unk_token"]), "special": special}
+    post = spec.get("post_processor")
+    plain_bpe = (model["type"] == "BPE" and not model.get("byte_fallback") and model.get("dropout") is None
+                 and not model.get("continuing_subword_prefix") and not model.get("end_of_word_suffix"))
+    if (plain_bpe and pre.get("type") == "ByteLevel" and pre.get("use_regex", True) and decoder.get("type") == "ByteLevel"
+            and (post is None or post.get("type") == "ByteLevel")):
+        return {"kind": "bpe", "vocab": model["vocab"], "merges": model["merges"], "special": special,
+                "add_prefix_space": pre.get("add_prefix_space", False), "ignore_merges": model.get("ignore_merges", False)}
+    return None
 
 
 def run_facts(summary: dict) -> dict | None:

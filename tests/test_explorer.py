@@ -226,7 +226,7 @@ def test_the_page_needs_nothing_else_and_fits_the_size_budget(tmp_path):
     assert not re.search(r"https?://", addresses) and "//cdn" not in html
     tags = Tags()
     tags.feed(html)
-    assert tags.scripts == ["application/json"] * 3 + [None]  # data, and the one inline script
+    assert tags.scripts == ["application/json"] * 4 + [None]  # data, strings, settings, model; one inline script
     assert tags.external == []
 
 
@@ -249,7 +249,7 @@ def test_a_hostile_prompt_stays_text(run):
     gpt = GPT.from_pretrained(run).eval()
     tokenizer = train_tokenizer("char", [TEXT], 0)
     html = render(page_data(gpt, tokenizer, tokenizer.encode(HOSTILE).ids))
-    assert html.count("<script") == 4 and html.count("</script>") == 4  # ours, none from the prompt
+    assert html.count("<script") == 5 and html.count("</script>") == 5  # ours, none from the prompt
     assert "".join(t["text"] for t in embedded(html)["tokens"]) == HOSTILE
     assert not re.search(r"\.(inner|outer)HTML\s*[+]?=|insertAdjacentHTML|document\.write|eval\(", html)
 

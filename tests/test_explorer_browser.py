@@ -493,7 +493,7 @@ def test_a_hostile_prompt_runs_nothing(pages, open_page):
     page.page.wait_for_selector("#tokens .token")
     pieces = page.page.eval_on_selector_all("#tokens .piece", "nodes => nodes.map(n => n.textContent)")
     assert "".join(pieces) == HOSTILE and page.dialogs == [] and page.errors == []
-    assert page.page.evaluate("document.scripts.length") == 4
+    assert page.page.evaluate("document.scripts.length") == 5
 
 
 # ---- explore.py --serve, in the browser (the server itself: tests/test_explorer_server.py) ----

@@ -1,12 +1,17 @@
 // The explorer: one token followed through the whole model, with the model's own numbers
-// (explorer/data.py). This script draws them; what it computes is in numbers.js. Text
-// always goes in through textContent, never innerHTML.
+// (explorer/data.py's, or for a text typed into the page, data.js's from model.js's forward
+// pass). This script draws them; what it computes is in numbers.js. Text always goes in
+// through textContent, never innerHTML.
 "use strict";
 
 const STRINGS = JSON.parse(document.getElementById("explorer-strings").textContent);
 const SETTINGS = JSON.parse(document.getElementById("explorer-settings").textContent);
 let DATA = JSON.parse(document.getElementById("explorer-data").textContent);
-let dataVersion = 0; // counts the data the page has shown (the server sends new data)
+const EXAMPLE = DATA; // the prompt the file was written for, computed by torch (with its timeline)
+// the weights and tokenizer, where the page runs the model itself (explorer/data.py's page_model)
+const MODEL = JSON.parse(document.getElementById("explorer-model").textContent);
+const TOKENIZER = MODEL && new PageTokenizer(MODEL.tokenizer);
+let dataVersion = 0; // counts the data the page has shown (typed texts and the server bring new data)
 
 const state = { lang: SETTINGS.lang, layer: 0, head: 0, query: 0, key: null, locked: false, preview: null,
   noScale: false, noMask: false, ablate: null, coordinate: null, snapshot: null };
@@ -158,6 +163,9 @@ function drawLabels(ctx, cell, margin) {
 
 function renderHeader() {
   const c = DATA ? DATA.config : null;
+  const why = SETTINGS.why_not;
+  $("prompt-note").textContent = SETTINGS.server ? "" : MODEL ? t("inPageNote", { parameters: count(MODEL.parameters) })
+    : why ? t(`whyNot_${why.code}`, { count: count(why.values.count ?? 0), limit: count(why.values.limit ?? 0) }) : "";
   $("lang").textContent = t("switchLanguage");
   $("lock-state").textContent = state.locked ? t("locked") : t("unlocked");
   $("model-line").textContent = c ? t("modelLine", {
@@ -459,16 +467,17 @@ function renderSteps() {
   $("step-4").textContent = t("step4", { name: name("softmax"), total: fmt(s.total, 6), sum: s.weights.reduce((a, b) => a + b, 0).toFixed(6) });
   $("step-5").textContent = t("step5", { name: name("weighted_sum"), dk: s.dk });
   $("experiment-head").textContent = experiment ? t("colExperiment") : "";
-  stepRows(s, experiment, v);
+  const contributions = head.v.map((vector, j) => vector.map((x) => s.weights[j] * x)); // step 5's terms, w_j v_j
+  stepRows(s, contributions, experiment, v);
   $("weights-sum").textContent = `Σ = ${s.weights.reduce((a, b) => a + b, 0).toFixed(6)}`;
   $("exps-sum").textContent = `Σ = ${fmt(s.total, 6)}`;
   $("exps-sum").dataset.value = s.total;
   renderTerms(head, v, s);
-  renderOutput(head, v, s, experiment);
+  renderOutput(head, v, s, contributions, experiment);
 }
 
-function stepRows(s, experiment, v) {
-  const largest = Math.max(...s.contributions.map(norm), 1e-12);
+function stepRows(s, contributions, experiment, v) {
+  const largest = Math.max(...contributions.map(norm), 1e-12);
   const body = $("steps").tBodies[0];
   body.replaceChildren();
   for (let j = 0; j < s.scores.length; j++) {
@@ -477,7 +486,7 @@ function stepRows(s, experiment, v) {
       tabindex: "0", title: t("clickScore"), text: fmt(s.scores[j]) });
     scoreCell.addEventListener("click", () => choose({ key: j }));
     scoreCell.addEventListener("keydown", (e) => { if (e.key === "Enter") choose({ key: j }); });
-    const share = norm(s.contributions[j]);
+    const share = norm(contributions[j]);
     const bar = el("span", { class: "bar" });
     bar.style.width = `${(60 * share) / largest}px`;
     const row = el("tr", { "data-key": j, class: isMasked ? "masked" : "" },
@@ -510,7 +519,7 @@ function renderTerms(head, v, s) {
     text: t("termsSum", { dk: s.dk, value: fmt(s.scores[v.key], 6) }) }));
 }
 
-function renderOutput(head, v, s, experiment) {
+function renderOutput(head, v, s, contributions, experiment) {
   const model = head.output[v.query];
   const gap = Math.max(...s.output.map((x, d) => Math.abs(x - model[d])));
   const key = v.key ?? v.query;
@@ -518,7 +527,7 @@ function renderOutput(head, v, s, experiment) {
   box.replaceChildren(
     el("h3", { text: t("valueTitle", { key, weight: fmt(s.weights[key], 6) }) }),
     vectorRow(t("vjRow", { key }), `[d_k] = [${s.dk}]`, head.v[key], "v_j"),
-    vectorRow(t("wvRow", { key }), `[d_k] = [${s.dk}]`, s.contributions[key], "w_j v_j"),
+    vectorRow(t("wvRow", { key }), `[d_k] = [${s.dk}]`, contributions[key], "w_j v_j"),
     el("h3", { text: t("outputTitle", { query: v.query, dk: s.dk }) }),
     el("p", { class: "vector mono", id: "head-output", "data-values": JSON.stringify(s.output),
       text: s.output.map((x) => fmt(x, 3)).join("  ") }),
@@ -643,7 +652,7 @@ function renderPrediction() {
   const probs = nextTokenProbabilities(logits, sampling);
   const ids = logits.map((_, i) => i).filter((id) => !suppressed.includes(id))
     .sort((a, b) => logits[b] - logits[a]).slice(0, 20);
-  const off = state.ablate && DATA.ablation[state.ablate[0]][state.ablate[1]];
+  const off = state.ablate && DATA.ablation && DATA.ablation[state.ablate[0]][state.ablate[1]];
   // the head switched off, by the same rule as the model's column where its logits are here;
   // a large model's page keeps only its likeliest tokens at temperature 1, and says so
   const offProbs = !off ? {} : off.logits ? nextTokenProbabilities(Array.from(values(off.logits)), sampling)
@@ -651,6 +660,9 @@ function renderPrediction() {
   $("prediction-note").textContent = t("predictionNote", { text: tokenLabel(DATA.tokens[DATA.tokens.length - 1]) });
   $("ablation-head").textContent = !off ? "" : t(off.logits ? "colAblated" : "colAblatedPlain",
     { layer: state.ablate[0], head: state.ablate[1] });
+  const whole = wholeExperiment(); // the experiment in every head of the model, where the page runs it
+  const wholeProbs = whole && nextTokenProbabilities(whole.logits, sampling);
+  $("whole-experiment-head").textContent = whole ? t(whole.title) : "";
   $("prediction").tBodies[0].replaceChildren(...ids.map((id) => {
     const bar = el("span", { class: "bar" });
     bar.style.width = `${120 * probs[id]}px`;
@@ -662,16 +674,40 @@ function renderPrediction() {
         text: cut ? `0 (${t(`cut_${cut}`)})` : fmt(probs[id]) }),
       el("td", { class: "contribution" }, bar),
       el("td", { class: "num ablated", "data-value": off ? offProbs[id] ?? "" : "",
-        text: off ? (id in offProbs ? fmt(offProbs[id]) : t("notInTop", { count: off.ids.length })) : "" }));
+        text: off ? (id in offProbs ? fmt(offProbs[id]) : t("notInTop", { count: off.ids.length })) : "" }),
+      el("td", { class: "num whole-experiment", "data-value": whole ? wholeProbs[id] : "",
+        text: whole ? fmt(wholeProbs[id]) : "" }));
   }));
   $("suppressed").textContent = suppressed.length
     ? t("suppressedNote", { tokens: suppressed.map(textOf).join(" ") }) : "";
+}
+
+// Without 1/√d_k or without the mask in every head of every layer: the model's next-token
+// logits, run in the page (null where it does not run the model, or with no experiment on).
+// One pass for each data and experiment, kept.
+let wholeRun = { key: null, logits: null };
+
+function wholeExperiment() {
+  if (!MODEL || !(state.noScale || state.noMask)) return null;
+  const key = `${dataVersion} ${state.noScale} ${state.noMask}`;
+  if (wholeRun.key !== key) {
+    const ids = DATA.tokens.map((token) => token.id);
+    const logits = forward(MODEL, ids, { scale: !state.noScale, mask: !state.noMask }).logits;
+    wholeRun = { key, logits: Array.from(logits.subarray(logits.length - DATA.config.vocab_size)) };
+  }
+  const title = state.noScale && state.noMask ? "colWholeBoth" : state.noMask ? "colWholeMask" : "colWholeScale";
+  return { title, logits: wholeRun.logits };
 }
 
 function renderAblation() {
   const grid = $("ablation-grid");
   const c = DATA.config;
   grid.replaceChildren();
+  // a text typed into the page: every head switched off is one more pass each, run on request
+  $("ablate-all").hidden = DATA.ablation !== null;
+  $("ablate-all").textContent = t("ablateAll", { count: c.n_layer * c.n_head });
+  $("ablation-ranking").textContent = "";
+  if (DATA.ablation === null) return;
   grid.style.gridTemplateColumns = `auto repeat(${c.n_head}, auto)`;
   grid.append(el("span"));
   for (let h = 0; h < c.n_head; h++) grid.append(el("span", { class: "axis", text: t("headN", { n: h }) }));
@@ -821,6 +857,13 @@ function bestHead(line, name) {
   return last > 2 * first ? t("timelineBest", { ...values, step: crossing(line.values) }) : t("timelineBestNone", values);
 }
 
+$("ablate-all").addEventListener("click", () => {
+  const start = performance.now();
+  DATA.ablation = ablationOf(MODEL, DATA.tokens.map((token) => token.id));
+  render();
+  $("ablate-all").dataset.ms = (performance.now() - start).toFixed(1);
+});
+
 $("timeline-step").addEventListener("input", () => {
   state.snapshot = Number($("timeline-step").value);
   renderTimeline();
@@ -964,6 +1007,10 @@ function restoreFromAddress() { // #layer=1&head=0&query=5&lang=zh: where the ot
     if (fields.has(name) && Number.isInteger(value) && value >= 0) state[name] = value;
   }
   if (["en", "zh"].includes(fields.get("lang"))) state.lang = fields.get("lang");
+  if (MODEL && fields.get("text")) {
+    $("prompt").value = fields.get("text");
+    showTyped(); // keeping the picks the address names
+  }
   if (state.layer >= DATA.layers.length || state.head >= DATA.config.n_head || state.query >= DATA.tokens.length
       || (state.key !== null && state.key >= DATA.tokens.length)) reset();
 }
@@ -1000,6 +1047,7 @@ async function switchModel() {
   if (!SETTINGS.server) { // the other page, written beside this one by explore.py
     const fields = new URLSearchParams({ lang: state.lang });
     for (const name of PICKED) if (state[name] !== null) fields.set(name, state[name]);
+    if (DATA !== EXAMPLE) fields.set("text", $("prompt").value); // the other page runs its model on it
     location.href = `${SETTINGS.counterpart}#${fields}`;
     return;
   }
@@ -1076,12 +1124,110 @@ async function continueText() {
   }
 }
 
+// ---- a file that runs the model: type any text, the page computes every panel -------------
+
+// The text's token ids, or an Error worded for the page: empty, or holding a character the
+// model never saw (a char tokenizer's), as the server and explore.py refuse them
+function encodeTyped(text) {
+  if (!text) throw new Error(t("error_empty"));
+  const unknown = TOKENIZER.unknown(text);
+  if (unknown.length) throw new Error(t("error_unknown", { characters: unknown.slice(0, 10).map((c) => `'${visible(c)}'`).join(" ") }));
+  return TOKENIZER.encode(text);
+}
+
+// The ids' last max_tokens (at most block_size) through the model in the page: the new data.
+// Returns the milliseconds it took.
+function runInPage(ids) {
+  const limit = Math.min(SETTINGS.max_tokens, MODEL.config.block_size);
+  const start = performance.now();
+  DATA = pageDataOf(MODEL, TOKENIZER, ids.slice(-limit), Math.max(0, ids.length - limit), EXAMPLE);
+  const ms = performance.now() - start;
+  dataVersion += 1;
+  $("example").hidden = false;
+  return ms;
+}
+
+function showTyped() { // the typed text's panels, keeping the picks that still exist
+  try {
+    textIds = encodeTyped($("prompt").value);
+  } catch (error) {
+    $("status").textContent = error.message;
+    return;
+  }
+  const ms = runInPage(textIds);
+  if (state.query >= DATA.tokens.length || state.key >= DATA.tokens.length) reset();
+  render();
+  $("status").textContent = t("ranInPage", { count: DATA.tokens.length, ms: ms.toFixed(0) });
+  $("status").dataset.ms = ms.toFixed(1);
+}
+
+// The model continues the text token by token in the page, with the KV cache (model.js's
+// generate), by the page's sampling rule; the panels follow the new text at the end.
+async function continueInPage() {
+  const sampling = readSampling();
+  if (sampling.error) { $("status").textContent = sampling.error; return; }
+  const count = Math.min(64, Math.max(1, Number($("continue-count").value) || 1));
+  try {
+    textIds ??= encodeTyped($("prompt").value);
+  } catch (error) {
+    $("status").textContent = error.message;
+    return;
+  }
+  busy(true);
+  let computing = 0, n = 0;
+  const tokens = generate(MODEL, textIds, count, sampling);
+  for (;;) {
+    const start = performance.now();
+    const next = tokens.next();
+    computing += performance.now() - start;
+    if (next.done) break;
+    n += 1;
+    textIds = [...textIds, next.value];
+    $("prompt").value = TOKENIZER.decode(textIds);
+    $("status").textContent = t("generating", { n, count });
+    await new Promise((resolve) => setTimeout(resolve)); // let the page show the text so far
+  }
+  runInPage(textIds);
+  state.query = DATA.tokens.length - 1;
+  state.key = null;
+  render();
+  busy(false, t("generatedInPage", { count: n, rate: (n / (computing / 1000)).toFixed(0), ms: computing.toFixed(0) }));
+  $("status").dataset.rate = (n / (computing / 1000)).toFixed(1);
+}
+
+function showExample() {
+  DATA = EXAMPLE;
+  dataVersion += 1;
+  textIds = null;
+  $("prompt").value = SETTINGS.prompt;
+  $("example").hidden = true;
+  $("status").textContent = "";
+  reset();
+  render();
+}
+
+let typing = null; // the pause after the last keystroke before the page runs the model
+
 if (SETTINGS.server) {
   $("prompt-panel").hidden = false;
   $("prompt").value = SETTINGS.prompt ?? "";
   $("show").addEventListener("click", show);
   $("prompt").addEventListener("input", () => { textIds = null; }); // edited: encode the text again
   $("continue").addEventListener("click", continueText);
+} else if (MODEL) {
+  $("prompt-panel").hidden = false;
+  $("prompt").value = SETTINGS.prompt;
+  $("show").addEventListener("click", showTyped);
+  $("prompt").addEventListener("input", () => {
+    textIds = null;
+    clearTimeout(typing);
+    typing = setTimeout(showTyped, 300);
+  });
+  $("continue").addEventListener("click", continueInPage);
+  $("example").addEventListener("click", showExample);
+} else if (SETTINGS.why_not) { // the example only: say why, and how to type a text
+  $("prompt-panel").hidden = false;
+  $("prompt").hidden = $("prompt-controls").hidden = true;
 }
 reset();
 if (DATA) restoreFromAddress();

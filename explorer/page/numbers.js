@@ -10,7 +10,11 @@
 
 const decodedArrays = new WeakMap();
 
+// An array the page made itself (data.js) carries its numbers as they are: {dtype, shape, data}
+const tensor = (shape, data) => ({ dtype: "float32", shape, data });
+
 function values(a) { // the array's numbers as one Float32Array, decoded once
+  if (a.data) return a.data;
   if (!decodedArrays.has(a)) {
     const bytes = Uint8Array.from(atob(a.base64), (c) => c.charCodeAt(0));
     decodedArrays.set(a, new Float32Array(bytes.buffer));
@@ -48,6 +52,9 @@ function softmax(scores) {
 
 // ---- the five steps, for one head and one query ------------------------------------------
 
+// Attention for query number `query` (its position: the keys after it are the future) over
+// every key: model/attention.py's five steps, for one row. The page's steps panel shows
+// each step's numbers; model.js runs it for every head and query of the model.
 function fiveSteps(q, keys, vs, query, { scale = true, mask = true } = {}) {
   const dk = q.length;
   const factor = scale ? 1 / Math.sqrt(dk) : 1;
@@ -57,9 +64,9 @@ function fiveSteps(q, keys, vs, query, { scale = true, mask = true } = {}) {
   const exps = masked.map((s) => Math.exp(s)); // 4. softmax: e^score / Σ e^score
   const total = exps.reduce((a, b) => a + b, 0);
   const weights = softmax(masked);
-  const contributions = vs.map((v, j) => v.map((x) => weights[j] * x)); // 5. w_j v_j
-  const output = q.map((_, d) => contributions.reduce((sum, c) => sum + c[d], 0));
-  return { dk, factor, scores, scaled, masked, exps, total, weights, contributions, output };
+  const output = new Array(dk).fill(0); // 5. weighted sum Σ_j w_j v_j
+  vs.forEach((v, j) => { if (weights[j]) for (let d = 0; d < dk; d++) output[d] += weights[j] * v[d]; });
+  return { dk, factor, scores, scaled, masked, exps, total, weights, output };
 }
 
 // ---- where q, k and v come from: one head's slice of x W + b --------------------------------

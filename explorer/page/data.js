@@ -1,0 +1,115 @@
+// The page's data for a text typed into the page: explorer/data.py's page_data (schema
+// version 2), filled from model.js's forward pass instead of torch's, so that every panel
+// draws from it unchanged. What data.py reads off the model, this reads off the same pass:
+// the logit lens (the model's own ln_f and LM head on each layer's output) and, on request,
+// the heads switched off one at a time (one more pass each).
+"use strict";
+
+// The indices of the k largest of a row by `key`, largest first (one pass, keeping the best k)
+function largest(row, k, key = (x) => x) {
+  const best = [];
+  for (let i = 0; i < row.length; i++) {
+    const value = key(row[i]);
+    if (best.length === k && value <= key(row[best[k - 1]])) continue;
+    const at = best.findIndex((j) => value > key(row[j]));
+    best.splice(at === -1 ? best.length : at, 0, i);
+    if (best.length > k) best.pop();
+  }
+  return best;
+}
+
+function logSoftmax(row) {
+  const max = Math.max(...row);
+  const total = row.reduce((sum, x) => sum + Math.exp(x - max), 0);
+  return row.map((x) => x - max - Math.log(total));
+}
+
+const lastRow = (logits, V) => Array.from(logits.subarray(logits.length - V));
+
+// What every token reads as, once per model: {id: text} (data.py keeps only the ids it shows)
+function allTexts(model, tokenizer) {
+  model.texts ??= Object.fromEntries(Array.from({ length: model.config.vocab_size }, (_, id) => [id, tokenizer.text(id)]));
+  return model.texts;
+}
+
+// ids (at most block_size) -> the page's data. shown: the fields that stay as the file has
+// them (which model, its config, its run, the colour map).
+function pageDataOf(model, tokenizer, ids, truncated, shown) {
+  const c = model.config;
+  const T = ids.length;
+  const pass = forward(model, ids, { trace: true });
+  const rows = (vectors) => { // a list of vectors -> one array [T, width]
+    const width = vectors[0].length;
+    const out = new Float32Array(vectors.length * width);
+    vectors.forEach((v, t) => out.set(v, t * width));
+    return tensor([vectors.length, width], out);
+  };
+  const layers = pass.layers.map((layer, l) => ({
+    ...Object.fromEntries(["residual_in", "ln_1", "attn", "ln_2", "mlp"].map((name) => [name, tensor([T, c.n_embd], layer[name])])),
+    residual_out: l === c.n_layer - 1 ? tensor([T, c.n_embd], layer.residual_out) : null,
+    mlp_top: hiddenTop(layer.mlp_hidden, T, c.ffn_hidden, model.limits.top_units),
+    heads: layer.q.map((q, h) => {
+      const g = Math.floor(h / (c.n_head / c.n_kv_head)); // a group's heads each carry their shared k and v
+      return { q: rows(q), k: rows(layer.k[g]), v: rows(layer.v[g]), weights: rows(layer.weights[h]),
+        output: tensor([T, c.head_size], layer.heads[h]) };
+    }),
+    lens: lensOf(model, l === c.n_layer - 1 ? pass.logits : lmHead(model, finalNorm(model, layer.residual_out, T), T), T),
+    c_attn: { weight: model.weights[`transformer.h.${l}.attn.c_attn.weight`],
+      bias: model.weights[`transformer.h.${l}.attn.c_attn.bias`] ?? null },
+  }));
+  return {
+    version: 2, model: shown.model, config: shown.config, tokens: tokenizer.views(ids), truncated,
+    embedding: { token: tensor([T, c.n_embd], pass.token), position: pass.position && tensor([T, c.n_embd], pass.position) },
+    layers, ln_f: tensor([T, c.n_embd], pass.ln_f),
+    prediction: { logits: tensor([c.vocab_size], Float32Array.from(lastRow(pass.logits, c.vocab_size))),
+      suppressed: model.suppressed },
+    ablation: null, // on request: ablationOf
+    texts: allTexts(model, tokenizer), left_out: [], colormap: shown.colormap, timeline: null, run: shown.run,
+  };
+}
+
+// The feed-forward network's largest hidden units (by magnitude) at each position
+function hiddenTop(hidden, T, F, k) {
+  const ids = [], kept = [];
+  for (let t = 0; t < T; t++) {
+    const row = hidden.subarray(t * F, (t + 1) * F);
+    const order = largest(row, k, Math.abs);
+    ids.push(order);
+    kept.push(order.map((i) => row[i]));
+  }
+  return { ids, values: kept, width: F };
+}
+
+// The logit lens: softmax(lm_head(ln_f(x))) of each layer's output x (for the last layer, the
+// model's own logits), its likeliest tokens per position. logits [T, V]
+function lensOf(model, logits, T) {
+  const V = model.config.vocab_size;
+  const ids = [], probs = [];
+  for (let t = 0; t < T; t++) {
+    const p = softmax(logits.subarray(t * V, (t + 1) * V));
+    const order = largest(p, model.limits.lens_tokens);
+    ids.push(order);
+    probs.push(order.map((i) => p[i]));
+  }
+  return { ids, probs };
+}
+
+// Every head switched off in turn (its output zeroed before W_O): the next-token distribution
+// after the text, its likeliest tokens, its logits, and its KL divergence from the model's,
+// KL(p ‖ p_off) = Σ p log(p / p_off); [layer][head], as data.py's ablated
+function ablationOf(model, ids) {
+  const c = model.config;
+  const V = c.vocab_size;
+  const on = () => Array.from({ length: c.n_layer }, () => new Array(c.n_head).fill(1));
+  const logp = logSoftmax(lastRow(forward(model, ids).logits, V));
+  return Array.from({ length: c.n_layer }, (_, l) => Array.from({ length: c.n_head }, (_, h) => {
+    const off = on();
+    off[l][h] = 0;
+    const logits = lastRow(forward(model, ids, { off }).logits, V);
+    const logq = logSoftmax(logits);
+    const probs = logq.map(Math.exp);
+    const order = largest(probs, model.limits.ablation_tokens);
+    return { ids: order, probs: order.map((i) => probs[i]), logits: tensor([V], Float32Array.from(logits)),
+      kl: logp.reduce((sum, x, i) => sum + Math.exp(x) * (x - logq[i]), 0) };
+  }));
+}
