@@ -16,52 +16,18 @@ from __future__ import annotations
 
 import functools
 import sys
-import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from common.cli import OneLineParser, UserError, check_output_folder, locale_language, positive, run_main
-from common.prompt import encode_prompt
 from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import thread_help, use_threads
-from data import DataError
-from data.prepare import validation_tokens
-from explorer.data import MAX_TOKENS, initial_model, page_data, page_model, run_facts, timeline_data
+from explorer.data import MAX_TOKENS, initial_model, page_model, prompt_data, run_facts
 from explorer.page import render
 from model.files import write_atomic
 
 DEFAULT_OUT = Path("explorer.html")
 PAGE_CANNOT = {"too_large": "the model has {count:,} parameters, more than the {limit:,} a page carries",
                "tokenizer": "the page cannot run its tokenizer"}  # explorer.data.page_model's reasons
-
-
-def explore(model, tokenizer, prompt: str, max_tokens: int, which: str = "trained", run: RunDir | None = None) -> dict:
-    """The page's data for a prompt (its last max_tokens tokens, at most block_size); with
-    the run's snapshots, the prompt through the model as it formed too (the timeline)."""
-    if not prompt:
-        raise UserError("the prompt is empty; give some text, e.g. --prompt \"ROMEO:\"")
-    limit = min(max_tokens, model.config.block_size)
-    ids = encode_prompt(tokenizer, prompt, limit, "--max-tokens" if limit == max_tokens else "block_size")
-    timeline = None
-    if run is not None and len(run.snapshot_paths()) > 1:
-        snapshots = {step: functools.partial(run.load_snapshot, step) for step in run.snapshot_paths()}
-        with tempfile.TemporaryDirectory(prefix="explore-", ignore_cleanup_errors=True) as scratch:
-            timeline = timeline_data(model, tokenizer, snapshots, ids, validation_text(run, tokenizer, Path(scratch)))
-    return page_data(model, tokenizer, ids, truncated=len(tokenizer.encode(prompt).ids) - len(ids), which=which,
-                     timeline=timeline, run=None if run is None else run_facts(run.summary()))
-
-
-def validation_text(run: RunDir, tokenizer, scratch: Path):
-    """The run's validation tokens (for the timeline's losses and head scores), or None
-    where its data cannot be found any more (said on stderr)."""
-    try:
-        tokens, _, _ = validation_tokens(run.data_config(), tokenizer, scratch)
-        return np.array(tokens)  # (a copy: the scratch folder goes)
-    except (UserError, DataError) as e:
-        print(f"note: the timeline shows no validation loss: the run's validation text cannot be read ({e})",
-              file=sys.stderr)
-        return None
 
 
 def initial(model, checkpoint: Path):
@@ -153,7 +119,7 @@ def command(args) -> int:
                      lambda: initial(model, args.checkpoint), run_facts(run.summary()))
     check_out(args.out)
     model, tokenizer = run.load_model()
-    data = explore(model.eval(), tokenizer, prompt, args.max_tokens, run=run)
+    data = prompt_data(model.eval(), tokenizer, prompt, args.max_tokens, run=run)
     init_model, why = initial(model, args.checkpoint)
     other = counterpart_of(args.out)
     page = functools.partial(render, lang=lang, prompt=prompt, max_tokens=args.max_tokens)
@@ -170,7 +136,7 @@ def command(args) -> int:
     if init_model is None:
         print(f"note: no page of the model at initialisation: {why}", file=sys.stderr)
         return 0
-    init_html = page(explore(init_model, tokenizer, prompt, args.max_tokens, "init"), counterpart=args.out.name,
+    init_html = page(prompt_data(init_model, tokenizer, prompt, args.max_tokens, "init"), counterpart=args.out.name,
                      model=runnable and page_model(init_model, tokenizer)[0])
     write_page(other, init_html)
     print(f"wrote {other} ({len(init_html.encode('utf-8')) / 1e6:.2f} MB): the same prompt through the model at "

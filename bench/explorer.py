@@ -28,7 +28,7 @@ from bench.common import ROOT, machine, save, table
 from common.run_dir import RunDir
 from data import shakespeare
 from data.tokenizer import train_tokenizer
-from explore import explore
+from explorer.data import prompt_data
 from explorer.page import render
 from explorer.screenshot import chromium_page
 from model import GPT, GPTConfig
@@ -83,7 +83,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, chromium_page() as page:
         run = RunDir(args.checkpoint) if args.checkpoint else with_snapshots(model, Path(tmp) / "run")
         start = time.perf_counter()
-        html = render(explore(model.eval(), tokenizer, PROMPT, 64, run=run))
+        html = render(prompt_data(model.eval(), tokenizer, PROMPT, 64, run=run))
         build = time.perf_counter() - start
         path = Path(tmp) / "explorer.html"
         path.write_text(html, encoding="utf-8")

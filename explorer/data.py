@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import json
+import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from data import fixed_windows
+from common.cli import UserError
+from common.prompt import encode_prompt
+from data import DataError, fixed_windows
+from data.prepare import validation_tokens
 from data.token_text import token_text, token_views
 from data.tokenizer import suppressed_ids
 from inspection.attention_maps import VIRIDIS
@@ -91,6 +98,35 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
         "timeline": timeline,
         "run": run if which == "trained" else None,
     }
+
+
+def prompt_data(model: GPT, tokenizer, prompt: str, max_tokens: int, which: str = "trained", run=None) -> dict:
+    """The page's data for a prompt (its last max_tokens tokens, at most block_size); with
+    the run's snapshots (run: its common.run_dir.RunDir), the prompt through the model as
+    it formed too (the timeline)."""
+    if not prompt:
+        raise UserError("the prompt is empty; give some text, e.g. --prompt \"ROMEO:\"")
+    limit = min(max_tokens, model.config.block_size)
+    ids = encode_prompt(tokenizer, prompt, limit, "--max-tokens" if limit == max_tokens else "block_size")
+    timeline = None
+    if run is not None and len(run.snapshot_paths()) > 1:
+        snapshots = {step: functools.partial(run.load_snapshot, step) for step in run.snapshot_paths()}
+        with tempfile.TemporaryDirectory(prefix="explore-", ignore_cleanup_errors=True) as scratch:
+            timeline = timeline_data(model, tokenizer, snapshots, ids, validation_text(run, tokenizer, Path(scratch)))
+    return page_data(model, tokenizer, ids, truncated=len(tokenizer.encode(prompt).ids) - len(ids), which=which,
+                     timeline=timeline, run=None if run is None else run_facts(run.summary()))
+
+
+def validation_text(run, tokenizer, scratch: Path):
+    """The run's validation tokens (for the timeline's losses and head scores), or None
+    where its data cannot be found any more (said on stderr)."""
+    try:
+        tokens, _, _ = validation_tokens(run.data_config(), tokenizer, scratch)
+        return np.array(tokens)  # (a copy: the scratch folder goes)
+    except (UserError, DataError) as e:
+        print(f"note: the timeline shows no validation loss: the run's validation text cannot be read ({e})",
+              file=sys.stderr)
+        return None
 
 
 def page_config(model: GPT) -> dict:

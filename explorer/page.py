@@ -28,6 +28,8 @@ def render(data: dict | None, lang: str = "en", server: bool = False, prompt: st
     initialisation), written beside this one. model: what the page needs to run the model
     on any text typed into it (data.page_model), or why_not, why it cannot; max_tokens: the
     last tokens of a typed text it shows (at most block_size)."""
+    if model is not None and data is not None:  # W_Q, W_K, W_V travel once, among the model's weights
+        data = {**data, "layers": [{**layer, "c_attn": None} for layer in data["layers"]]}
     parts = {
         "STYLE": (PAGE / "explorer.css").read_text(encoding="utf-8"),
         "SCRIPT": "\n".join((PAGE / name).read_text(encoding="utf-8") for name in SCRIPTS),

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -17,11 +16,11 @@ from safetensors.torch import load_file
 import train
 from common.run_dir import RunDir
 from conftest import ROOT, run_cli
-from explorer.data import decoded
 from model import GPT, GPTConfig
 from training.config import load_config
 from training.preparation import prepare_run
 from training.trainer import Trainer
+from test_explorer import assert_same_page_data
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TINY = str(ROOT / "configs" / "tiny.yaml")
@@ -89,25 +88,6 @@ def test_cached_and_uncached_generation_agree(dtype, pos, kv_heads):
     assert agreement == 1.0 if dtype == torch.float32 else agreement > 0.9  # bf16 may flip a near-tie
 
 
-def assert_same_page_data(a, b, path="data"):
-    """The explorer's data of one model on two devices: every array and number within
-    float32 rounding (the likeliest tokens' ids may swap on a near-tie, so ids are left out)."""
-    if isinstance(a, dict) and "base64" in a:
-        np.testing.assert_allclose(decoded(a), decoded(b), atol=2e-4, rtol=1e-3, err_msg=path)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for key in a.keys() - {"ids", "texts"}:
-            assert_same_page_data(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, list) and a and not isinstance(a[0], str):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_page_data(x, y, f"{path}[{i}]")
-    elif isinstance(a, float):
-        assert a == pytest.approx(b, abs=2e-4, rel=1e-3), path
-    else:
-        assert a == b, path
-
-
 @pytest.mark.parametrize("block", ["gpt2", "llama"])
 def test_the_explorer_data_on_cuda_is_the_cpus(block):
     """page_data runs the model's traced pass, its logit lens and every head switched off
@@ -128,7 +108,8 @@ def test_the_explorer_data_on_cuda_is_the_cpus(block):
     state = torch.cuda.get_rng_state()
     cuda_model = initial_model(model.to(CUDA), 0)  # the run's model at initialisation, built again on CUDA
     assert torch.equal(torch.cuda.get_rng_state(), state)  # and CUDA's random state left as it was
-    assert_same_page_data(on_cpu, page_data(cuda_model, tokenizer, ids, which="trained"))
+    # every array and number within float32 rounding (the likeliest tokens' ids may swap on a near-tie)
+    assert_same_page_data(page_data(cuda_model, tokenizer, ids, which="trained"), on_cpu, skip={"ids", "texts"})
 
 
 def test_resume_on_cuda_is_bit_identical(tmp_path, micro, monkeypatch):

@@ -5,6 +5,7 @@ import json
 import re
 from html.parser import HTMLParser
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,6 +45,37 @@ def run(tmp_path_factory):
 def embedded(html: str) -> dict:
     match = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', html, re.S)
     return json.loads(match.group(1))
+
+
+def embedded_model(html: str) -> dict | None:
+    """What a page carries to run the model itself (explorer.data.page_model), or None."""
+    match = re.search(r'<script type="application/json" id="explorer-model">(.*?)</script>', html, re.S)
+    return json.loads(match.group(1))
+
+
+def page_array(a: dict) -> np.ndarray:
+    """An array of the page's data: base64 (as explorer/data.py writes it) or its numbers
+    as a list (as the page's data.js makes them, read back from the browser)."""
+    return np.asarray(a["data"], dtype=np.float32).reshape(a["shape"]) if "data" in a else decoded(a)
+
+
+def assert_same_page_data(a, b, path="data", skip=(), atol=2e-4, rtol=1e-3):
+    """Two makings of the explorer's data: every array and number within atol + rtol·|b|,
+    the rest equal, the keys in skip left out."""
+    if isinstance(b, dict) and ("base64" in b or "data" in b):
+        np.testing.assert_allclose(page_array(a), page_array(b), atol=atol, rtol=rtol, err_msg=path)
+    elif isinstance(b, dict):
+        assert a.keys() == b.keys(), path
+        for key in b.keys() - set(skip):
+            assert_same_page_data(a[key], b[key], f"{path}.{key}", skip, atol, rtol)
+    elif isinstance(b, list) and b and not isinstance(b[0], str):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_page_data(x, y, f"{path}[{i}]", skip, atol, rtol)
+    elif isinstance(b, float):
+        assert a == pytest.approx(b, abs=atol, rel=rtol), path
+    else:
+        assert a == b, path
 
 
 def as_tensor(a) -> torch.Tensor:

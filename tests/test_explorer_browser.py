@@ -20,7 +20,7 @@ from explorer.page import strings
 from model import Sampling
 from model.sampling import next_token_probabilities
 from explorer.data import decoded
-from test_explorer import HOSTILE, embedded, make_run, trained_run  # noqa: F401 (a fixture)
+from test_explorer import HOSTILE, embedded, embedded_model, make_run, trained_run  # noqa: F401 (a fixture)
 from test_explorer_server import server, served_run  # noqa: F401 (fixtures)
 
 try:
@@ -189,7 +189,9 @@ def test_each_panel_shows_the_models_own_numbers_for_the_picked_token(pages, ope
     assert apply_rotary(before, cos[0, 0], sin[0, 0])[0].tolist() == pytest.approx(q_model, abs=1e-5)
     assert shown(page, '#qkv [data-name="v-model"]') == pytest.approx(array(layer["heads"][1]["v"])[5], abs=1e-6)
     page.page.click('#qkv [data-which="q"] button.coordinate[data-dim="3"]')
-    W, b = decoded(layer["c_attn"]["weight"]), decoded(layer["c_attn"]["bias"])
+    weights = embedded_model(path.read_text(encoding="utf-8"))["weights"]  # W_Q, W_K, W_V travel there, once
+    assert layer["c_attn"] is None
+    W, b = (decoded(weights[f"transformer.h.1.attn.c_attn.{name}"]) for name in ("weight", "bias"))
     row = 1 * c["head_size"] + 3  # head 1's coordinate 3 of q
     x = array(layer["ln_1"])[5]
     assert page.values("#projection-terms li") == pytest.approx([xi * w for xi, w in zip(x, W[row])], abs=1e-6)
@@ -543,6 +545,7 @@ def test_the_servers_refusals_are_in_the_pages_language(server, open_page):
     assert [e for e in page.errors if not re.search("status of 4(00|13)", e)] == []  # (Chromium notes each refusal)
 
 
+@pytest.mark.slow  # (more than ten seconds here)
 def test_the_docs_screenshots_are_taken_of_what_was_clicked(pages, browser, tmp_path):
     """python -m explorer.screenshot (the docs' pictures; a process of its own, as Playwright
     allows one sync session a thread): a clip of --height pixels at the page's width, or one
@@ -572,6 +575,7 @@ def test_the_docs_screenshots_are_taken_of_what_was_clicked(pages, browser, tmp_
     assert len({(tmp_path / f"{name}.png").read_bytes() for name in ("en", "zh", "other")}) == 3
 
 
+@pytest.mark.slow  # (more than ten seconds here)
 def test_the_slider_walks_the_model_from_its_initialisation_to_the_end(trained_run, tmp_path, open_page):
     """The timeline opens at the trained model; Home, the arrow keys and End move through the
     snapshots, and the readout, the prediction, the sample and the charts follow, with the

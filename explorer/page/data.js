@@ -54,8 +54,7 @@ function pageDataOf(model, tokenizer, ids, truncated, shown) {
         output: tensor([T, c.head_size], layer.heads[h]) };
     }),
     lens: lensOf(model, l === c.n_layer - 1 ? pass.logits : lmHead(model, finalNorm(model, layer.residual_out, T), T), T),
-    c_attn: { weight: model.weights[`transformer.h.${l}.attn.c_attn.weight`],
-      bias: model.weights[`transformer.h.${l}.attn.c_attn.bias`] ?? null },
+    c_attn: cAttnOf(model, l),
   }));
   return {
     version: 2, model: shown.model, config: shown.config, tokens: tokenizer.views(ids), truncated,
@@ -67,6 +66,10 @@ function pageDataOf(model, tokenizer, ids, truncated, shown) {
     texts: allTexts(model, tokenizer), left_out: [], colormap: shown.colormap, timeline: null, run: shown.run,
   };
 }
+
+// Layer l's W_Q, W_K, W_V, fused as model/attention.py keeps them (for q's sum of products)
+const cAttnOf = (model, l) => ({ weight: param(model, `transformer.h.${l}.attn.c_attn.weight`),
+  bias: param(model, `transformer.h.${l}.attn.c_attn.bias`) });
 
 // The feed-forward network's largest hidden units (by magnitude) at each position
 function hiddenTop(hidden, T, F, k) {

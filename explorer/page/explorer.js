@@ -11,6 +11,8 @@ const EXAMPLE = DATA; // the prompt the file was written for, computed by torch 
 // the weights and tokenizer, where the page runs the model itself (explorer/data.py's page_model)
 const MODEL = JSON.parse(document.getElementById("explorer-model").textContent);
 const TOKENIZER = MODEL && new PageTokenizer(MODEL.tokenizer);
+// such a page carries W_Q, W_K, W_V once, among the weights (explorer/page.py's render)
+if (MODEL && DATA) DATA.layers.forEach((layer, l) => { layer.c_attn ??= cAttnOf(MODEL, l); });
 let dataVersion = 0; // counts the data the page has shown (typed texts and the server bring new data)
 
 const state = { lang: SETTINGS.lang, layer: 0, head: 0, query: 0, key: null, locked: false, preview: null,

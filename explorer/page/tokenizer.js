@@ -25,8 +25,9 @@ const WS = "\\p{White_Space}";
 const PIECES = new RegExp(`'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^${WS}\\p{L}\\p{N}]+|[${WS}]+(?![^${WS}])|[${WS}]+`, "gu");
 
 const utf8 = new TextEncoder();
-const strictUtf8 = new TextDecoder("utf-8", { fatal: true });
-const lossyUtf8 = new TextDecoder("utf-8"); // a broken sequence as U+FFFD, as tokenizers' decoder does
+// ignoreBOM: a byte order mark (U+FEFF) is text like any other, kept where it stands
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+const lossyUtf8 = new TextDecoder("utf-8", { ignoreBOM: true }); // a broken sequence as U+FFFD, as tokenizers' decoder does
 
 class PageTokenizer {
   // spec: explorer/data.py's page_tokenizer: {kind, vocab, merges, unk, add_prefix_space,
@@ -55,14 +56,15 @@ class PageTokenizer {
 
   encode(text) {
     if (this.kind === "char") return Array.from(text, (ch) => this.vocab.get(ch) ?? this.unk);
-    if (this.addPrefixSpace && text && !/^\p{White_Space}/u.test(text)) text = ` ${text}`;
-    const ids = [];
-    for (const [piece] of text.matchAll(PIECES)) {
-      for (const token of this.merged(Array.from(utf8.encode(piece), (b) => BYTE_CHARS[b]).join(""))) {
-        ids.push(this.vocab.get(token));
-      }
-    }
-    return ids;
+    return this.pieces(text).flatMap((piece) => this.merged(piece).map((token) => this.vocab.get(token)));
+  }
+
+  // The text cut by GPT-2's regex, each piece's UTF-8 bytes in the byte map (what tokenizers'
+  // ByteLevel pre-tokenizer gives): a merge never crosses a piece's edge. add_prefix_space
+  // puts a space before a text that does not start with one (a space: a tab still gets one)
+  pieces(text) {
+    if (this.addPrefixSpace && text && !text.startsWith(" ")) text = ` ${text}`;
+    return Array.from(text.matchAll(PIECES), ([piece]) => Array.from(utf8.encode(piece), (b) => BYTE_CHARS[b]).join(""));
   }
 
   // One piece's tokens: its bytes, then, while any two neighbours make a learned merge, the
