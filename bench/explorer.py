@@ -1,13 +1,18 @@
-"""The explorer page: its size, its time to interactive, and how fast its timeline's
-slider redraws, in Chromium.
+"""The explorer page: its size, its time to interactive, how fast its timeline's slider
+redraws, and how fast it runs the model itself on a typed text, in Chromium.
 
 For tiny.yaml's model (from --checkpoint, e.g. the quick start's out/tiny, with the
 snapshots it kept; or with random weights and 13 snapshots of them, at the steps a run of
-about 1,700 iterations keeps) and a 64-token prompt: the bytes of the HTML file, the
-seconds explore.py takes to build it, the milliseconds from opening the file to the
-first complete page (the page's script writes that moment into data-ready), median of
---rounds loads in headless Chromium, and the milliseconds the page takes to redraw when
-the timeline's slider moves to each snapshot (median and slowest).
+about 1,700 iterations keeps) and a 64-token prompt: the bytes of the HTML file (split
+into the weights it carries, the timeline and the rest), the seconds explore.py takes to
+build it, the milliseconds from opening the file to the first complete page (the page's
+script writes that moment into data-ready), median of --rounds loads in headless
+Chromium, and the milliseconds the page takes to redraw when the timeline's slider moves
+to each snapshot (median and slowest). Then, in the page: one 64-token pass with every
+intermediate the panels show (data.js's pageDataOf, median of 9 after a first), the same
+with every panel drawn, the continuation's tokens per second (64 tokens, greedy, KV
+cache), every head switched off (one pass each), and the largest distance of the page's
+logits from torch's in float64.
 
     python -m bench.explorer [--quick] [--checkpoint out/tiny] [--rounds 5]
 """
@@ -28,12 +33,13 @@ from bench.common import ROOT, machine, save, table
 from common.run_dir import RunDir
 from data import shakespeare
 from data.tokenizer import train_tokenizer
-from explorer.data import prompt_data
+from explorer.data import page_model, prompt_data, to_json
 from explorer.page import render
 from explorer.screenshot import chromium_page
 from model import GPT, GPTConfig
 
-PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east"  # its last 64 tokens
+PROMPT = ("ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
+          "Arise, fair sun, and kill the envious moon,\nWho is already sick and pale with grief")  # its last 64 tokens
 # moves the timeline's slider to each snapshot in turn, as the keyboard would; the redraw's milliseconds
 SLIDE = """() => {
   const slider = document.getElementById("timeline-step");
@@ -46,6 +52,22 @@ SLIDE = """() => {
     times.push(performance.now() - start);
   }
   return times;
+}"""
+
+
+# the page's own pass on the prompt's last 64 tokens, as typing runs it
+IN_PAGE = """(prompt) => {
+  const ids = TOKENIZER.encode(prompt).slice(-64);
+  const time = (f) => { const start = performance.now(); f(); return performance.now() - start; };
+  time(() => pageDataOf(MODEL, TOKENIZER, ids, 0, EXAMPLE));  // the first: the JIT compiles
+  const passes = Array.from({ length: 9 }, () => time(() => pageDataOf(MODEL, TOKENIZER, ids, 0, EXAMPLE)));
+  document.getElementById("prompt").value = prompt;
+  const drawn = time(() => { showTyped(); document.body.getBoundingClientRect(); });
+  const greedy = { temperature: 0, topK: null, topP: null, suppress: [] };
+  let count = 0;
+  const generating = time(() => { for (const _ of generate(MODEL, TOKENIZER.encode("ROMEO:"), 64, greedy)) count++; });
+  return { ids, pass_ms: passes.sort((a, b) => a - b)[4], drawn_ms: drawn, tokens_per_second: count / (generating / 1000),
+    ablation_ms: time(() => ablationOf(MODEL, ids)), logits: Array.from(forward(MODEL, ids).logits) };
 }"""
 
 
@@ -83,7 +105,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, chromium_page() as page:
         run = RunDir(args.checkpoint) if args.checkpoint else with_snapshots(model, Path(tmp) / "run")
         start = time.perf_counter()
-        html = render(prompt_data(model.eval(), tokenizer, PROMPT, 64, run=run))
+        data = prompt_data(model.eval(), tokenizer, PROMPT, 64, run=run)
+        runnable, why_not = page_model(model, tokenizer)
+        html = render(data, prompt=PROMPT, model=runnable, why_not=why_not)
         build = time.perf_counter() - start
         path = Path(tmp) / "explorer.html"
         path.write_text(html, encoding="utf-8")
@@ -93,13 +117,27 @@ def main() -> None:
             page.wait_for_selector("html[data-ready]")
             loads.append(float(page.get_attribute("html", "data-ready")))
         redraws = page.evaluate(SLIDE)
+        in_page = page.evaluate(IN_PAGE, PROMPT) if runnable is not None else None
     result = {"tokens": 64, "snapshots": len(redraws), "html_bytes": len(html.encode()), "build_seconds": build,
+              "weights_bytes": len(to_json(runnable).encode()) if runnable else 0,
+              "timeline_bytes": len(to_json(data["timeline"]).encode()) if data["timeline"] else 0,
               "interactive_ms": statistics.median(loads), "slider_ms": statistics.median(redraws),
               "slider_slowest_ms": max(redraws), "model": str(args.checkpoint or "tiny.yaml, random weights")}
-    print(table(["model", "tokens", "snapshots", "HTML (MB)", "build (s)", "interactive (ms, median)",
-                 "slider redraw (ms, median)", "slowest (ms)"],
-                [[result["model"], 64, result["snapshots"], result["html_bytes"] / 1e6, build, result["interactive_ms"],
-                  result["slider_ms"], result["slider_slowest_ms"]]]))
+    print(table(["model", "tokens", "snapshots", "HTML (MB)", "weights (MB)", "timeline (MB)", "build (s)",
+                 "interactive (ms, median)", "slider redraw (ms, median)", "slowest (ms)"],
+                [[result["model"], 64, result["snapshots"], result["html_bytes"] / 1e6, result["weights_bytes"] / 1e6,
+                  result["timeline_bytes"] / 1e6, build, result["interactive_ms"], result["slider_ms"],
+                  result["slider_slowest_ms"]]]))
+    if in_page is not None:
+        ids = in_page.pop("ids")
+        with torch.no_grad():
+            reference = copy.deepcopy(model).double()(torch.tensor([ids]))[0][0]
+        page_logits = torch.tensor(in_page.pop("logits"), dtype=torch.float64).view_as(reference)
+        result["in_page"] = {**in_page, "tokens": len(ids), "logits_vs_float64": (page_logits - reference).abs().max().item()}
+        print(table(["tokens", "pass with every intermediate (ms, median)", "and every panel drawn (ms)",
+                     "continuation (tokens/s)", "every head off (ms)", "logits vs float64 (max abs)"],
+                    [[len(ids), in_page["pass_ms"], in_page["drawn_ms"], in_page["tokens_per_second"],
+                      in_page["ablation_ms"], result["in_page"]["logits_vs_float64"]]]))
     path = save("explorer", {"machine": machine(torch.get_num_threads()), "results": [result]}, args.out)
     print(f"saved {path}")
 

@@ -84,15 +84,19 @@ function hiddenTop(hidden, T, F, k) {
 }
 
 // The logit lens: softmax(lm_head(ln_f(x))) of each layer's output x (for the last layer, the
-// model's own logits), its likeliest tokens per position. logits [T, V]
+// model's own logits), its likeliest tokens per position: those of the largest logits, each
+// e^(logit − max) / Σ e^(logit − max). logits [T, V]
 function lensOf(model, logits, T) {
   const V = model.config.vocab_size;
   const ids = [], probs = [];
   for (let t = 0; t < T; t++) {
-    const p = softmax(logits.subarray(t * V, (t + 1) * V));
-    const order = largest(p, model.limits.lens_tokens);
+    const row = logits.subarray(t * V, (t + 1) * V);
+    const order = largest(row, model.limits.lens_tokens);
+    const max = row[order[0]];
+    let total = 0;
+    for (let i = 0; i < V; i++) total += Math.exp(row[i] - max);
     ids.push(order);
-    probs.push(order.map((i) => p[i]));
+    probs.push(order.map((i) => Math.exp(row[i] - max) / total));
   }
   return { ids, probs };
 }
