@@ -29,7 +29,7 @@ from data.tokenizer import train_tokenizer, unknown_characters
 from explorer.data import ablated, decoded, page_data, page_model
 from explorer.page import render
 from model import GPT, GPTConfig
-from test_explorer import assert_same_page_data, embedded, embedded_model
+from test_explorer import HOSTILE, assert_same_page_data, embedded, embedded_model
 from test_explorer_browser import browser, expect, open_page  # noqa: F401 (fixtures)
 
 try:
@@ -303,6 +303,14 @@ def test_typing_a_text_shows_what_explore_py_writes_for_it(name, text, models, r
     likeliest = [i for i in np.argsort(-logits).tolist() if i not in theirs["prediction"]["suppressed"]][:5]
     assert page.page.eval_on_selector_all("#prediction tbody tr", "rows => rows.map(r => Number(r.dataset.id))")[:5] == likeliest
     assert page.errors == [] and page.requests == []
+
+
+def test_a_hostile_text_typed_into_the_page_stays_text(runs, open_page):
+    page = open_page(runs["tiny"][1].as_uri())  # byte-level BPE: it encodes any character
+    data = typed(page, HOSTILE + "<img src=x onerror=alert(2)>")
+    assert "".join(token["text"] for token in data["tokens"]) == HOSTILE + "<img src=x onerror=alert(2)>"
+    assert page.page.evaluate("document.scripts.length") == 5 and page.page.evaluate("document.images.length") == 0
+    assert page.dialogs == [] and page.errors == [] and page.requests == []
 
 
 def test_a_character_the_model_never_saw_is_refused_and_the_panels_stay(runs, open_page):
