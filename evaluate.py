@@ -7,6 +7,12 @@ perplexity guide. With --stride block_size the windows do not overlap and every 
 after the first is scored once. Prints the loss (nats per token), perplexity, bits per
 character and per UTF-8 byte (these two compare char and BPE models), and the counts;
 --json prints them as one JSON object. Memory stays bounded however long the text.
+
+A model trained on conversations (data/chat.py) is scored by the rule it was trained by:
+on a .jsonl file of conversations (--text), or its validation conversations (--split
+val), the loss is over the assistant's tokens alone; and each conversation's last answer
+is written by the model (greedy, up to its end-of-turn token) and compared with the
+reference: the exact-match accuracy.
 Exit codes: 0 ok, 2 bad input.
 """
 
@@ -30,9 +36,12 @@ from common.device import DTYPES, resolve_device, resolve_dtype
 from common.run_dir import RunDir
 from common.threads import AdaptiveThreads, thread_help, use_threads
 from data import DataError, unknown_characters
-from data.prepare import validation_tokens
-from data.sources import check_readable
+from data.batches import IGNORE, conversation_rows
+from data.chat import ChatTemplate, chat_source, conversation, encode, in_memory, prompt_ids, turn_ends
+from data.prepare import special_token_names, validation_tokens
+from data.sources import check_readable, json_lines
 from data.tokenizer import Encoder, start_ids
+from model import Sampling
 
 CHUNK = 1 << 20  # characters read (or tokens taken) at a time
 PROGRESS_BYTES = 1 << 20  # a text this long shows a progress bar while it is scored
@@ -144,11 +153,67 @@ def val_source(checkpoint: Path, tokenizer, counts: dict, scratch: Path) -> Iter
         yield tokens[start:start + CHUNK]  # (windows gathers them into int64)
 
 
+def conversations_to_score(args) -> list[list[dict]] | None:
+    """The conversations --text or --split val names (None: plain text)."""
+    if args.text is not None:
+        if args.text.suffix.lower() != ".jsonl" or chat_source(str(args.text), 0.5) is None:
+            return None
+        return [conversation(row, f"{args.text}, line {number}") for number, row in json_lines(args.text)]
+    try:
+        data_config = RunDir(args.checkpoint).data_config()
+    except UserError as e:
+        raise UserError(f"--split val needs the run's data settings: {e}") from None
+    source = chat_source(data_config.source, data_config.val_fraction)
+    return None if source is None else [messages for _, messages in source.val()]
+
+
+@torch.no_grad()
+def score_conversations(model, tokenizer, template: ChatTemplate, conversations: list[list[dict]], batch_size: int,
+                        device) -> dict:
+    """The loss over the assistant's tokens (each conversation cut to block_size + 1 tokens,
+    as training cuts it), and the exact-match accuracy of each conversation's last answer."""
+    block = model.config.block_size
+    rows = in_memory([encode(tokenizer, template, messages) for messages in conversations])
+    nll, scored = 0.0, 0
+    for start in range(0, len(rows), batch_size):
+        x, y = conversation_rows(rows, range(start, min(start + batch_size, len(rows))), block)
+        logits, _ = model(x.to(device))
+        y = y.to(device)
+        nll += F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE, reduction="sum").item()
+        scored += int((y != IGNORE).sum())
+    ends, right = turn_ends(tokenizer), 0
+    for messages in conversations:
+        last = max(i for i, message in enumerate(messages) if message["role"] == "assistant")
+        idx = torch.tensor([prompt_ids(tokenizer, template, messages[:last])[-block:]], device=device)
+        written = []
+        for token in model.generate_tokens(idx, block, Sampling(temperature=0)):
+            if int(token) in ends:
+                break
+            written.append(int(token))
+        right += tokenizer.decode(written) == messages[last]["content"]
+    return {"loss": nll / max(scored, 1), "answer_tokens": scored, "conversations": len(conversations),
+            "exact_match": right / len(conversations)}
+
+
+def evaluate_conversations(args, model, tokenizer, conversations, device) -> dict:
+    source = RunDir(args.checkpoint).chat_template()
+    if source is None:
+        raise UserError(f"{args.checkpoint} was trained on plain text and has no chat template; score "
+                        "conversations with a run trained on them")
+    start = time.perf_counter()
+    result = score_conversations(model, tokenizer, ChatTemplate(source, special_token_names(tokenizer)),
+                                 conversations, args.batch_size, device)
+    return {**result, "perplexity": math.exp(min(result["loss"], 50)), "seconds": time.perf_counter() - start}
+
+
 def evaluate(args) -> dict:
     threads = AdaptiveThreads(use_threads("evaluate", args.threads))
     device = resolve_device(args.device)
     model, tokenizer = RunDir(args.checkpoint).load_model(device)
     model = model.to(resolve_dtype(args.dtype, device, training=False)).eval()
+    conversations = conversations_to_score(args)
+    if conversations is not None:
+        return evaluate_conversations(args, model, tokenizer, conversations, device)
     block = model.config.block_size
     stride = max(1, block // 2) if args.stride is None else args.stride
     if not 1 <= stride <= block:
@@ -171,11 +236,20 @@ def evaluate(args) -> dict:
 
 def command(args) -> int:
     r = evaluate(args)
+    what = "the validation split" if args.split else str(args.text)
+    if "exact_match" in r:
+        if args.json:
+            print(json.dumps({k: r[k] for k in ("loss", "perplexity", "answer_tokens", "conversations", "exact_match")}))
+            return 0
+        print(f"{what}: {r['conversations']:,} conversations, {r['answer_tokens']:,} answer tokens scored in "
+              f"{r['seconds']:.1f} s")
+        print(f"loss {r['loss']:.4f} nats/answer token | perplexity {r['perplexity']:.3f} | exact match of the "
+              f"last answer {r['exact_match']:.1%}")
+        return 0
     if args.json:
         print(json.dumps({k: r[k] for k in ("loss", "perplexity", "bits_per_char", "bits_per_byte", "tokens",
                                             "characters", "bytes")}))
         return 0
-    what = "the validation split" if args.split else str(args.text)
     print(f"{what}: {r['tokens']:,} tokens scored ({r['characters']:,} characters, {r['bytes']:,} bytes) in "
           f"{r['seconds']:.1f} s, {r['tokens'] / max(r['seconds'], 1e-9):,.0f} tokens/s; windows of "
           f"{r['block_size']} tokens moved by {r['stride']}")

@@ -24,6 +24,7 @@ from common.run_dir import RunDir
 from common.threads import thread_help, use_threads
 from interop.gguf import GGUF_TYPES, write_gguf
 from interop.hf import Unsupported, to_transformers
+from data.chat import turn_ends
 from data.tokenizer import EOT, UNK, end_of_text_id, end_of_text_ids, start_ids, suppressed_ids
 from model.files import safetensors_bytes
 
@@ -39,17 +40,20 @@ def special_tokens(tokenizer) -> dict:
     return {**special, "unk_token": special["eos_token"]} if tokenizer.id_to_token(eot) == EOT else special
 
 
-def tokenizer_config(tokenizer, block_size: int) -> dict:
-    """Declare the special tokens (special_tokens) and the context."""
+def tokenizer_config(tokenizer, block_size: int, chat_template: str | None = None) -> dict:
+    """Declare the special tokens (special_tokens), the context and, for a model fine-tuned
+    on conversations, its chat template (apply_chat_template's)."""
     return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
-            "clean_up_tokenization_spaces": False, **special_tokens(tokenizer)}
+            "clean_up_tokenization_spaces": False, **special_tokens(tokenizer),
+            **({"chat_template": chat_template} if chat_template is not None else {})}
 
 
 def generation_config(tokenizer) -> dict:
     """generation_config.json: transformers' generate follows the sampling rule of
-    generate.py: it starts and stops where generate.py does (every end-of-text token), and
-    never picks the tokens generate.py never picks (a char model's <unk>)."""
-    ends, start = list(end_of_text_ids(tokenizer)), start_ids(tokenizer)
+    generate.py: it starts and stops where generate.py does (every end-of-text token, and
+    the end of a chat turn), and never picks the tokens generate.py never picks (a char
+    model's <unk>)."""
+    ends, start = sorted(set(end_of_text_ids(tokenizer)) | turn_ends(tokenizer)), start_ids(tokenizer)
     suppressed = list(suppressed_ids(tokenizer))
     return {"bos_token_id": start[0] if start else (ends[0] if ends else None),
             "eos_token_id": (ends[0] if len(ends) == 1 else ends) if ends else None,
@@ -138,7 +142,8 @@ def export(checkpoint: Path, out: Path, gguf_type: str | None = None) -> None:
     files = {"config.json": json.dumps(hf_config, indent=2) + "\n",
              "model.safetensors": safetensors_bytes(tensors, metadata={"format": "pt"}),
              "tokenizer.json": tokenizer.to_str(),
-             "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size), indent=2),
+             "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size,
+                                                                  run.chat_template()), indent=2),
              "generation_config.json": json.dumps(generation_config(tokenizer), indent=2),
              "README.md": model_card(run, out, model, hf_config)}
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
@@ -161,9 +166,11 @@ def export_gguf(checkpoint: Path, out: Path, gguf_type: str) -> None:
     if out.exists():
         raise UserError(f"--out {out} already exists; choose another file name")
     check_output_folder("--out", out)
-    model, tokenizer = RunDir(checkpoint).load_model()
+    run = RunDir(checkpoint)
+    model, tokenizer = run.load_model()
     try:
-        arch = write_gguf(out, model.config, model.state_dict(), tokenizer, checkpoint.resolve().name, gguf_type)
+        arch = write_gguf(out, model.config, model.state_dict(), tokenizer, checkpoint.resolve().name, gguf_type,
+                          run.chat_template())
     except ValueError as e:
         raise UserError(f"{checkpoint} cannot be written as GGUF: {e}") from None
     kind = {"f32": "float32", "f16": "float16 matrices", "q8_0": "Q8_0 matrices"}[gguf_type]

@@ -2,6 +2,8 @@
 
 Loads model.safetensors, config.json and tokenizer.json (no pickle) and samples token
 by token with a KV cache. Several --prompt flags run as one left-padded batch.
+--chat talks with a model fine-tuned on conversations: each line you type is a user's
+message, put in the run's chat template; the reply ends at the end-of-turn token.
 Exit codes: 0 ok, 2 bad input.
 """
 
@@ -21,9 +23,13 @@ from common.device import DTYPES, resolve_device, resolve_dtype
 from common.prompt import encode_prompt
 from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import thread_help, use_threads
+from data.chat import ChatTemplate, prompt_ids, turn_ends
+from data.prepare import special_token_names
 from data.tokenizer import encode_or_start, end_of_text_ids, suppressed_ids
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
 from model import Sampling
+from model.attention import KVCache
+from model.sampling import sample_next
 
 
 def option(default, help: str, **argparse):
@@ -231,12 +237,104 @@ def interactive(model, tokenizer, settings: Settings, device) -> None:
             print(f"error: {e}", file=sys.stderr)
 
 
+class Chat:
+    """A conversation with the model, turn by turn: the run's template applied to the
+    messages so far, the KV cache kept across turns (each turn runs only the tokens the
+    cache does not hold), the reply ended by the end-of-turn token. When the conversation
+    outgrows the context, its oldest turns are dropped (a system message stays) and the
+    user is told; the cache then starts again."""
+
+    def __init__(self, model, tokenizer, template: ChatTemplate, settings: Settings, device):
+        self.model, self.tokenizer, self.template, self.settings = model, tokenizer, template, settings
+        self.block_size = model.config.block_size
+        self.cache = KVCache(model.config, 1, self.block_size, device, next(model.parameters()).dtype)
+        self.cached: list[int] = []  # the tokens whose keys and values the cache holds
+        self.messages: list[dict] = []
+        self.ends = turn_ends(tokenizer)
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(settings.seed) if settings.seed is not None else self.generator.seed()
+
+    def prompt(self) -> list[int]:
+        """The conversation with the prompt for an answer, its oldest turns dropped until it
+        leaves room for a reply (up to max_new_tokens, at most half the context)."""
+        room = self.block_size - min(self.settings.max_new_tokens, self.block_size // 2)
+        dropped = 0
+        while len(ids := prompt_ids(self.tokenizer, self.template, self.messages)) > room:
+            oldest = next((i for i, m in enumerate(self.messages[:-1]) if m["role"] != "system"), None)
+            if oldest is None:
+                self.messages.pop()
+                raise UserError(f"that message is {len(ids)} tokens with the template; the model's context holds "
+                                f"{self.block_size} and needs room for the reply: write less")
+            turn = 2 if self.messages[oldest + 1]["role"] == "assistant" else 1  # a message and its reply
+            del self.messages[oldest:oldest + turn]
+            dropped += 1
+        if dropped:
+            turns = "the oldest turn is" if dropped == 1 else f"the {dropped} oldest turns are"
+            print(f"note: the conversation outgrew the context ({self.block_size} tokens): {turns} forgotten",
+                  file=sys.stderr)
+        return ids
+
+    @torch.no_grad()
+    def reply(self, text: str, out) -> str:
+        """The model's answer to the user's `text`, streamed to `out` as it grows."""
+        self.messages.append({"role": "user", "content": text})
+        ids = self.prompt()
+        common = 0  # the tokens the cache already holds: only the rest runs
+        while common < min(len(ids), len(self.cached)) and ids[common] == self.cached[common]:
+            common += 1
+        common = min(common, len(ids) - 1)  # (the last one runs, for the next token's logits)
+        self.cache.length, self.cached = common, ids[:common]
+        stream, written, new = Stream(out, []), [], ids[common:]
+        while len(written) < self.settings.max_new_tokens and self.cache.length + len(new) <= self.block_size:
+            logits, _ = self.model(torch.tensor([new], device=self.device), kv_cache=self.cache)
+            self.cached += new
+            token = int(sample_next(logits[:, -1, :], self.settings.sampling, self.generator)[0])
+            if token in self.ends:
+                break
+            written.append(token)
+            new = [token]
+            stream.update(self.tokenizer.decode(written))
+        else:
+            if len(written) < self.settings.max_new_tokens:
+                print("\nnote: the context is full; the reply is cut here", file=sys.stderr)
+        answer = self.tokenizer.decode(written)
+        stream.update(answer, final=True)
+        out.write("\n")
+        out.flush()
+        self.messages.append({"role": "assistant", "content": answer})
+        return answer
+
+
+def chat(model, tokenizer, checkpoint: Path, settings: Settings, device, lines=None, out=None) -> None:
+    """generate.py --chat: each line read (from the terminal, or piped in) is the user's message."""
+    source = RunDir(checkpoint).chat_template()
+    if source is None:
+        raise UserError(f"{checkpoint} has no chat template (chat_template.jinja): it was trained on plain text; "
+                        "--chat needs a model fine-tuned on conversations (docs/usage.md)")
+    out = out or sys.stdout
+    session = Chat(model, tokenizer, ChatTemplate(source, special_token_names(tokenizer)), settings, device)
+    terminal = lines is None and sys.stdin.isatty()
+    if terminal:
+        print("Type a message and press Enter (Ctrl-D to quit).", file=sys.stderr)
+    for line in lines if lines is not None else sys.stdin:
+        text = line.rstrip("\n")
+        if not text:
+            continue
+        try:
+            session.reply(text, out)
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+
+
 def parse_args(argv):
     p = OneLineParser(prog="generate.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN, help=f"run directory (default {DEFAULT_RUN})")
     p.add_argument("--prompt", action="append", default=None,
                    help="text to continue; repeat for a batch of prompts")
     p.add_argument("--prompt-file", type=Path, help="read one prompt from a file")
+    p.add_argument("--chat", action="store_true",
+                   help="talk with a model fine-tuned on conversations: each line is a message")
     Settings.add_options(p)
     p.add_argument("--show-attention", type=Path, metavar="FILE.png",
                    help="for the first sample, prompt and generated text: every layer's attention maps "
@@ -269,7 +367,9 @@ def command(args) -> int:
         check_attention_path(args.show_attention, interactive_mode)
     model, tokenizer = load_model(args.checkpoint, device, dtype)
     settings = dataclasses.replace(settings, suppress_tokens=suppressed_ids(tokenizer))
-    if interactive_mode:
+    if args.chat:
+        chat(model, tokenizer, args.checkpoint, settings, device)
+    elif interactive_mode:
         interactive(model, tokenizer, dataclasses.replace(settings, interactive=True), device)
     else:
         texts = generate(model, tokenizer, prompts or [""], settings, device)

@@ -4,6 +4,7 @@ a RunDir; no other module names a file in it.
     out_dir/
       config.json, model.safetensors   the model (GPT.save_pretrained's two files)
       tokenizer.json                   the tokenizer, in Hugging Face tokenizers' format
+      chat_template.jinja              a run on conversations: the template that renders them (data/chat.py)
       config.yaml                      the fully resolved run config
       summary.json                     what the run measured, for model cards and tools
       trainer_state.pt                 the resume point: the weights again, the optimizers,
@@ -55,6 +56,7 @@ class RunDir:
     MODEL_CONFIG = CONFIG_FILE  # config.json, named by the model (GPT.save_pretrained)
     WEIGHTS = WEIGHTS_FILE  # model.safetensors, the same
     TOKENIZER = "tokenizer.json"
+    CHAT_TEMPLATE = "chat_template.jinja"  # (transformers' name for the file)
     RUN_CONFIG = "config.yaml"
     SUMMARY = "summary.json"
     STATE = "trainer_state.pt"
@@ -114,6 +116,15 @@ class RunDir:
         except (ValueError, TypeError, KeyError) as e:
             raise UserError(f"{self.path / self.RUN_CONFIG}: data.{e}") from None
 
+    def chat_template(self) -> str | None:
+        """The Jinja template of a run trained on conversations (None: a run on plain text).
+        It is text that data/chat.py runs in Jinja's sandbox, never Python."""
+        path = self.path / self.CHAT_TEMPLATE
+        try:
+            return path.read_text(encoding="utf-8") if path.is_file() else None
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{path} cannot be read ({e}); copy the run directory again") from None
+
     def summary(self) -> dict[str, Any]:
         """summary.json ({} for a run that wrote none): the last evaluation and what it scored."""
         try:
@@ -131,6 +142,10 @@ class RunDir:
 
     def model_files(self, model: GPT, tokenizer: Tokenizer) -> dict[str, bytes]:
         return {**model.pretrained_files(), self.TOKENIZER: tokenizer.to_str().encode()}
+
+    def save_chat_template(self, template: str) -> None:
+        """A run on conversations: its template, once, at the start (it never changes)."""
+        write_atomic(self.path / self.CHAT_TEMPLATE, template.encode())
 
     def check_writable(self) -> None:
         """Fail before any work if the folder cannot be made or written."""
@@ -189,12 +204,15 @@ class RunDir:
 
     def save_best(self, model: GPT, tokenizer: Tokenizer, summary: dict[str, Any]) -> None:
         """best/: the model just evaluated, the best so far (train.keep_best), with its summary
-        and the run's config: a folder generate.py, evaluate.py and export.py open as a run."""
+        and the run's config (and chat template): a folder generate.py, evaluate.py and
+        export.py open as a run."""
         best = self.path / self.BEST
         best.mkdir(exist_ok=True)
         files = {**self.model_files(model, tokenizer),
                  self.SUMMARY: (json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode(),
                  self.RUN_CONFIG: (self.path / self.RUN_CONFIG).read_bytes()}
+        if (self.path / self.CHAT_TEMPLATE).is_file():
+            files[self.CHAT_TEMPLATE] = (self.path / self.CHAT_TEMPLATE).read_bytes()
         for name, data in files.items():
             write_atomic(best / name, data)
 

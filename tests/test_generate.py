@@ -176,7 +176,8 @@ def test_command_line_help_describes_every_option(capsys):
            'options: ' in shown  # the docstring's first paragraph, and only that
     assert (" options: -h, --help show this help message and exit --checkpoint CHECKPOINT run directory (default "
             "out/tiny) --prompt PROMPT text to continue; repeat for a batch of prompts --prompt-file PROMPT_FILE read "
-            "one prompt from a file --max-new-tokens MAX_NEW_TOKENS tokens to add to each sample (default 500) "
+            "one prompt from a file --chat talk with a model fine-tuned on conversations: each line is a message "
+            "--max-new-tokens MAX_NEW_TOKENS tokens to add to each sample (default 500) "
             "--temperature TEMPERATURE 0 = greedy (default 0.8) --top-k TOP_K sample among the k likeliest tokens "
             "--top-p TOP_P nucleus sampling: smallest set with mass p --seed SEED same seed, same samples "
             "--num-samples NUM_SAMPLES samples per prompt --stop STOP end a sample at this text (repeatable) "

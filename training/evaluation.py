@@ -10,7 +10,7 @@ import torch
 
 from inspection.head_scores import copy_test, head_scores
 from common.device import autocast
-from data import fixed_windows
+from data.batches import IGNORE, evaluation_rows
 from data.tokenizer import encode_or_start, suppressed_ids
 from model import GPT, evaluating
 
@@ -21,16 +21,16 @@ from .preparation import PreparedRun
 
 class Evaluator:
     """What a run is scored on, the same at every evaluation: fixed windows of the train and
-    validation tokens, eval_iters × the global batch of them (or train.eval_windows), so
-    that the figure does not depend on how the batch is laid out over processes and
-    micro-batches; and a validation text for the attention maps."""
+    validation tokens (or conversations), eval_iters × the global batch of them (or
+    train.eval_windows), so that the figure does not depend on how the batch is laid out
+    over processes and micro-batches; and a validation text for the attention maps."""
 
     def __init__(self, run: PreparedRun, dist: Distributed, device: torch.device, dtype: torch.dtype):
         block_size = run.model_config.block_size
         settings = run.config.train
         count = settings.eval_windows or settings.eval_iters * settings.batch_size * run.grad_accum * dist.world_size
-        self.val = fixed_windows(run.data.val, block_size, count, settings.seed, "val")
-        self.train = fixed_windows(run.data.train, block_size, count, settings.seed, "train")
+        self.val = evaluation_rows(run.data, "val", block_size, count, settings.seed)
+        self.train = evaluation_rows(run.data, "train", block_size, count, settings.seed)
         self.attention_ids = torch.from_numpy(run.data.val[:min(block_size, 128)].astype(np.int64))[None].to(device)
         self.repeated_ids = copy_test(run.data.tokenizer, run.model_config.vocab_size, block_size).to(device)
         self.tokenizer = run.data.tokenizer
@@ -44,8 +44,9 @@ class Evaluator:
 
     @torch.no_grad()
     def loss(self, model: GPT, windows: tuple[torch.Tensor, torch.Tensor]) -> float:
-        """Mean loss per window over x, y [N, T]: each process scores every world_size-th
-        window, batch_size at a time, and the sums are added over the processes."""
+        """Mean loss per scored target over x, y [N, T] (a text's windows score all T; a
+        conversation, its answers): each process scores every world_size-th window,
+        batch_size at a time, and the sums are added over the processes."""
         x, y = (t[self.dist.rank::self.dist.world_size] for t in windows)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         with evaluating(model):
@@ -53,8 +54,8 @@ class Evaluator:
                 batch = slice(start, start + self.batch_size)
                 with autocast(self.device, self.dtype):
                     _, loss = model(x[batch].to(self.device), y[batch].to(self.device))
-                total += loss.double() * len(x[batch])  # every window has T targets: the sum of its means
-        total, count = self.dist.sum([total.item(), len(x)], self.device)
+                total += loss.double() * (y[batch] != IGNORE).sum()  # the mean over the batch's targets, as a sum
+        total, count = self.dist.sum([total.item(), int((y != IGNORE).sum())], self.device)
         return total / count
 
     def sample(self, model: GPT) -> str:

@@ -1,7 +1,8 @@
 """train.init_from: begin a new run with existing weights, from a run directory of this
 project or from a Hugging Face GPT-2 family or Llama-family model (a local folder, or a hub
 id such as gpt2 or HuggingFaceTB/SmolLM2-135M, downloaded once with huggingface_hub:
-config, safetensors weights, in one file or in shards with their index, and tokenizer only). The model's settings and tokenizer come from the source; the run may
+config, safetensors weights, in one file or in shards with their index, tokenizer and chat
+template only). The model's settings and tokenizer come from the source; the run may
 change only model.dropout, model.attn_impl (the same computation) and a smaller
 model.block_size.
 """
@@ -21,6 +22,7 @@ from common.cli import UserError
 from common.run_dir import RunDir
 from interop.hf import Unsupported, config_from_transformers, state_from_transformers
 from data import load_tokenizer
+from data.chat import turn_ends
 from data.tokenizer import END_OF_TEXT, end_of_text_ids
 from model import GPTConfig
 
@@ -29,7 +31,10 @@ OVERRIDABLE = ("dropout", "attn_impl")  # and block_size, downwards
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = RunDir.MODEL_CONFIG, RunDir.WEIGHTS, RunDir.TOKENIZER
 # a model over a few GB ships its weights in shards, with an index naming the shard of each tensor
 SHARD_INDEX = "model.safetensors.index.json"
-DOWNLOAD = [CONFIG_FILE, WEIGHTS_FILE, SHARD_INDEX, "model-*-of-*.safetensors", TOKENIZER_FILE]
+# where a folder keeps its chat template: our runs and newer transformers in a file of its own, older in the config
+CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG = RunDir.CHAT_TEMPLATE, "tokenizer_config.json"
+DOWNLOAD = [CONFIG_FILE, WEIGHTS_FILE, SHARD_INDEX, "model-*-of-*.safetensors", TOKENIZER_FILE, TOKENIZER_CONFIG,
+            CHAT_TEMPLATE_FILE]
 
 
 @dataclass
@@ -46,8 +51,21 @@ class BaseModel:
         except (ValueError, FileNotFoundError) as e:
             raise UserError(f"train.init_from={self.name}: {e}") from None
 
+    def chat_template(self) -> str | None:
+        """The folder's chat template (Jinja text, run only in data/chat.py's sandbox), or None."""
+        if (self.folder / CHAT_TEMPLATE_FILE).is_file():
+            return (self.folder / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+        if (self.folder / TOKENIZER_CONFIG).is_file():
+            template = read_json(self.folder / TOKENIZER_CONFIG).get("chat_template")
+            if isinstance(template, list):  # several, by name (transformers' form): the default one
+                template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+            return template if isinstance(template, str) else None
+        return None
+
     def state_dict(self, config: GPTConfig) -> dict[str, torch.Tensor]:
-        """The weights in our names, cut to config.block_size (learned positions)."""
+        """The weights in our names, cut to config.block_size (learned positions), with the
+        embedding (and head) grown to config.vocab_size where a chat template's markers
+        were added to the tokenizer (grown_embedding)."""
         from safetensors.torch import load_file
 
         tensors = {}
@@ -59,7 +77,19 @@ class BaseModel:
             tensors["transformer.wte.weight"] = tensors["lm_head.weight"]  # one tensor, stored once (tied)
         if "transformer.wpe.weight" in tensors:
             tensors["transformer.wpe.weight"] = tensors["transformer.wpe.weight"][:config.block_size]
+        for name in ("transformer.wte.weight", "lm_head.weight"):
+            if name in tensors:
+                tensors[name] = grown_embedding(tensors[name], config.vocab_size)
         return tensors
+
+
+def grown_embedding(rows: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """rows [V, C] with new rows up to vocab_size, each the mean of the old ones: a new
+    token starts as an average token, neither favoured nor far off by the head (the
+    mean-embedding start transformers' resize_token_embeddings uses); fine-tuning then
+    teaches it."""
+    grow = vocab_size - rows.size(0)
+    return rows if grow <= 0 else torch.cat([rows, rows.mean(0, keepdim=True).expand(grow, -1)])
 
 
 def weight_files(folder: Path, name: str) -> list[Path]:
@@ -121,9 +151,10 @@ def open_base_model(init_from: str) -> BaseModel:
 
 def check_end_of_text(base: BaseModel, declared) -> None:
     """The end-of-text tokens a transformers folder declares must be ones this project
-    stops generation at and separates documents with (data.tokenizer.END_OF_TEXT)."""
+    stops generation at and separates documents with (data.tokenizer.END_OF_TEXT), or the
+    end of a chat turn (data.chat.TURN_ENDS: a chat model's)."""
     tokenizer = base.tokenizer()
-    known = end_of_text_ids(tokenizer)
+    known = set(end_of_text_ids(tokenizer)) | turn_ends(tokenizer)
     for token_id in [] if declared is None else declared if isinstance(declared, list) else [declared]:
         if token_id not in known:
             raise UserError(f"train.init_from={base.name} declares end-of-text token {tokenizer.id_to_token(token_id)!r} "

@@ -11,6 +11,7 @@ Trainer (train.py) or to the shape trace (--explain):
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from common.cli import UserError
 from common.threads import use_threads
 from common.run_dir import RunDir
 from data import DataError, TokenData, content_digest, discard, prepare
-from data.batches import check_length
+from data.batches import answered, check_length, longer_than
 from data.tokenizer import suggest_prompt
 from model import GPT, GPTConfig
 
@@ -82,26 +83,55 @@ def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tupl
     The first process of each node tokenizes (or finds) the token files; the others then
     reuse them, and with several nodes every process checks that it holds rank 0's."""
     tokenizer = base.tokenizer() if base else None
-    data = prepare(cfg.data, progress=True, tokenizer=tokenizer) if dist.local_rank == 0 else None
+    template = base.chat_template() if base else None  # (conversations only; None: data/chat.py's default)
+    data = prepare(cfg.data, progress=True, tokenizer=tokenizer, chat_template=template) if dist.local_rank == 0 else None
     dist.barrier()
     if data is None:
-        data = prepare(cfg.data, progress=False, tokenizer=tokenizer)
+        data = prepare(cfg.data, progress=False, tokenizer=tokenizer, chat_template=template)
     if dist.nodes > 1:
         check_same_data(data, dist)
+    added = data.vocab_size - tokenizer.get_vocab_size() if base else 0  # the default chat template's markers
     if base is None:
         model_config = cfg.model_with_vocab(data.vocab_size)
-    elif data.vocab_size > base.config.vocab_size:
-        raise UserError(f"train.init_from={base.name}: its tokenizer has {data.vocab_size} tokens, more than "
-                        f"the model's {base.config.vocab_size}")
+    elif data.vocab_size - added > base.config.vocab_size:
+        raise UserError(f"train.init_from={base.name}: its tokenizer has {data.vocab_size - added} tokens, more "
+                        f"than the model's {base.config.vocab_size}")
     else:
         model_config = config_for(base, cfg.model, cfg.model_keys)
+        if data.vocab_size > model_config.vocab_size:  # the embedding grows (BaseModel.state_dict)
+            if dist.is_main:
+                print(f"note: {added} chat markers are added to {base.name}'s tokenizer, and "
+                      f"{data.vocab_size - model_config.vocab_size} rows to its embedding, each the mean of the "
+                      "others, for fine-tuning to teach")
+            model_config = dataclasses.replace(model_config, vocab_size=data.vocab_size)
     try:  # (a text too short for one window of either split)
-        check_length(data.train, model_config.block_size, "train")
-        check_length(data.val, model_config.block_size, "val")
+        if data.chat is not None:
+            check_conversations(data, model_config.block_size, cfg.data.chat_too_long, dist.is_main)
+        else:
+            check_length(data.train, model_config.block_size, "train")
+            check_length(data.val, model_config.block_size, "val")
     except DataError:
         discard(data)  # token files no run with these settings can use are not kept in the cache
         raise
     return data, model_config
+
+
+def check_conversations(data: TokenData, block_size: int, too_long: str, say: bool) -> None:
+    """Conversations longer than the context: counted, then cut at the end (said, with
+    those cut before any answer, which are left out) or refused (data.chat_too_long)."""
+    counts = {split: (longer_than(data.chat[split], block_size), len(data.chat[split]),
+                      len(data.chat[split]) - len(answered(data.chat[split], block_size))) for split in ("train", "val")}
+    longer = " and ".join(f"{n:,} of {total:,} {split}" for split, (n, total, _) in counts.items() if n)
+    if not longer:
+        return
+    if too_long == "refuse":
+        raise DataError(f"{longer} conversations are longer than the context ({block_size + 1} tokens with the "
+                        "last target); shorten them, raise model.block_size, or set data.chat_too_long=cut")
+    dropped = sum(empty for _, _, empty in counts.values())
+    if say:
+        print(f"note: {longer} conversations are longer than the context ({block_size + 1} tokens with the last "
+              f"target): each is cut at its end (data.chat_too_long=cut)"
+              + (f"; {dropped:,} keep no answer and are left out" if dropped else ""))
 
 
 def check_same_data(data: TokenData, dist: Distributed) -> None:

@@ -11,7 +11,7 @@ load_state_dict, as torch's modules and optimizers do:
     average     training/average.py       train.ema: the average of the weights
     budget      training/budget.py        the run's clock, and train.max_minutes
     snapshots   training/snapshots.py     the model as it forms (train.snapshots), for explore.py
-    sampler     data/batches.py           each process's random windows of tokens
+    sampler     data/batches.py           each process's random windows of tokens (or conversations)
     losses      training/evaluation.py    the steps' losses, read from the device in one go
     evaluator   training/evaluation.py    the validation loss, a sample, each head's map and scores
     dist        training/distributed.py   torchrun's processes (DistributedDataParallel)
@@ -33,7 +33,7 @@ import yaml
 from common.device import autocast, peak_flops
 from common.run_dir import RunDir
 from common.threads import AdaptiveThreads
-from data import BatchSampler
+from data.batches import sampler_for
 from model import GPT
 
 from . import resume
@@ -69,8 +69,8 @@ class Trainer:
         self.grad_accum = run.grad_accum  # micro-batches per step (a resume may change it: resume.py)
         self.budget = TimeBudget(settings.max_minutes, settings.max_iters, settings.eval_interval, self.clock,
                                  seconds_before=run.seconds)
-        self.sampler = BatchSampler(run.data.train, run.model_config.block_size, settings.batch_size, settings.seed,
-                                    dist.rank, dist.world_size)
+        self.sampler = sampler_for(run.data, run.model_config.block_size, settings.batch_size, settings.seed,
+                                   dist.rank, dist.world_size)  # windows of text, or conversations
         resume.seed_everything(settings.seed + dist.rank)
         self.model = GPT.initialised(run.model_config, settings.seed + dist.rank).to(device)  # (DDP: rank 0's for all)
         if run.base is not None and run.state is None:  # a new run from existing weights (train.init_from)
@@ -128,7 +128,7 @@ class Trainer:
                 #    grad_accum, so the gradients add up to those of the mean over the whole batch
                 loss = torch.zeros((), device=self.device)
                 for micro in range(self.grad_accum):
-                    x, y = self.sampler.next_batch()  # [B, T] token ids, and the next token of each
+                    x, y = self.sampler.next_batch()  # [B, T] token ids, and the next token of each (-100: not scored)
                     x = x.to(self.device, non_blocking=True)
                     y = y.to(self.device, non_blocking=True)
                     with self.dist.gradients_averaged(self.train_model, now=micro == self.grad_accum - 1):
@@ -197,6 +197,8 @@ class Trainer:
             return
         resolved = yaml.safe_dump(self.run.config.to_dict(self.run.model_config), sort_keys=False, allow_unicode=True)
         self.run_dir.save_run_config(resolved)
+        if self.run.data.chat_template is not None:  # a run on conversations: the template renders them
+            self.run_dir.save_chat_template(self.run.data.chat_template)
         log.text("config", resolved, self.iteration)
         log.text("attention/text", self.run.data.tokenizer.decode(self.evaluator.attention_ids[0].tolist()), self.iteration)
         log.message(header(self.model, self.run.data, self.device, self.dtype, self.dist.world_size, self.iteration))

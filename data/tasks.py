@@ -1,0 +1,71 @@
+"""Small instruction sets, made from a seed, to fine-tune on and to measure what a model
+learnt (docs/usage.md, "Fine-tuning on conversations"): each is a .jsonl file of
+conversations in the {"messages": [...]} form of the hub's chat datasets.
+
+    python -m data.tasks add --count 3000 --out add.jsonl        "47+38=" -> "85"
+    python -m data.tasks reverse --count 3000 --out reverse.jsonl    "reverse: stone" -> "enots"
+
+--turns N gives each conversation 1 to N questions, each answered before the next (a chat
+model must answer the last one, whatever came before). The same seed always writes the
+same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import string
+from pathlib import Path
+
+
+def addition(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    return f"{a}+{b}=", str(a + b)
+
+
+def reverse(rng: random.Random) -> tuple[str, str]:
+    word = "".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 7)))
+    return f"reverse: {word}", word[::-1]
+
+
+TASKS = {"add": addition, "reverse": reverse}
+
+
+def conversations(task: str, count: int, seed: int = 0, turns: int = 1) -> list[dict]:
+    """`count` conversations of `task` (one of TASKS), each of 1 to `turns` questions and
+    answers, the same for the same seed."""
+    rng = random.Random(seed)
+    records = []
+    for _ in range(count):
+        messages = []
+        for _ in range(rng.randint(1, turns)):
+            question, answer = TASKS[task](rng)
+            messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        records.append({"messages": messages})
+    return records
+
+
+def write(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records), encoding="utf-8")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("task", choices=sorted(TASKS))
+    p.add_argument("--count", type=int, default=3000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--turns", type=int, default=1, help="at most this many questions a conversation (default 1)")
+    p.add_argument("--out", type=Path, required=True, help="the .jsonl file to write")
+    args = p.parse_args(argv)
+    if args.count < 2:
+        p.error("--count must be at least 2 (training and validation need one conversation each)")
+    if args.turns < 1:
+        p.error("--turns must be at least 1")
+    write(args.out, conversations(args.task, args.count, args.seed, args.turns))
+    print(f"wrote {args.out}: {args.count} conversations of {args.task}, up to {args.turns} turn(s) each (seed {args.seed})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

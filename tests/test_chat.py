@@ -1,0 +1,332 @@
+"""Conversations (data/chat.py): records, templates, which tokens are the answers, the batches
+they make (data/batches.py), and a fine-tuning run on them scored by evaluate.py."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import AddedToken
+
+import evaluate
+from conftest import ROOT, run_cli
+from data import DataError
+from data.batches import IGNORE, ConversationSampler, answered, conversation_rows
+from data.chat import (DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer, conversation, encode, in_memory, prompt_ids)
+from data.tasks import conversations as task_conversations
+from data.tasks import write as write_tasks
+from data.tokenizer import train_tokenizer
+from model import GPT, GPTConfig
+
+TWO_TURNS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3="},
+             {"role": "assistant", "content": "5"}, {"role": "user", "content": "and 4+4="},
+             {"role": "assistant", "content": "8, of course"}]
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def default_tokenizer(kind="char"):
+    return chat_tokenizer(train_tokenizer(kind, ["Be brief. 2+3= 5 and 4+4= 8, of course 0123456789 reverse:"], 300))
+
+
+def test_a_record_is_its_messages_or_a_prompt_and_a_response():
+    assert conversation({"messages": TWO_TURNS}, "x") == TWO_TURNS
+    assert conversation({"prompt": "2+3=", "response": "5", "system": "Be brief."}, "x") == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3="},
+        {"role": "assistant", "content": "5"}]
+    for record, says in [({"text": "hello"}, 'neither "messages" nor "prompt" and "response"'),
+                         ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant message"),
+                         ({"messages": [{"role": "bot", "content": "hi"}]}, 'needs a "role"'),
+                         ({"messages": "hi"}, "must be a list"), (["hi"], "is a JSON object")]:
+        with pytest.raises(DataError, match=says) as error:
+            conversation(record, "chat.jsonl, line 3")
+        assert "\n" not in str(error.value) and "chat.jsonl, line 3" in str(error.value)
+
+
+def learnt(tokenizer, ids, mask) -> str:
+    """The text of the tokens marked as the assistant's, the special ones included."""
+    return tokenizer.decode([int(i) for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_the_default_template_marks_each_answer_and_its_end_of_turn_only(kind):
+    tokenizer = default_tokenizer(kind)
+    template = ChatTemplate(DEFAULT_TEMPLATE)
+    ids, mask = encode(tokenizer, template, TWO_TURNS)
+    assert tokenizer.decode(ids.tolist(), skip_special_tokens=False) == (
+        "<|system|>Be brief.<|end|><|user|>2+3=<|end|><|assistant|>5<|end|><|user|>and 4+4=<|end|>"
+        "<|assistant|>8, of course<|end|>")
+    assert learnt(tokenizer, ids, mask) == "5<|end|>8, of course<|end|>"
+    assert sum(int(i) == tokenizer.token_to_id("<|end|>") for i in ids) == 5  # each marker is one token
+    assert prompt_ids(tokenizer, template, TWO_TURNS[:2]) == encode(tokenizer, template, TWO_TURNS[:3])[0][:-2].tolist()
+
+
+def test_a_models_own_template_renders_and_tokenizes_as_transformers_does():
+    """A ChatML template (Qwen's and SmolLM's scheme) in our sandbox gives transformers'
+    apply_chat_template ids, with and without the generation prompt; the answer is the
+    content and <|im_end|>, not the newline the template writes after it."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = train_tokenizer("bpe", ["Be brief. 2+3= 5 and 4+4= 8, of course system user assistant"], 300)
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in ("<|im_start|>", "<|im_end|>")])
+    theirs = PreTrainedTokenizerFast(tokenizer_object=tokenizer, chat_template=CHATML, eos_token="<|im_end|>")
+    template = ChatTemplate(CHATML, {"eos_token": "<|im_end|>"})
+
+    def ids_of(encoded):
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+    ids, mask = encode(tokenizer, template, TWO_TURNS)
+    assert ids.tolist() == ids_of(theirs.apply_chat_template(TWO_TURNS, tokenize=True))
+    assert prompt_ids(tokenizer, template, TWO_TURNS[:4]) == ids_of(
+        theirs.apply_chat_template(TWO_TURNS[:4], tokenize=True, add_generation_prompt=True))
+    assert learnt(tokenizer, ids, mask) == "5<|im_end|>8, of course<|im_end|>"
+
+
+def test_a_template_is_someone_elses_code_and_runs_in_the_sandbox():
+    escape = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(DataError, match="refused|unsafe|not valid") as error:
+        ChatTemplate(escape).render(TWO_TURNS)
+    assert "\n" not in str(error.value)
+    with pytest.raises(DataError, match="refused a conversation: no system"):
+        ChatTemplate("{{ raise_exception('no system messages') }}").render(TWO_TURNS)
+    with pytest.raises(DataError, match="as a growing text"):  # answers must be told apart
+        encode(default_tokenizer(), ChatTemplate("{{ messages | length }}"), TWO_TURNS)
+
+
+def rows_of(conversations, tokenizer, template=ChatTemplate(DEFAULT_TEMPLATE)):
+    return in_memory([encode(tokenizer, template, messages) for messages in conversations])
+
+
+def test_the_prompts_tokens_get_no_gradient():
+    """The loss reaches the logits only where the next token is the assistant's: the
+    gradient of every other position's logits is exactly zero."""
+    tokenizer = default_tokenizer()
+    rows = rows_of([TWO_TURNS, TWO_TURNS[1:3]], tokenizer)
+    x, y = conversation_rows(rows, [0, 1], 64)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=64, n_layer=1, n_head=2, n_embd=16))
+    logits, _ = model(x)
+    logits.retain_grad()
+    GPT.loss(logits, y).backward()
+    touched = logits.grad.abs().sum(-1) > 0  # [B, T]
+    assert torch.equal(touched, y != IGNORE)
+    answers = [tokenizer.decode([int(t) for t in row[row != IGNORE]], skip_special_tokens=False) for row in y]
+    assert answers == ["5<|end|>8, of course<|end|>", "5<|end|>"]
+
+
+def test_a_conversation_never_sees_another_or_the_padding():
+    """Each row's logits in a padded batch are the row's alone."""
+    tokenizer = default_tokenizer()
+    rows = rows_of([TWO_TURNS, TWO_TURNS[1:3]], tokenizer)
+    x, _ = conversation_rows(rows, [0, 1], 64)
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=64, n_layer=2, n_head=2, n_embd=16)).eval()
+    short = len(rows[1][0]) - 1
+    alone, _ = conversation_rows(rows, [1], 64)
+    assert x.shape[1] > short and alone.shape == (1, short)
+    with torch.no_grad():
+        assert torch.allclose(model(x)[0][1, :short], model(alone)[0][0], atol=1e-6)
+
+
+def test_a_conversation_longer_than_the_context_is_cut_at_its_end():
+    tokenizer = default_tokenizer()
+    rows = rows_of([TWO_TURNS, TWO_TURNS[1:3]], tokenizer)
+    first_answer_at = int(np.argmax(rows[0][1]))  # where the first answer's token is
+    x, y = conversation_rows(rows, [0], first_answer_at - 1)  # cut just before it: nothing to learn
+    assert x.shape == (1, first_answer_at - 1) and (y == IGNORE).all()
+    assert answered(rows, first_answer_at - 1).tolist() == [1]  # so a sampler leaves it out
+    x, y = conversation_rows(rows, [0], first_answer_at)  # one more: the answer's first token is the last target
+    assert (y[0, :-1] == IGNORE).all() and y[0, -1] == rows[0][0][first_answer_at]
+    assert answered(rows, first_answer_at).tolist() == [0, 1]
+    sampler = ConversationSampler(rows, first_answer_at - 1, 4, seed=0)
+    assert set(sampler.usable.tolist()) == {1}
+
+
+def chat_run(tmp_path, *extra, data=None, out="run"):
+    data = data or tmp_path / "add.jsonl"
+    if not data.exists():
+        write_tasks(data, task_conversations("add", 400, seed=0))
+    return ["--config", str(ROOT / "configs" / "tiny.yaml"), f"data.source={data}", f"data.cache_dir={tmp_path / 'cache'}",
+            f"out_dir={tmp_path / out}", "data.tokenizer=char", "model.n_layer=1", "model.n_head=2", "model.n_kv_head=1",
+            "model.n_embd=32", "model.block_size=16", "train.batch_size=16", "train.max_iters=20",
+            "train.lr_decay_iters=20", "train.eval_interval=10", "train.eval_windows=1000", "train.warmup_iters=2", "train.sample_tokens=0",
+            "train.dtype=float32", "train.threads=1", "train.max_minutes=null", "train.snapshots=0", *extra]
+
+
+def test_a_run_on_conversations_keeps_its_template_and_evaluate_scores_it_by_the_same_rule(tmp_path, capsys):
+    import train
+
+    assert train.main(chat_run(tmp_path)) == 0
+    run = tmp_path / "run"
+    assert (run / "chat_template.jinja").read_text() == DEFAULT_TEMPLATE
+    summary = json.loads((run / "summary.json").read_text())
+    capsys.readouterr()
+    assert evaluate.main(["--checkpoint", str(run), "--split", "val", "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["loss"] == pytest.approx(summary["val_loss"], rel=1e-5)  # the trainer's, on all 40
+    assert scored["conversations"] == 40 and 0 <= scored["exact_match"] <= 1
+    held_out = tmp_path / "held_out.jsonl"
+    write_tasks(held_out, task_conversations("add", 10, seed=1))
+    assert evaluate.main(["--checkpoint", str(run), "--text", str(held_out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["conversations"] == 10
+
+
+def test_too_long_conversations_are_refused_when_the_config_says_so(tmp_path):
+    out = run_cli("train.py", *chat_run(tmp_path, "data.chat_too_long=refuse", "model.block_size=8"))
+    error = out.stderr.splitlines()[-1]
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "longer than the context" in error and "data.chat_too_long=cut" in error
+    cut = run_cli("train.py", *chat_run(tmp_path, "model.block_size=8", "train.max_iters=2"))
+    assert cut.returncode == 0, cut.stderr
+    assert "conversations are longer than the context (9 tokens with the last target): each is cut" in cut.stdout
+
+
+def test_a_run_on_conversations_resumes_exactly(tmp_path):
+    """Stopped at iteration 10 and resumed: the same weights as a run straight to 20 (the
+    sampler's conversations and the random state resume with it)."""
+    import train
+    from safetensors.torch import load_file
+
+    assert train.main(chat_run(tmp_path, out="straight")) == 0
+    assert train.main(chat_run(tmp_path, "train.max_iters=10", out="resumed")) == 0
+    assert train.main(chat_run(tmp_path, out="resumed")) == 0
+    straight, resumed = (load_file(tmp_path / name / "model.safetensors") for name in ("straight", "resumed"))
+    assert all(torch.equal(straight[name], resumed[name]) for name in straight)
+
+
+def chat_model(block_size=64):
+    tokenizer = default_tokenizer()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=block_size, n_layer=2, n_head=2,
+                          n_embd=32, pos_encoding="rope")).eval()
+    return model, tokenizer
+
+
+def fresh_reply(model, tokenizer, template, messages, count):
+    """The greedy reply to messages, computed afresh with no cache, up to the end of its turn."""
+    from data.chat import turn_ends
+
+    ids = prompt_ids(tokenizer, template, messages)
+    new = model.generate(torch.tensor([ids]), count, temperature=0, use_cache=False)[0, len(ids):].tolist()
+    ends = [i for i, token in enumerate(new) if token in turn_ends(tokenizer)]
+    return tokenizer.decode(new[:ends[0]] if ends else new)
+
+
+def test_chat_keeps_the_cache_across_turns_and_answers_as_a_fresh_pass(monkeypatch):
+    """generate.py --chat: each turn runs only the tokens the cache lacks, and every reply is
+    the one a pass over the whole conversation without a cache gives."""
+    import io
+
+    import generate
+
+    model, tokenizer = chat_model()
+    template = ChatTemplate(DEFAULT_TEMPLATE)
+    settings = generate.Settings(max_new_tokens=6, temperature=0)
+    session = generate.Chat(model, tokenizer, template, settings, torch.device("cpu"))
+    lengths = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda idx, *a, **k: (lengths.append(idx.size(1)), forward(idx, *a, **k))[1])
+    for turn, text in enumerate(["2+3=", "and 4+4=", "5"]):
+        lengths.clear()
+        before = [dict(m) for m in session.messages] + [{"role": "user", "content": text}]
+        held, ids = list(session.cached), prompt_ids(tokenizer, template, before)
+        reply = session.reply(text, io.StringIO())
+        assert reply == fresh_reply(model, tokenizer, template, before, 6)
+        # what the cache holds of the conversation is not run again: the turn's first pass runs the rest
+        shared = next((i for i, (a, b) in enumerate(zip(held, ids)) if a != b), min(len(held), len(ids)))
+        assert lengths[0] == len(ids) - shared
+        if turn:
+            assert shared >= len(prompt_ids(tokenizer, template, before[:-2]))  # at least the earlier turns
+    assert [m["role"] for m in session.messages] == ["user", "assistant"] * 3
+
+
+def test_chat_forgets_the_oldest_turns_when_the_context_fills(capsys):
+    import io
+
+    import generate
+
+    model, tokenizer = chat_model(block_size=24)
+    template = ChatTemplate(DEFAULT_TEMPLATE)
+    session = generate.Chat(model, tokenizer, template, generate.Settings(max_new_tokens=4, temperature=0),
+                            torch.device("cpu"))
+    for text in ["2+3=", "4+4=", "5+5=", "and 8+8="]:
+        before = session.messages + [{"role": "user", "content": text}]
+        reply = session.reply(text, io.StringIO())
+    assert "the conversation outgrew the context (24 tokens): the oldest turn is forgotten" in capsys.readouterr().err
+    assert session.messages[0]["role"] == "user" and len(session.messages) < 8
+    assert len(prompt_ids(tokenizer, template, session.messages[:-1])) <= 24 - 4
+    assert reply == fresh_reply(model, tokenizer, template, session.messages[:-1], 4)
+    assert before[-1] == session.messages[-2]
+    with pytest.raises(evaluate.UserError, match="write less"):
+        session.reply("9" * 30, io.StringIO())
+
+
+def test_chat_needs_a_model_fine_tuned_on_conversations(tmp_path, micro):
+    import train
+
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *micro("train.max_iters=2")]) == 0
+    out = run_cli("generate.py", "--checkpoint", str(tmp_path / "run"), "--chat", input="hello\n")
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "no chat template" in out.stderr.splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def chat_runs(tmp_path_factory):
+    """A base run trained on the addition text as plain text, and a run fine-tuned from it on
+    the same sums as conversations (the default template, its markers added)."""
+    import train
+
+    tmp = tmp_path_factory.mktemp("chat_runs")
+    records = task_conversations("add", 400, seed=0)
+    (tmp / "sums.txt").write_text("".join(f"{r['messages'][0]['content']}{r['messages'][1]['content']}\n"
+                                          for r in records), encoding="utf-8")
+    write_tasks(tmp / "add.jsonl", records)
+    assert train.main(chat_run(tmp, f"data.source={tmp / 'sums.txt'}", "train.max_iters=2", out="base")) == 0
+    assert train.main(chat_run(tmp, f"train.init_from={tmp / 'base'}", "train.max_iters=2", out="sft")) == 0
+    return tmp
+
+
+def test_a_base_model_grows_its_embedding_by_the_chat_markers_each_the_mean(chat_runs):
+    """Fine-tuning a model brought in on conversations with the default template: its
+    tokenizer gains the four markers, its embedding four rows, each the mean of the old
+    ones; every old row is the base model's."""
+    from conftest import make_trainer
+    from common.run_dir import RunDir
+
+    base, tokenizer = RunDir(chat_runs / "base").load_model()
+    trainer = make_trainer(chat_run(chat_runs, f"train.init_from={chat_runs / 'base'}", out="fresh")[2:])
+    grown = trainer.model.transformer.wte.weight.detach()
+    old = base.transformer.wte.weight.detach()
+    assert grown.shape[0] == old.shape[0] + 4 == trainer.run.data.tokenizer.get_vocab_size()
+    assert torch.equal(grown[:old.shape[0]], old)
+    assert torch.allclose(grown[old.shape[0]:], old.mean(0).expand(4, -1))
+    assert trainer.run.data.tokenizer.token_to_id("<|end|>") == old.shape[0] + 3
+
+
+def test_the_exports_carry_the_chat_template(chat_runs, tmp_path):
+    """The transformers folder's tokenizer_config.json holds the template (apply_chat_template
+    there gives our ids) and generation stops at the end of a turn; the GGUF file holds it
+    as tokenizer.chat_template; a run that starts from the export finds it again."""
+    import export
+    from transformers import AutoTokenizer
+
+    from common.run_dir import RunDir
+    from training.init_from import open_base_model
+
+    out = tmp_path / "hf"
+    assert export.main(["--checkpoint", str(chat_runs / "sft"), "--out", str(out)]) == 0
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == DEFAULT_TEMPLATE
+    _, tokenizer = RunDir(chat_runs / "sft").load_model()
+    messages = [{"role": "user", "content": "12+30="}, {"role": "assistant", "content": "42"}]
+    theirs = AutoTokenizer.from_pretrained(out).apply_chat_template(messages, tokenize=True)
+    theirs = theirs["input_ids"] if hasattr(theirs, "keys") else theirs
+    assert list(theirs) == encode(tokenizer, ChatTemplate(DEFAULT_TEMPLATE), messages)[0].tolist()
+    eos = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    assert tokenizer.token_to_id("<|end|>") in (eos if isinstance(eos, list) else [eos])
+    assert open_base_model(str(out)).chat_template() == DEFAULT_TEMPLATE
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "model.gguf"
+    assert export.main(["--checkpoint", str(chat_runs / "sft"), "--out", str(path)]) == 0
+    fields = gguf.GGUFReader(path).fields
+    field = fields["tokenizer.chat_template"]
+    assert bytes(field.parts[field.data[0]]).decode() == DEFAULT_TEMPLATE
+    eot = fields["tokenizer.ggml.eot_token_id"]
+    assert int(eot.parts[eot.data[0]][0]) == tokenizer.token_to_id("<|end|>")
