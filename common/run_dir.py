@@ -5,6 +5,8 @@ a RunDir; no other module names a file in it.
       config.json, model.safetensors   the model (GPT.save_pretrained's two files)
       tokenizer.json                   the tokenizer, in Hugging Face tokenizers' format
       chat_template.jinja              a run on conversations: the template that renders them (data/chat.py)
+      adapter_model.safetensors        a run with LoRA adapters (lora/): the adapters alone (model.safetensors
+      adapter_config.json              holds the model with them merged), and their settings
       config.yaml                      the fully resolved run config
       summary.json                     what the run measured, for model cards and tools
       trainer_state.pt                 the resume point: the weights again, the optimizers,
@@ -57,6 +59,7 @@ class RunDir:
     WEIGHTS = WEIGHTS_FILE  # model.safetensors, the same
     TOKENIZER = "tokenizer.json"
     CHAT_TEMPLATE = "chat_template.jinja"  # (transformers' name for the file)
+    ADAPTERS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"  # (peft's names)
     RUN_CONFIG = "config.yaml"
     SUMMARY = "summary.json"
     STATE = "trainer_state.pt"
@@ -142,6 +145,14 @@ class RunDir:
 
     def model_files(self, model: GPT, tokenizer: Tokenizer) -> dict[str, bytes]:
         return {**model.pretrained_files(), self.TOKENIZER: tokenizer.to_str().encode()}
+
+    def save_adapters(self, tensors: dict[str, torch.Tensor], config: dict) -> None:
+        """A run with LoRA adapters: the trained tensors alone, and their settings."""
+        from model.files import safetensors_bytes
+
+        write_atomic(self.path / self.ADAPTERS,
+                     safetensors_bytes({k: v.contiguous() for k, v in tensors.items()}, {"format": "pt"}))
+        write_atomic(self.path / self.ADAPTER_CONFIG, (json.dumps(config, indent=2) + "\n").encode())
 
     def save_chat_template(self, template: str) -> None:
         """A run on conversations: its template, once, at the start (it never changes)."""

@@ -24,22 +24,28 @@ def decay_after(ema: float, updates: int) -> float:
 
 
 class WeightAverage:
-    """The average of a model's weights; `model` is a copy of it that holds the average."""
+    """The average of a model's weights; `model` is a copy of it that holds the average.
+    Weights that do not train (a model with LoRA adapters: all but the adapters') are not
+    copied but shared: their average is themselves, and the state holds the others only."""
 
     def __init__(self, model: GPT, ema: float):
         """An average that starts at model's weights."""
         self.ema = ema
-        self.model = copy.deepcopy(model).requires_grad_(False)
+        frozen = {id(p): p for p in model.parameters() if not p.requires_grad}
+        self.trained = None if not frozen else [name for name, p in model.named_parameters() if p.requires_grad]
+        self.model = copy.deepcopy(model, memo=frozen).requires_grad_(False)
 
     @torch.no_grad()
     def update(self, model: GPT, updates: int) -> None:
         """Move the average towards model's weights, after `updates` earlier updates."""
         decay = decay_after(self.ema, updates)
         for average, weight in zip(self.model.parameters(), model.parameters()):
-            average.lerp_(weight, 1.0 - decay)
+            if average is not weight:  # (a shared, frozen weight is its own average)
+                average.lerp_(weight, 1.0 - decay)
 
     def state_dict(self) -> dict:
-        return self.model.state_dict()
+        state = self.model.state_dict()
+        return state if self.trained is None else {name: state[name] for name in self.trained}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state)
+        self.model.load_state_dict(state, strict=self.trained is None)

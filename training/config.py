@@ -1,8 +1,8 @@
-"""Run configuration: a YAML file with sections model/data/train and an out_dir,
-plus dotted overrides from the command line, loaded into typed dataclasses.
+"""Run configuration: a YAML file with sections model/data/train (and lora, for adapters)
+and an out_dir, plus dotted overrides from the command line, loaded into typed dataclasses.
 
 Each section is a dataclass that checks its own values when it is made (GPTConfig in
-model/, DataConfig in data/, TrainConfig here); this module parses the YAML, checks
+model/, DataConfig in data/, LoRAConfig in lora/, TrainConfig here); this module parses the YAML, checks
 every value's type against the field it fills (model.config.checked_types), and turns
 any mistake (a missing file, bad YAML, an unknown or misspelled key, a wrong type, an
 impossible value) into a ConfigError naming the key, the value and the file.
@@ -21,6 +21,7 @@ import yaml
 from common.cli import UserError
 from common.device import DTYPES
 from data import DataConfig
+from lora import LoRAConfig
 from model import GPTConfig
 from model.config import checked_types
 
@@ -105,7 +106,7 @@ class TrainConfig:
                 raise ValueError(f"train.{key}={getattr(self, key)!r}: {message}")
 
 
-SECTIONS = {"model": GPTConfig, "data": DataConfig, "train": TrainConfig}
+SECTIONS = {"model": GPTConfig, "data": DataConfig, "train": TrainConfig, "lora": LoRAConfig}
 MODEL_SET_BY_DATA = ("vocab_size",)
 
 
@@ -116,6 +117,7 @@ class RunConfig:
     train: TrainConfig
     out_dir: str
     model_keys: tuple[str, ...] = ()  # the model fields the file or the overrides set
+    lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)  # low-rank adapters (lora/), off by default
 
     def model_with_vocab(self, vocab_size: int) -> GPTConfig:
         return dataclasses.replace(self.model, vocab_size=vocab_size)
@@ -124,8 +126,9 @@ class RunConfig:
         """The run config as YAML-ready sections, with the model actually built if given
         (with train.init_from, the source's settings)."""
         model = {k: v for k, v in (model or self.model).to_dict().items() if k not in MODEL_SET_BY_DATA}
-        return {"out_dir": self.out_dir, "model": model,
-                "data": dataclasses.asdict(self.data), "train": dataclasses.asdict(self.train)}
+        sections = {"out_dir": self.out_dir, "model": model,
+                    "data": dataclasses.asdict(self.data), "train": dataclasses.asdict(self.train)}
+        return sections | ({"lora": dataclasses.asdict(self.lora)} if self.lora.rank else {})
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
@@ -199,7 +202,8 @@ def run_config(raw: dict, path: Path) -> RunConfig:
     out_dir = raw.get("out_dir", f"out/{path.stem}")
     if not isinstance(out_dir, str) or not out_dir:
         raise ConfigError(f"{path}: out_dir={out_dir!r}: must be a folder path")
-    return RunConfig(sections["model"], sections["data"], sections["train"], out_dir, tuple(raw.get("model") or {}))
+    return RunConfig(sections["model"], sections["data"], sections["train"], out_dir, tuple(raw.get("model") or {}),
+                     sections["lora"])
 
 
 def suggest(word: str, choices) -> str:

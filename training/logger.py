@@ -19,7 +19,9 @@ def header(model, data, device, dtype, processes: int, resumed_at: int) -> str:
     import torch
 
     c = model.config
-    return (f"model: {model.num_parameters():,} parameters, {c.n_layer} layers, {c.pos_encoding} positions | "
+    training = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    trains = "" if training == model.num_parameters() else f" ({training:,} train: LoRA's adapters, lora/)"
+    return (f"model: {model.num_parameters():,} parameters{trains}, {c.n_layer} layers, {c.pos_encoding} positions | "
             f"data: {len(data.train):,} train / {len(data.val):,} val tokens, vocab {data.vocab_size} | {device}, "
             f"{str(dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads, {processes} process(es)"
             + (f" | resuming at iteration {resumed_at}" if resumed_at else ""))

@@ -55,6 +55,9 @@ def prepare_run(cfg: RunConfig, dist: Distributed = Distributed(), fresh: bool =
     started = time.perf_counter()
     # (the count adapts to the machine's load only in a run fitted to a time budget: common/threads.py)
     adapt_threads = use_threads("train", cfg.train.threads or None) and cfg.train.max_minutes is not None
+    if cfg.lora.rank and not cfg.train.init_from:
+        raise UserError(f"lora.rank={cfg.lora.rank}: adapters fine-tune a model brought in; set train.init_from "
+                        "(a run folder or a transformers model), or lora.rank=0 to train every weight")
     base = open_base_model(cfg.train.init_from) if cfg.train.init_from else None
     if base is not None:
         config_for(base, cfg.model, cfg.model_keys)  # refuse a changed setting before anything is written
@@ -64,6 +67,8 @@ def prepare_run(cfg: RunConfig, dist: Distributed = Distributed(), fresh: bool =
     data, model_config = load_data(cfg, dist, base)
     data_identity = {**{k: v for k, v in vars(cfg.data).items() if k != "cache_dir"}, "init_from": cfg.train.init_from}
     identity = {"model": model_config.to_dict(), "data": data_identity}
+    if cfg.lora.rank:  # (a run with adapters resumes only with the same ones)
+        identity["lora"] = dataclasses.asdict(cfg.lora)
     grad_accum = cfg.train.grad_accum
     if state is not None:
         resume.check_resumable(state, identity, run_dir.path)

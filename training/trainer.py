@@ -19,6 +19,10 @@ load_state_dict, as torch's modules and optimizers do:
     threads     common/threads.py         the thread count that trains faster now (a busy machine)
     log         training/logger.py        the progress bar, the log lines, TensorBoard
     run_dir     common/run_dir.py         the checkpoint's files
+
+With lora.rank, the model brought in (train.init_from) is frozen and LoRA adapters train
+beside its matrices (lora/): the loop is the same; what is saved is the model with the
+adapters merged, and the adapters apart.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from common.device import autocast, peak_flops
 from common.run_dir import RunDir
 from common.threads import AdaptiveThreads
 from data.batches import sampler_for
+from lora import add_adapters, adapter_state, load_adapter_state, merged, trained_parameters
 from model import GPT
 
 from . import resume
@@ -73,8 +78,13 @@ class Trainer:
                                    dist.rank, dist.world_size)  # windows of text, or conversations
         resume.seed_everything(settings.seed + dist.rank)
         self.model = GPT.initialised(run.model_config, settings.seed + dist.rank).to(device)  # (DDP: rank 0's for all)
-        if run.base is not None and run.state is None:  # a new run from existing weights (train.init_from)
+        self.lora = run.config.lora if run.config.lora.rank else None
+        if run.base is not None and (run.state is None or self.lora):  # existing weights (train.init_from)
             self.model.load_state_dict(run.base.state_dict(run.model_config))
+        if self.lora:  # the weights brought in freeze; adapters (and a chat template's new tokens' rows) train
+            grown = run.model_config.vocab_size > run.base.config.vocab_size
+            add_adapters(self.model, self.lora, run.base.config.vocab_size if grown else None)
+            self.trained = list(trained_parameters(self.model))
         self.optimizers = make_optimizers(self.model, settings, device)
         self.schedule = Schedule(settings, settings.max_iters)
         self.average = WeightAverage(self.model, settings.ema) if settings.ema else None
@@ -106,6 +116,11 @@ class Trainer:
     def eval_model(self) -> GPT:
         """The weights that are evaluated, sampled and saved: the average with train.ema."""
         return self.average.model if self.average is not None else self.model
+
+    @property
+    def saved_model(self) -> GPT:
+        """What the run folder keeps as its model: eval_model, its adapters merged (LoRA)."""
+        return merged(self.eval_model) if self.lora else self.eval_model
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -285,7 +300,9 @@ class Trainer:
         if not self.dist.is_main:
             return
         try:
-            self.run_dir.save_checkpoint(self.eval_model, self.run.data.tokenizer, self.summary(), self.state_dict(ranks))
+            if self.lora:  # the adapters alone, beside the merged model
+                self.run_dir.save_adapters(adapter_state(self.eval_model, self.trained), self.adapter_config())
+            self.run_dir.save_checkpoint(self.saved_model, self.run.data.tokenizer, self.summary(), self.state_dict(ranks))
         except OSError as e:  # a full disk, a quota, a vanished folder
             raise TrainingError(f"could not write the checkpoint of iteration {self.iteration} in {self.run_dir} "
                                 f"({e.strerror or e}); the previous checkpoint is kept. Free some space "
@@ -293,7 +310,7 @@ class Trainer:
 
     def save_best(self) -> None:
         try:
-            self.run_dir.save_best(self.eval_model, self.run.data.tokenizer, self.summary())
+            self.run_dir.save_best(self.saved_model, self.run.data.tokenizer, self.summary())
         except OSError as e:
             raise TrainingError(f"could not write the best model of iteration {self.iteration} in {self.run_dir} "
                                 f"({e.strerror or e}); the previous checkpoint is kept. Free some space and run "
@@ -302,7 +319,7 @@ class Trainer:
     def save_snapshot(self) -> None:
         """The model the run evaluates now, kept in snapshots/ (train.snapshots)."""
         try:
-            self.snapshots.save(self.iteration, self.eval_model)
+            self.snapshots.save(self.iteration, self.saved_model)
         except OSError as e:
             raise TrainingError(f"could not write the snapshot of step {self.iteration} in {self.run_dir} "
                                 f"({e.strerror or e}); the previous checkpoint is kept. Free some space (or set "
@@ -312,7 +329,7 @@ class Trainer:
         """Everything a resume needs; `ranks`: each process's sampler and random state."""
         return {
             "iteration": self.iteration,
-            "model": self.model.state_dict(),
+            "model": adapter_state(self.model, self.trained) if self.lora else self.model.state_dict(),
             "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
             "schedule": self.schedule.state_dict(),
             "budget": self.budget.state_dict(),
@@ -336,7 +353,10 @@ class Trainer:
             # after its last checkpoint: a real model, its loss really measured; it stays the one to beat)
             self.best_val_loss = min(self.best_val_loss, best.summary().get("val_loss") or math.inf)
         self.losses.load_state_dict(state["losses"])
-        self.model.load_state_dict(state["model"])
+        if self.lora:  # (the weights brought in are loaded already, as they were)
+            load_adapter_state(self.model, state["model"], self.trained)
+        else:
+            self.model.load_state_dict(state["model"])
         self.changed_settings = resume.load_optimizers(self.optimizers, state["optimizers"], self.run_dir.path)
         self.schedule.load_state_dict(state["schedule"])
         self.decay_end_before = self.schedule.decay_iters
@@ -354,6 +374,13 @@ class Trainer:
             resume.set_rng_state(ranks[self.dist.rank]["rng"], self.device)
         else:  # another process count: rank 0's sampler; every process draws the same global batch
             self.sampler.load_state_dict(ranks[0]["sampler"])
+
+    def adapter_config(self) -> dict:
+        """adapter_config.json: the adapters' settings and the model they adapt (peft's keys
+        where they mean the same: r, lora_alpha, lora_dropout, target_modules)."""
+        return {"r": self.lora.rank, "lora_alpha": self.lora.alpha, "lora_dropout": self.lora.dropout,
+                "target_modules": self.lora.targets, "base_model_name_or_path": self.run.config.train.init_from,
+                "trained": self.trained}
 
     def tokens_seen(self) -> int:
         """Training tokens so far, across resumes (each with its own batch layout)."""

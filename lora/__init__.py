@@ -1,0 +1,30 @@
+"""LoRA: fine-tune a model brought in by training small low-rank adapters beside its
+matrices (Hu et al., 2021, "LoRA: Low-Rank Adaptation of Large Language Models").
+
+A matrix W [out, in] of the model stays frozen; beside it train A [r, in] and B [out, r]
+with r small, and the layer computes x Wᵀ + (α/r) x Aᵀ Bᵀ: W plus the rank-r update
+(α/r) B A. B starts at zero, so training starts from the model as it was. For a model of
+C = 576 and r = 8, an adapter on a 576 × 576 matrix trains 9,216 numbers instead of 331,776.
+
+    lora:
+      rank: 8          # r (0: off, full fine-tuning)
+      alpha: 16        # α: the update is scaled by α/r
+      dropout: 0.05    # on the adapters' input, while training
+      targets: [attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_gate, mlp.c_proj]
+
+attn.c_attn is W_Q, W_K and W_V fused in one matrix (model/attention.py), so its adapter is
+one B A for the three: q, k and v each get their rows of B. Only the adapters train, with
+AdamW (Muon would orthogonalise their updates, which are low-rank by design); every weight
+of the model brought in stays bit for bit as it was. Where a chat template's markers were
+added to the tokenizer (data/chat.py), their new embedding rows train too, and only those.
+
+The run folder keeps the adapters apart (adapter_model.safetensors, adapter_config.json)
+and, as model.safetensors, the model with them merged (W + (α/r) B A): every program that
+opens a run reads that, and export.py writes it. adapters.py holds the code.
+"""
+
+from .adapters import (LoRAConfig, LoRALinear, add_adapters, adapter_state, load_adapter_state, merged,
+                       trained_parameters)
+
+__all__ = ["LoRAConfig", "LoRALinear", "add_adapters", "adapter_state", "load_adapter_state", "merged",
+           "trained_parameters"]

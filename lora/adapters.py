@@ -1,0 +1,134 @@
+"""Low-rank adapters (lora/__init__.py says what and why): the layer, putting adapters on a
+model, their state, and merging them back into plain matrices."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model import GPT
+
+TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_gate", "mlp.c_proj")  # each block's matrices
+
+
+@dataclass
+class LoRAConfig:
+    """The `lora:` section of a run config."""
+
+    rank: int = 0  # r, the adapters' rank; 0: no adapters (every weight trains)
+    alpha: float = 16.0  # the update B A is scaled by alpha / rank
+    dropout: float = 0.0  # on each adapter's input, while training
+    targets: list[str] = field(default_factory=lambda: list(TARGETS))  # which matrices of each block get one
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"lora.rank={self.rank}: must be 0 (off) or more, e.g. 8")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha={self.alpha}: must be positive, e.g. 16")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"lora.dropout={self.dropout}: must be in [0, 1)")
+        unknown = [t for t in self.targets if t not in TARGETS]
+        if unknown or not self.targets:
+            raise ValueError(f"lora.targets={self.targets}: each must be one of {', '.join(TARGETS)}")
+
+
+class LoRALinear(nn.Linear):
+    """y = x Wᵀ + b + (α/r) · dropout(x) Aᵀ Bᵀ: a Linear whose W and b are the frozen ones
+    it was made from (the same tensors, under the same names), plus the rank-r update B A.
+    A [r, in] starts as nn.Linear starts a matrix, B [out, r] at zero: the layer starts as
+    the Linear was. The state_dict names are those of peft's layers' roles: lora_A, lora_B."""
+
+    def __init__(self, linear: nn.Linear, rank: int, alpha: float, dropout: float):
+        super().__init__(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        self.weight, self.bias = linear.weight, linear.bias  # (frozen by add_adapters)
+        self.lora_A = nn.Parameter(torch.empty(rank, linear.in_features, device=linear.weight.device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # as nn.Linear (and peft) start a matrix
+        self.lora_B = nn.Parameter(torch.zeros(linear.out_features, rank, device=linear.weight.device))
+        self.scale = alpha / rank
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)  # x Aᵀ Bᵀ: [..., r] -> [..., out]
+        return super().forward(x) + self.scale * update
+
+    @torch.no_grad()
+    def merged(self) -> nn.Linear:
+        """A plain Linear with W + (α/r) B A: the same function, without dropout. (Made on
+        the meta device and then given its tensors, so that no random numbers are drawn
+        for a start it never has: a resumed run draws the same ones as one that went on.)"""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight = nn.Parameter(self.weight + self.scale * (self.lora_B @ self.lora_A).to(self.weight.dtype))
+        if self.bias is not None:
+            linear.bias = nn.Parameter(self.bias.clone())
+        return linear
+
+
+def adapted_layers(model: GPT):
+    """(module, attribute name, layer) of each matrix that LoRAConfig.targets can name."""
+    for block in model.transformer.h:
+        for target in TARGETS:
+            parent_name, name = target.split(".")
+            parent = getattr(block, parent_name)
+            layer = getattr(parent, name, None)
+            if isinstance(layer, nn.Linear):
+                yield target, parent, name, layer
+
+
+def add_adapters(model: GPT, config: LoRAConfig, new_tokens_from: int | None = None) -> GPT:
+    """Freeze every weight of `model` and put an adapter beside each targeted matrix of
+    each block. new_tokens_from: the first id a chat template added to the tokenizer, whose
+    embedding rows (and an untied head's) then train too, and only those rows."""
+    model.requires_grad_(False)
+    for target, parent, name, layer in list(adapted_layers(model)):
+        if target in config.targets:
+            setattr(parent, name, LoRALinear(layer, config.rank, config.alpha, config.dropout))
+    if new_tokens_from is not None:
+        heads = [model.transformer.wte.weight, model.lm_head.weight]
+        for weight in {id(w): w for w in heads}.values():  # (a tied head is the embedding)
+            train_rows(weight, new_tokens_from)
+    return model
+
+
+def train_rows(weight: nn.Parameter, start: int) -> None:
+    """Let the rows from `start` on train: the gradient of the others is zeroed, so AdamW
+    (with no weight decay on embeddings) leaves them exactly as they were."""
+    weight.requires_grad_(True)
+    rows = torch.zeros(weight.size(0), 1, device=weight.device, dtype=weight.dtype)
+    rows[start:] = 1
+    weight.register_hook(lambda grad: grad * rows)
+
+
+def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters that train: with adapters, theirs (and new tokens' rows' matrices)."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def adapter_state(model: nn.Module, names) -> dict[str, torch.Tensor]:
+    """The tensors of `names` (the trained parameters' names), as the run keeps them."""
+    state = model.state_dict()
+    return {name: state[name] for name in names}
+
+
+def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], names) -> None:
+    """Put back the trained tensors saved by adapter_state; the others stay as they are."""
+    missing = set(names) - set(state)
+    unexpected = set(state) - set(names)
+    if missing or unexpected:
+        raise ValueError(f"the adapters saved do not fit this model (missing {sorted(missing)[:3]}, "
+                         f"unexpected {sorted(unexpected)[:3]})")
+    model.load_state_dict(state, strict=False)
+
+
+def merged(model: GPT) -> GPT:
+    """A plain GPT with every adapter folded into its matrix (W + (α/r) B A): what the run
+    saves as model.safetensors, for every program that reads a run, and export.py writes."""
+    plain = copy.deepcopy(model)
+    for _, parent, name, layer in list(adapted_layers(plain)):
+        if isinstance(layer, LoRALinear):
+            setattr(parent, name, layer.merged())
+    return plain.requires_grad_(False)

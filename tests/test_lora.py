@@ -1,0 +1,147 @@
+"""LoRA adapters (lora/): the layer against peft's, merging, and a fine-tuning run that
+trains the adapters alone, leaves the model it started from as it was, resumes exactly and
+is opened by every program."""
+
+import copy
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train
+from common.run_dir import RunDir
+from conftest import make_trainer, run_cli
+from lora import LoRAConfig, add_adapters, merged, trained_parameters
+from lora.adapters import adapted_layers
+from model import GPT, GPTConfig
+from test_chat import chat_run
+from data.tasks import conversations, write
+
+SETTINGS = dict(vocab_size=40, block_size=16, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
+
+
+def with_random_updates(model: GPT) -> GPT:
+    """B is zero at the start (the adapted model is the model); make every update count."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    return model
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(mlp="swiglu", norm="rmsnorm", bias=False)])
+def test_the_adapted_model_is_peft_s_on_the_same_weights(shape):
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    base = GPT(GPTConfig(**SETTINGS, **shape)).eval()
+    ours = with_random_updates(add_adapters(copy.deepcopy(base), LoRAConfig(rank=4, alpha=8)))
+    targets = sorted({target for target, *_ in adapted_layers(base)})
+    theirs = peft.get_peft_model(copy.deepcopy(base), peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets)).eval()
+    state = theirs.state_dict()
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            if "lora_" in name:  # transformer.h.0.attn.c_attn.lora_A -> ...c_attn.lora_A.default.weight
+                state_name = f"base_model.model.{name}.default.weight"
+                state[state_name].copy_(p)
+    theirs.load_state_dict(state)
+    x = torch.randint(0, SETTINGS["vocab_size"], (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(ours(x)[0], theirs(x)[0], atol=1e-6)
+        assert not torch.allclose(ours(x)[0], base(x)[0], atol=1e-3)  # the adapters do change it
+
+
+def test_merging_gives_the_adapted_models_logits_and_a_plain_model():
+    torch.manual_seed(0)
+    adapted = with_random_updates(add_adapters(GPT(GPTConfig(**SETTINGS)), LoRAConfig(rank=4, alpha=8))).eval()
+    plain = merged(adapted)
+    assert not any("lora" in name for name in plain.state_dict())
+    assert set(plain.state_dict()) == set(GPT(GPTConfig(**SETTINGS)).state_dict())
+    x = torch.randint(0, SETTINGS["vocab_size"], (2, 12))
+    with torch.no_grad():
+        assert (adapted(x)[0] - plain(x)[0]).abs().max() < 1e-5
+
+
+def test_only_the_adapters_train_and_the_rank_counts():
+    torch.manual_seed(0)
+    base = GPT(GPTConfig(**SETTINGS)).eval()
+    model = add_adapters(copy.deepcopy(base), LoRAConfig(rank=4, targets=["attn.c_attn"]))
+    x = torch.randint(0, SETTINGS["vocab_size"], (2, 12))
+    with torch.no_grad():
+        assert torch.equal(model(x)[0], base(x)[0])  # B starts at zero: the adapted model starts as the model
+    trained = trained_parameters(model)
+    assert sorted(trained) == [f"transformer.h.{i}.attn.c_attn.lora_{m}" for i in range(2) for m in "AB"]
+    C, kv = 32, 2 * 2 * 8  # c_attn: [C + 2 H_kv d_k, C]
+    assert sum(p.numel() for p in trained.values()) == 2 * (4 * C + (C + kv) * 4)
+    with pytest.raises(ValueError, match="lora.targets"):
+        LoRAConfig(rank=4, targets=["attn.c_q"])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A base run on sums as plain text; then, from it, LoRA on the same sums as conversations."""
+    tmp = tmp_path_factory.mktemp("lora")
+    records = conversations("add", 400, seed=0)
+    (tmp / "sums.txt").write_text("".join(f"{r['messages'][0]['content']}{r['messages'][1]['content']}\n"
+                                          for r in records), encoding="utf-8")
+    write(tmp / "add.jsonl", records)
+    assert train.main(chat_run(tmp, f"data.source={tmp / 'sums.txt'}", "model.n_layer=2", "train.max_iters=30",
+                               out="base")) == 0
+    return tmp
+
+
+def lora_run(tmp, *extra, out="lora"):
+    return chat_run(tmp, f"train.init_from={tmp / 'base'}", "model.n_layer=2", "lora.rank=4", "lora.dropout=0.1",
+                    *extra, out=out)
+
+
+def test_a_lora_run_trains_the_adapters_and_the_new_tokens_rows_only(runs):
+    """With tiny.yaml's optimizer (Muon), the adapters train with AdamW; every weight of the
+    model brought in, old embedding rows included, stays bit for bit; the trainer state and
+    the average hold the trained tensors only."""
+    trainer = make_trainer(lora_run(runs, out="trainer")[2:])
+    base, _ = RunDir(runs / "base").load_model()
+    assert [type(o).__name__ for o in trainer.optimizers] == ["AdamW"]
+    assert trainer.fit() == 0
+    model = trainer.model
+    for name, weight in base.state_dict().items():
+        ours = model.state_dict()[name]
+        assert torch.equal(ours[:weight.size(0)], weight), name  # (the embedding: its old rows)
+    vocab = base.config.vocab_size
+    assert not torch.equal(model.transformer.wte.weight[vocab:], base.transformer.wte.weight.mean(0).expand(4, -1))
+    assert any(p.abs().sum() > 0 for name, p in model.named_parameters() if "lora_B" in name)
+    state = torch.load(runs / "trainer" / "trainer_state.pt", weights_only=True)
+    assert sorted(state["model"]) == sorted(state["average"]) == sorted(trainer.trained)
+    assert all("lora_" in name or name == "transformer.wte.weight" for name in trainer.trained)
+
+
+def test_a_lora_run_resumes_exactly_and_every_program_opens_it(runs, tmp_path):
+    assert train.main(lora_run(runs, out="straight")) == 0
+    assert train.main(lora_run(runs, "train.max_iters=10", out="resumed")) == 0
+    assert train.main(lora_run(runs, out="resumed")) == 0
+    for name in ("model.safetensors", "adapter_model.safetensors"):
+        straight, resumed = (load_file(runs / run / name) for run in ("straight", "resumed"))
+        assert all(torch.equal(straight[k], resumed[k]) for k in straight), name
+    run = runs / "straight"
+    config = json.loads((run / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["base_model_name_or_path"] == str(runs / "base")
+    # model.safetensors is the model with the adapters merged: the adapted model's logits
+    trainer = make_trainer(lora_run(runs, out="straight")[2:])  # resumes at the end: base + saved adapters
+    saved, _ = RunDir(run).load_model()
+    x = torch.randint(0, saved.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        assert (trainer.eval_model.eval()(x)[0] - saved.eval()(x)[0]).abs().max() < 1e-5
+    for command in (["generate.py", "--checkpoint", str(run), "--prompt", "12+30=", "--max-new-tokens", "3"],
+                    ["evaluate.py", "--checkpoint", str(run), "--split", "val"],
+                    ["explore.py", "--checkpoint", str(run), "--prompt", "12+30=", "--out", str(tmp_path / "e.html")],
+                    ["export.py", "--checkpoint", str(run), "--out", str(tmp_path / "hf")]):
+        out = run_cli(*command)
+        assert out.returncode == 0, out.stderr
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    assert not any("lora" in name for name in exported)
+
+
+def test_lora_needs_a_model_to_adapt(runs):
+    out = run_cli("train.py", *chat_run(runs, "lora.rank=4", out="nothing"))
+    assert out.returncode == 2 and "set train.init_from" in out.stderr.splitlines()[-1]
