@@ -37,8 +37,9 @@ from common.run_dir import RunDir
 from common.threads import AdaptiveThreads, thread_help, use_threads
 from data import DataError, unknown_characters
 from data.batches import IGNORE, conversation_rows
-from data.chat import ChatTemplate, chat_source, conversation, encode, in_memory, prompt_ids, turn_ends
-from data.prepare import special_token_names, validation_tokens
+from data.chat import (ChatTemplate, chat_source, conversation, encode, in_memory, prompt_ids, special_token_names,
+                       turn_ends)
+from data.prepare import validation_tokens
 from data.sources import check_readable, json_lines
 from data.tokenizer import Encoder, start_ids
 from model import Sampling

@@ -23,8 +23,7 @@ from common.device import DTYPES, resolve_device, resolve_dtype
 from common.prompt import encode_prompt
 from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import thread_help, use_threads
-from data.chat import ChatTemplate, prompt_ids, turn_ends
-from data.prepare import special_token_names
+from data.chat import ChatTemplate, prompt_ids, special_token_names, turn_ends
 from data.tokenizer import encode_or_start, end_of_text_ids, suppressed_ids
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
 from model import Sampling

@@ -28,11 +28,12 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
 from .sources import DataError, check_readable, file_stats, first_record, folder_files, json_lines
-from .tokenizer import END_OF_TEXT
+from .tokenizer import END_OF_TEXT, end_of_text_id, start_ids
 
 ROLES = ("system", "user", "assistant")
 # The default template: a role marker before each message, END_OF_TURN after it; the
-# markers are special tokens, one id each, that no text spells (data/tokenizer.py).
+# markers are special tokens, one id each (in a rendered conversation a message that
+# spells one is read as it, as transformers' apply_chat_template reads it).
 END_OF_TURN = "<|end|>"
 CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", END_OF_TURN)
 DEFAULT_TEMPLATE = (
@@ -165,6 +166,19 @@ class ChatTemplate:
             return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.special)
         except TemplateError as e:
             raise DataError(f"the chat template refused a conversation: {e}") from None
+
+
+def special_token_names(tokenizer: Tokenizer) -> dict[str, str]:
+    """bos_token and eos_token, as templates name them (a transformers tokenizer's first
+    and end-of-text tokens, where it has them)."""
+    names = {}
+    eot = end_of_text_id(tokenizer)
+    if eot is not None:
+        names["eos_token"] = tokenizer.id_to_token(eot)
+    start = start_ids(tokenizer)
+    if start:
+        names["bos_token"] = tokenizer.id_to_token(start[0])
+    return names
 
 
 def chat_tokenizer(tokenizer: Tokenizer) -> Tokenizer:

@@ -40,7 +40,8 @@ from filelock import FileLock
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from .chat import DEFAULT_TEMPLATE, ChatSource, ChatTemplate, Conversations, chat_source, chat_tokenizer, encode
+from .chat import (DEFAULT_TEMPLATE, ChatSource, ChatTemplate, Conversations, chat_source, chat_tokenizer, encode,
+                   special_token_names)
 from .config import DataConfig
 from .sources import END, DataError, Piece, open_source
 from .tokenizer import UNK, Encoder, end_of_text_id, load_tokenizer, start_ids, train_tokenizer
@@ -268,19 +269,6 @@ def build_chat_in(tmp: Path, src: ChatSource, settings: dict, fingerprint: str, 
             "chat_template": template.source, "vocab_size": tokenizer.get_vocab_size(), "dtype": np.dtype(dtype).name,
             **{f"{split}_{key}": sizes[split][key] for split in ("train", "val") for key in sizes[split]}}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-
-
-def special_token_names(tokenizer: Tokenizer) -> dict[str, str]:
-    """bos_token and eos_token, as templates name them (a transformers tokenizer's first
-    and end-of-text tokens, where it has them)."""
-    names = {}
-    eot = end_of_text_id(tokenizer)
-    if eot is not None:
-        names["eos_token"] = tokenizer.id_to_token(eot)
-    start = start_ids(tokenizer)
-    if start:
-        names["bos_token"] = tokenizer.id_to_token(start[0])
-    return names
 
 
 def write_conversations(conversations: Iterable[tuple[str, list[dict]]], tokenizer: Tokenizer,

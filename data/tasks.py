@@ -6,8 +6,9 @@ conversations in the {"messages": [...]} form of the hub's chat datasets.
     python -m data.tasks reverse --count 3000 --out reverse.jsonl    "reverse: stone" -> "enots"
 
 --turns N gives each conversation 1 to N questions, each answered before the next (a chat
-model must answer the last one, whatever came before). The same seed always writes the
-same file.
+model must answer the last one, whatever came before). --plain writes plain text instead,
+a question and its answer a line ("47+38=85"), for a base model to pretrain on. The same
+seed always writes the same file.
 """
 
 from __future__ import annotations
@@ -56,13 +57,19 @@ def main(argv=None) -> int:
     p.add_argument("--count", type=int, default=3000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--turns", type=int, default=1, help="at most this many questions a conversation (default 1)")
+    p.add_argument("--plain", action="store_true", help="plain text: each question and its answer on a line")
     p.add_argument("--out", type=Path, required=True, help="the .jsonl file to write")
     args = p.parse_args(argv)
     if args.count < 2:
         p.error("--count must be at least 2 (training and validation need one conversation each)")
     if args.turns < 1:
         p.error("--turns must be at least 1")
-    write(args.out, conversations(args.task, args.count, args.seed, args.turns))
+    records = conversations(args.task, args.count, args.seed, args.turns)
+    if args.plain:  # "47+38=85", a conversation a line
+        lines = ["".join(m["content"] for m in r["messages"]) + "\n" for r in records]
+        args.out.write_text("".join(lines), encoding="utf-8")
+    else:
+        write(args.out, records)
     print(f"wrote {args.out}: {args.count} conversations of {args.task}, up to {args.turns} turn(s) each (seed {args.seed})")
     return 0
 

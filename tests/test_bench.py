@@ -10,7 +10,8 @@ import pytest
 
 from conftest import ROOT
 
-SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer", "elastic", "prepare", "snapshots"]
+SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer", "elastic", "prepare", "snapshots",
+           "finetune"]
 
 
 @pytest.mark.slow

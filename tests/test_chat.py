@@ -170,6 +170,7 @@ def test_a_run_on_conversations_keeps_its_template_and_evaluate_scores_it_by_the
     assert json.loads(capsys.readouterr().out)["conversations"] == 10
 
 
+@pytest.mark.slow  # (two runs in their own processes)
 def test_too_long_conversations_are_refused_when_the_config_says_so(tmp_path):
     out = run_cli("train.py", *chat_run(tmp_path, "data.chat_too_long=refuse", "model.block_size=8"))
     error = out.stderr.splitlines()[-1]

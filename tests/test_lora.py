@@ -116,6 +116,7 @@ def test_a_lora_run_trains_the_adapters_and_the_new_tokens_rows_only(runs):
     assert all("lora_" in name or name == "transformer.wte.weight" for name in trainer.trained)
 
 
+@pytest.mark.slow  # (three runs and four programs: about ten seconds)
 def test_a_lora_run_resumes_exactly_and_every_program_opens_it(runs, tmp_path):
     assert train.main(lora_run(runs, out="straight")) == 0
     assert train.main(lora_run(runs, "train.max_iters=10", out="resumed")) == 0

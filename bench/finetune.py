@@ -1,0 +1,159 @@
+"""Fine-tuning a model brought in, every weight or LoRA's adapters alone: what each
+teaches, and what each costs.
+
+1. What it teaches (docs/usage.md): from a base run (--base, e.g. the quick start's
+   out/tiny), fine-tuned on a made-up instruction set (data/tasks.py, --task, --count
+   conversations, the last tenth held out) for --iters iterations, full (configs/chat.yaml)
+   and with LoRA (rank 8, at a learning rate of 3e-3): the held-out exact-match accuracy of the answers before fine-tuning (the base
+   model with the chat markers' new embedding rows, where fine-tuning starts) and after
+   each, with evaluate.py's rule, and the loss on the answers.
+2. What it costs (docs/performance.md): a model of about 10 M parameters (6 layers × 384,
+   random weights, saved as a run folder with a char tokenizer) fine-tuned on the built-in
+   Shakespeare for --cost-iters iterations, full and with LoRA, each in a child process:
+   its peak memory (the kernel's VmHWM) and tokens per second of training.
+
+    python -m bench.finetune [--base out/tiny] [--task add] [--iters 1500] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bench.common import ROOT, machine, save, table
+from bench.memory import peak_of
+
+CONFIG = ["--config", "configs/chat.yaml", "train.snapshots=0", "train.dtype=float32"]  # the docs' recipe
+LORA = ["lora.rank=8", "lora.alpha=16", "train.lr=3e-3", "train.min_lr=3e-4"]  # adapters take a higher rate
+
+
+def fine_tune(out: Path, *overrides: str) -> None:
+    command = [sys.executable, "train.py", *CONFIG, f"out_dir={out}", *overrides]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(command)}\n{done.stderr[-2000:]}")
+
+
+def held_out_answers(run: Path) -> dict:
+    done = subprocess.run([sys.executable, "evaluate.py", "--checkpoint", str(run), "--split", "val", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def before(base: Path, data: Path) -> dict:
+    """The held-out answers of the model fine-tuning starts from: the base model, its
+    tokenizer with the default template's markers, its embedding grown by their rows."""
+    from common.run_dir import RunDir
+    from data.chat import DEFAULT_TEMPLATE, ChatTemplate, chat_source, chat_tokenizer
+    from evaluate import score_conversations
+    from model import GPT
+    from training.init_from import grown_embedding
+
+    model, tokenizer = RunDir(base).load_model()
+    tokenizer = chat_tokenizer(tokenizer)
+    grown = GPT(type(model.config)(**{**model.config.to_dict(), "vocab_size": tokenizer.get_vocab_size()}))
+    state = model.state_dict()
+    for name in ("transformer.wte.weight", "lm_head.weight"):
+        state[name] = grown_embedding(state[name], tokenizer.get_vocab_size())
+    grown.load_state_dict(state)
+    held_out = [messages for _, messages in chat_source(str(data), 0.1).val()]
+    return score_conversations(grown.eval(), tokenizer, ChatTemplate(DEFAULT_TEMPLATE), held_out, 32, "cpu")
+
+
+def teaches(base: Path, task: str, count: int, iters: int, tmp: Path) -> list[dict]:
+    from data.tasks import conversations, write
+
+    data = tmp / f"{task}.jsonl"
+    write(data, conversations(task, count, seed=0))
+    rows = [{"model": "base, before fine-tuning", **before(base, data)}]
+    common = [f"data.source={data}", f"data.cache_dir={tmp / 'cache'}", f"train.init_from={base}",
+              f"train.max_iters={iters}", f"train.eval_interval={iters}"]
+    for name, extra in (("full fine-tuning", []), ("LoRA, rank 8", LORA)):
+        fine_tune(tmp / name.split()[0].strip(","), *common, *extra)
+        rows.append({"model": name, **held_out_answers(tmp / name.split()[0].strip(","))})
+    return rows
+
+
+def ten_million(folder: Path) -> Path:
+    """A run folder of a model of about 10 M parameters (random weights) and a char tokenizer."""
+    from common.run_dir import RunDir
+    from data import shakespeare
+    from data.tokenizer import train_tokenizer
+    from model import GPT, GPTConfig
+
+    tokenizer = train_tokenizer("char", ["\n".join(s for speeches in shakespeare.load_plays().values() for s in speeches)],
+                                0)
+    config = GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=128, n_layer=6, n_head=6, n_embd=384,
+                       pos_encoding="rope")
+    RunDir(folder).save_model(GPT.initialised(config, 0), tokenizer)
+    return folder
+
+
+def small_base(folder: Path, task: str) -> Path:
+    """--quick without a base run: a run folder of a small random model whose char tokenizer
+    knows the task's characters."""
+    from common.run_dir import RunDir
+    from data.tasks import conversations
+    from data.tokenizer import train_tokenizer
+    from model import GPT, GPTConfig
+
+    text = "".join(m["content"] for r in conversations(task, 200, seed=0) for m in r["messages"])
+    tokenizer = train_tokenizer("char", [text], 0)
+    config = GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=32, n_layer=2, n_head=2, n_embd=32)
+    RunDir(folder).save_model(GPT.initialised(config, 0), tokenizer)
+    return folder
+
+
+def costs(iters: int, tmp: Path) -> list[dict]:
+    base = ten_million(tmp / "base10m")
+    common = [f"train.init_from={base}", "data.source=shakespeare", f"data.cache_dir={tmp / 'cache'}",
+              f"train.max_iters={iters}", f"train.eval_interval={iters}", "train.eval_iters=1", "train.batch_size=16"]
+    fine_tune(tmp / "warm-up", *common, "train.max_iters=1")  # the token files, made before anything is measured
+    rows = []
+    for name, extra in (("full fine-tuning", []), ("LoRA, rank 8", LORA)):
+        out = tmp / f"cost-{len(rows)}"
+        command = [sys.executable, "train.py", *CONFIG, f"out_dir={out}", *common, *extra]
+        peak, anonymous, wall = peak_of(command)
+        summary = json.loads((out / "summary.json").read_text())
+        trained = sum(t.numel() for t in (torch.load(out / "trainer_state.pt", weights_only=True)["model"].values()))
+        rows.append({"model": name, "trained_parameters": trained, "peak_mb": peak, "anonymous_mb": anonymous,
+                     "tokens_per_second": summary["tokens"] / summary["seconds"], "seconds": summary["seconds"]})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", type=Path, default=ROOT / "out" / "tiny", help="the base run (default out/tiny)")
+    p.add_argument("--task", default="add", choices=["add", "reverse"])
+    p.add_argument("--count", type=int, default=3000, help="conversations (the last tenth held out)")
+    p.add_argument("--iters", type=int, default=1500)
+    p.add_argument("--cost-iters", type=int, default=30)
+    p.add_argument("--quick", action="store_true", help="few iterations and conversations: a smoke test")
+    p.add_argument("--only", choices=["teaches", "costs"], help="measure one of the two")
+    p.add_argument("--out", help="JSON results (default bench/results/finetune.json)")
+    args = p.parse_args()
+    if args.quick:
+        args.count, args.iters, args.cost_iters = 200, 5, 3
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.quick and not args.base.is_dir():
+            args.base = small_base(Path(tmp) / "base", args.task)
+        taught = [] if args.only == "costs" else teaches(args.base, args.task, args.count, args.iters, Path(tmp))
+        print(table(["model", "held-out exact match", "loss on the answers", "conversations"],
+                    [[r["model"], f"{r['exact_match']:.1%}", r["loss"], r["conversations"]] for r in taught]))
+        cost = [] if args.only == "teaches" else costs(args.cost_iters, Path(tmp))
+        print(table(["~10 M parameters", "trained parameters", "peak memory (MB)", "anonymous (MB)", "tokens/s"],
+                    [[r["model"], f"{r['trained_parameters']:,}", r["peak_mb"], r["anonymous_mb"],
+                      r["tokens_per_second"]] for r in cost]))
+    path = save("finetune", {"machine": machine(torch.get_num_threads()), "base": str(args.base), "task": args.task,
+                             "iters": args.iters, "results": taught + cost}, args.out)
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()
