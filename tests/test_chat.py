@@ -331,3 +331,21 @@ def test_the_exports_carry_the_chat_template(chat_runs, tmp_path):
     assert bytes(field.parts[field.data[0]]).decode() == DEFAULT_TEMPLATE
     eot = fields["tokenizer.ggml.eot_token_id"]
     assert int(eot.parts[eot.data[0]][0]) == tokenizer.token_to_id("<|end|>")
+
+
+def test_a_folder_of_conversation_shards_is_read_in_order_and_split_at_its_end(tmp_path):
+    from data.chat import chat_source
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    write_tasks(folder / "part-1.jsonl", task_conversations("add", 6, seed=1))
+    write_tasks(folder / "part-0.jsonl", task_conversations("add", 4, seed=0))
+    (folder / "README.md").write_text("not data")
+    source = chat_source(str(folder), 0.2)
+    every = task_conversations("add", 4, seed=0) + task_conversations("add", 6, seed=1)
+    assert [m for _, m in source.train()] == [r["messages"] for r in every[:8]]
+    assert [m for _, m in source.val()] == [r["messages"] for r in every[8:]]
+    assert [where for where, _ in source.val()] == [f"{folder / 'part-1.jsonl'}, line {n}" for n in (5, 6)]
+    (folder / "part-2.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    with pytest.raises(DataError, match="part-2.jsonl, line 1: no assistant message"):
+        list(chat_source(str(folder), 0.2).train())
