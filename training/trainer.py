@@ -82,8 +82,8 @@ class Trainer:
         if run.base is not None and (run.state is None or self.lora):  # existing weights (train.init_from)
             self.model.load_state_dict(run.base.state_dict(run.model_config))
         if self.lora:  # the weights brought in freeze; adapters (and a chat template's new tokens' rows) train
-            grown = run.model_config.vocab_size > run.base.config.vocab_size
-            add_adapters(self.model, self.lora, run.base.config.vocab_size if grown else None)
+            first_new = run.base.tokenizer().get_vocab_size()  # (the ids data/chat.py added come after)
+            add_adapters(self.model, self.lora, first_new if run.data.vocab_size > first_new else None)
             self.trained = list(trained_parameters(self.model))
         self.optimizers = make_optimizers(self.model, settings, device)
         self.schedule = Schedule(settings, settings.max_iters)
