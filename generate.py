@@ -252,7 +252,10 @@ class Chat:
         self.ends = turn_ends(tokenizer)
         self.device = device
         self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(settings.seed) if settings.seed is not None else self.generator.seed()
+        if settings.seed is not None:
+            self.generator.manual_seed(settings.seed)
+        else:
+            self.generator.seed()
 
     def prompt(self) -> list[int]:
         """The conversation with the prompt for an answer, its oldest turns dropped until it
@@ -305,23 +308,21 @@ class Chat:
         return answer
 
 
-def chat(model, tokenizer, checkpoint: Path, settings: Settings, device, lines=None, out=None) -> None:
+def chat(model, tokenizer, checkpoint: Path, settings: Settings, device) -> None:
     """generate.py --chat: each line read (from the terminal, or piped in) is the user's message."""
     source = RunDir(checkpoint).chat_template()
     if source is None:
         raise UserError(f"{checkpoint} has no chat template (chat_template.jinja): it was trained on plain text; "
                         "--chat needs a model fine-tuned on conversations (docs/usage.md)")
-    out = out or sys.stdout
     session = Chat(model, tokenizer, ChatTemplate(source, special_token_names(tokenizer)), settings, device)
-    terminal = lines is None and sys.stdin.isatty()
-    if terminal:
+    if sys.stdin.isatty():
         print("Type a message and press Enter (Ctrl-D to quit).", file=sys.stderr)
-    for line in lines if lines is not None else sys.stdin:
+    for line in sys.stdin:
         text = line.rstrip("\n")
         if not text:
             continue
         try:
-            session.reply(text, out)
+            session.reply(text, sys.stdout)
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
 
@@ -359,6 +360,9 @@ def command(args) -> int:
     settings = Settings.from_args(args, stream=sys.stdout.isatty())  # (checked before any work)
     use_threads("generate", args.threads)
     prompts = read_prompts(args)
+    if args.chat and (prompts or args.show_attention is not None):
+        raise UserError("--chat reads its messages from the input, one a line; give it no --prompt, --prompt-file "
+                        "or --show-attention")
     interactive_mode = args.interactive or (not prompts and sys.stdin.isatty())
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device, training=False)  # 'auto': bf16 on GPUs, float32 on CPUs

@@ -267,6 +267,8 @@ def test_chat_needs_a_model_fine_tuned_on_conversations(tmp_path, micro):
     assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *micro("train.max_iters=2")]) == 0
     out = run_cli("generate.py", "--checkpoint", str(tmp_path / "run"), "--chat", input="hello\n")
     assert out.returncode == 2 and "Traceback" not in out.stderr and "no chat template" in out.stderr.splitlines()[-1]
+    out = run_cli("generate.py", "--checkpoint", str(tmp_path / "run"), "--chat", "--prompt", "hello")
+    assert out.returncode == 2 and out.stderr.strip().endswith("give it no --prompt, --prompt-file or --show-attention")
 
 
 @pytest.fixture(scope="module")
