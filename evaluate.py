@@ -37,10 +37,10 @@ from common.run_dir import RunDir
 from common.threads import AdaptiveThreads, thread_help, use_threads
 from data import DataError, unknown_characters
 from data.batches import IGNORE, conversation_rows
-from data.chat import (ChatTemplate, chat_source, conversation, encode, in_memory, prompt_ids, special_token_names,
-                       turn_ends)
+from data.chat import (ChatTemplate, chat_source, conversation, encode, in_memory, is_conversation, prompt_ids,
+                       special_token_names, turn_ends)
 from data.prepare import validation_tokens
-from data.sources import check_readable, json_lines
+from data.sources import check_readable, first_record, json_lines
 from data.tokenizer import Encoder, start_ids
 from model import Sampling
 
@@ -157,7 +157,7 @@ def val_source(checkpoint: Path, tokenizer, counts: dict, scratch: Path) -> Iter
 def conversations_to_score(args) -> list[list[dict]] | None:
     """The conversations --text or --split val names (None: plain text)."""
     if args.text is not None:
-        if args.text.suffix.lower() != ".jsonl" or chat_source(str(args.text), 0.5) is None:
+        if args.text.suffix.lower() != ".jsonl" or not is_conversation(first_record(args.text)):
             return None
         return [conversation(row, f"{args.text}, line {number}") for number, row in json_lines(args.text)]
     try:

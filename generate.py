@@ -244,7 +244,10 @@ class Chat:
     user is told; the cache then starts again."""
 
     def __init__(self, model, tokenizer, template: ChatTemplate, settings: Settings, device):
-        self.model, self.tokenizer, self.template, self.settings = model, tokenizer, template, settings
+        self.model = model
+        self.tokenizer = tokenizer
+        self.template = template
+        self.settings = settings
         self.block_size = model.config.block_size
         self.cache = KVCache(model.config, 1, self.block_size, device, next(model.parameters()).dtype)
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds

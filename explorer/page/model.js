@@ -27,20 +27,49 @@ function linear(x, T, W, b) {
   };
   let t = 0;
   for (; t + 2 <= T; t += 2) {
-    const x0 = t * inDim, x1 = x0 + inDim;
+    const xRow0 = t * inDim; // x[t]
+    const xRow1 = xRow0 + inDim; // x[t + 1]
     let o = 0;
     for (; o + 4 <= outDim; o += 4) {
-      const w0 = o * inDim, w1 = w0 + inDim, w2 = w1 + inDim, w3 = w2 + inDim;
-      let a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+      const wRow0 = o * inDim; // W[o] ... W[o + 3]
+      const wRow1 = wRow0 + inDim;
+      const wRow2 = wRow1 + inDim;
+      const wRow3 = wRow2 + inDim;
+      // sTO: the sum for x[t + T] and W[o + O]
+      let s00 = 0;
+      let s01 = 0;
+      let s02 = 0;
+      let s03 = 0;
+      let s10 = 0;
+      let s11 = 0;
+      let s12 = 0;
+      let s13 = 0;
       for (let i = 0; i < inDim; i++) {
-        const u = x[x0 + i], v = x[x1 + i];
-        const p = w[w0 + i], q = w[w1 + i], r = w[w2 + i], s = w[w3 + i];
-        a0 += u * p; a1 += u * q; a2 += u * r; a3 += u * s;
-        b0 += v * p; b1 += v * q; b2 += v * r; b3 += v * s;
+        const x0 = x[xRow0 + i];
+        const x1 = x[xRow1 + i];
+        const w0 = w[wRow0 + i];
+        const w1 = w[wRow1 + i];
+        const w2 = w[wRow2 + i];
+        const w3 = w[wRow3 + i];
+        s00 += x0 * w0;
+        s01 += x0 * w1;
+        s02 += x0 * w2;
+        s03 += x0 * w3;
+        s10 += x1 * w0;
+        s11 += x1 * w1;
+        s12 += x1 * w2;
+        s13 += x1 * w3;
       }
-      const y0 = t * outDim + o, y1 = y0 + outDim;
-      y[y0] = a0; y[y0 + 1] = a1; y[y0 + 2] = a2; y[y0 + 3] = a3;
-      y[y1] = b0; y[y1 + 1] = b1; y[y1 + 2] = b2; y[y1 + 3] = b3;
+      const y0 = t * outDim + o; // y[t][o]
+      const y1 = y0 + outDim; // y[t + 1][o]
+      y[y0] = s00;
+      y[y0 + 1] = s01;
+      y[y0 + 2] = s02;
+      y[y0 + 3] = s03;
+      y[y1] = s10;
+      y[y1 + 1] = s11;
+      y[y1 + 2] = s12;
+      y[y1 + 3] = s13;
     }
     for (; o < outDim; o++) {
       y[t * outDim + o] = dotRow(t, o);
