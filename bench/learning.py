@@ -106,7 +106,7 @@ def step_speed(recipes: list[str], common: list[str], tmp: str, rounds: int, ste
     from training.trainer import Trainer
 
     def advance(trainer: Trainer, iterations: int) -> None:
-        trainer.budget.max_iters = trainer.iteration + iterations
+        trainer.budget.stop_at(trainer.iteration + iterations)
         with contextlib.redirect_stdout(io.StringIO()):  # (each round prints a run's first and last lines)
             trainer.fit()
 

@@ -49,7 +49,7 @@ def main() -> None:
         trainer.run_dir.path.mkdir(parents=True)
 
         def advance() -> None:  # `steps` iterations of the loop (which ends them with a small evaluation)
-            trainer.budget.max_iters = trainer.iteration + steps
+            trainer.budget.stop_at(trainer.iteration + steps)
             with contextlib.redirect_stdout(io.StringIO()):
                 trainer.fit()
 

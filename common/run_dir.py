@@ -49,7 +49,6 @@ from model.gpt import CONFIG_FILE, WEIGHTS_FILE
 from .cli import UserError
 
 DEFAULT_RUN = Path("out/tiny")  # where configs/tiny.yaml trains: the run generate.py samples by default
-STATE_FORMAT = 2  # trainer_state.pt's layout; an older one cannot be resumed (its model still loads)
 
 
 class RunDir:
@@ -182,9 +181,10 @@ class RunDir:
     def lock(self) -> "RunLock":
         return RunLock(self.path / self.LOCK)
 
-    def load_state(self) -> dict[str, Any] | None:
-        """The trainer state, or None if there is none. Never unpickles code:
-        weights_only=True refuses anything but tensors and plain containers."""
+    def load_state(self) -> Any:
+        """The trainer state as saved (training/state.py reads its layout), or None if there
+        is none. Never unpickles code: weights_only=True refuses anything but tensors and
+        plain containers."""
         path = self.path / self.STATE
         if not path.is_file():
             return None
@@ -193,9 +193,6 @@ class RunDir:
         except Exception as e:
             raise UserError(f"{path} cannot be loaded safely ({str(e).splitlines()[0][:200]}); "
                             "it is damaged or not ours: start over with --fresh or use another out_dir") from e
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise UserError(f"{path} was written by an earlier version of this project and cannot be resumed "
-                            "(its model still generates and exports); add --fresh to start over, or set out_dir=PATH")
         return state
 
     def save_run_config(self, text: str) -> None:
@@ -206,7 +203,7 @@ class RunDir:
         """One checkpoint: the model and tokenizer generate.py needs, the summary, then the
         trainer state, in that order."""
         buffer = io.BytesIO()
-        torch.save({**state, "format": STATE_FORMAT}, buffer)
+        torch.save(state, buffer)
         files = {**self.model_files(model, tokenizer),
                  self.SUMMARY: (json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode(),
                  self.STATE: buffer.getvalue()}

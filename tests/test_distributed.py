@@ -10,6 +10,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -194,17 +195,17 @@ def test_every_node_must_find_rank_0s_checkpoint(tmp_path):
     def check(state, *others):
         check_same_checkpoint(Gathered(*others), state, tmp_path)
 
-    check({"iteration": 10}, ("b", 10))
+    check(SimpleNamespace(iteration=10), ("b", 10))
     check(None, ("b", None))
     here = socket.gethostname()
     with pytest.raises(UserError, match=rf"node b \(rank 1\) finds no checkpoint in .*, rank 0 on {here} the "
                                         r"checkpoint of iteration 10: put out_dir on storage every node shares"):
-        check({"iteration": 10}, ("b", None))
+        check(SimpleNamespace(iteration=10), ("b", None))
     with pytest.raises(UserError, match=r"node b \(rank 1\) finds the checkpoint of iteration 10 in .*, rank 0 "
                                         r"on .* no checkpoint"):
         check(None, ("b", 10))
     with pytest.raises(UserError, match=r"node c \(rank 2\) finds the checkpoint of iteration 5"):
-        check({"iteration": 10}, ("b", 10), ("c", 5))
+        check(SimpleNamespace(iteration=10), ("b", 10), ("c", 5))
 
 
 def test_a_run_resumed_with_other_process_counts_keeps_its_global_batch(micro, tmp_path, capsys):
@@ -243,16 +244,20 @@ def test_uneven_process_counts_say_the_global_batch_changes(capsys):
     from training.resume import grad_accum_for
 
     two = Distributed(rank=0, world_size=2)  # what rank 0 of 2 decides for a 3-process checkpoint
-    assert grad_accum_for({"ranks": [{}] * 3, "grad_accum": 1}, two, batch_size=8, grad_accum=1) == 1
+    assert grad_accum_for(SimpleNamespace(ranks=[{}] * 3, grad_accum=1), two,
+                          SimpleNamespace(batch_size=8, grad_accum=1)) == 1
     assert "resuming a 3-process run with 2: its 3 micro-batches per step do not split evenly over 2 " \
            "processes, so the global batch becomes 16 sequences" in capsys.readouterr().err
     # 4 processes' micro-batches, 2 for each of these 2
-    assert grad_accum_for({"ranks": [{}] * 4, "grad_accum": 1}, two, batch_size=8, grad_accum=1) == 2
+    assert grad_accum_for(SimpleNamespace(ranks=[{}] * 4, grad_accum=1), two,
+                          SimpleNamespace(batch_size=8, grad_accum=1)) == 2
     assert "resuming a 4-process run with 2: train.grad_accum 1 -> 2 keeps the global batch of 32 sequences" \
         in capsys.readouterr().err
-    assert grad_accum_for({"ranks": [{}] * 4}, Distributed(rank=1, world_size=2), batch_size=8, grad_accum=2) == 4
-    assert capsys.readouterr().err == ""  # (an older checkpoint records no grad_accum: the config's); rank 1 says nothing
-    assert grad_accum_for({"ranks": [{}] * 2, "grad_accum": 5}, two, batch_size=8, grad_accum=3) == 3  # the same count
+    assert grad_accum_for(SimpleNamespace(ranks=[{}] * 4, grad_accum=2), Distributed(rank=1, world_size=2),
+                          SimpleNamespace(batch_size=8, grad_accum=2)) == 4
+    assert capsys.readouterr().err == ""  # rank 1 says nothing
+    assert grad_accum_for(SimpleNamespace(ranks=[{}] * 2, grad_accum=5), two,
+                          SimpleNamespace(batch_size=8, grad_accum=3)) == 3  # the same count: the config's
 
 
 # ---- torchrun (slow) ---------------------------------------------------------

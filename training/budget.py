@@ -29,7 +29,8 @@ def stop_iteration(it: int, seconds_left: float, seconds_per_iteration: float, c
 
 class TimeBudget:
     """The seconds the run has used, and with `minutes`, the iteration that fits them:
-    `max_iters`, at most `cap` (train.max_iters). The trainer sets max_iters from `fit`."""
+    `max_iters`, at most `cap` (train.max_iters). The budget owns max_iters: `fit` proposes
+    where to stop, and the trainer, once every process agrees, calls `stop_at`."""
 
     def __init__(self, minutes: float | None, cap: int, eval_interval: int, clock: Callable[[], float],
                  seconds_before: float = 0.0):
@@ -45,6 +46,7 @@ class TimeBudget:
         self.pace: float | None = None  # seconds per iteration, evaluations left out
         self.overhead: float | None = None  # seconds of the last evaluation with its checkpoint
         self.overhead_total = 0.0  # seconds of all of them, in this process
+        self.estimates = 0  # fits made in this process (the first one is said)
 
     def seconds_used(self) -> float:
         """Wall time of the whole run so far."""
@@ -85,6 +87,10 @@ class TimeBudget:
         self.overhead = seconds
         self.overhead_total += seconds
 
+    def stop_at(self, it: int) -> None:
+        """Train to iteration `it` (what `fit` proposed, agreed on by every process)."""
+        self.max_iters = it
+
     def fit(self, it: int) -> int | None:
         """The iteration to stop at, from the pace since the last fit (smoothed) and what an
         evaluation costs; None while there is no estimate yet (or no budget)."""
@@ -99,4 +105,5 @@ class TimeBudget:
         self.mark = (now, it, self.overhead_total)
         per_iteration = self.pace + self.overhead / self.eval_interval
         left = self.minutes * 60 - self.seconds_used() - self.overhead  # kept for the last evaluation
+        self.estimates += 1
         return stop_iteration(it, left, per_iteration, self.cap)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -65,11 +64,6 @@ class Distributed:
         from torch.nn.parallel import DistributedDataParallel
 
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-    def gradients_averaged(self, model: torch.nn.Module, now: bool):
-        """Inside it, a backward averages the gradients over the processes if `now` (the
-        last micro-batch of a step) and only accumulates them here otherwise (no_sync)."""
-        return nullcontext() if now or not self.enabled else model.no_sync()
 
     def close(self) -> None:
         if dist.is_initialized():  # (torchrun with one process joins a group too)

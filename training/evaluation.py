@@ -4,6 +4,7 @@ evaluation, the mean loss over fixed windows, the attention maps and a sample of
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,10 +26,10 @@ class Evaluator:
     train.eval_windows), so that the figure does not depend on how the batch is laid out
     over processes and micro-batches; and a validation text for the attention maps."""
 
-    def __init__(self, run: PreparedRun, dist: Distributed, device: torch.device, dtype: torch.dtype):
+    def __init__(self, run: PreparedRun, grad_accum: int, dist: Distributed, device: torch.device, dtype: torch.dtype):
         block_size = run.model_config.block_size
         settings = run.config.train
-        count = settings.eval_windows or settings.eval_iters * settings.batch_size * run.grad_accum * dist.world_size
+        count = settings.eval_windows or settings.eval_iters * settings.batch_size * grad_accum * dist.world_size
         self.val = evaluation_rows(run.data, "val", block_size, count, settings.seed)
         self.train = evaluation_rows(run.data, "train", block_size, count, settings.seed)
         self.attention_ids = torch.from_numpy(run.data.val[:min(block_size, 128)].astype(np.int64))[None].to(device)
@@ -95,6 +96,17 @@ class Evaluator:
             log.head_scores(it, scores["previous_token"], scores["induction"])
 
 
+@dataclass
+class LossesRead:
+    """What StepLosses.read found in the steps since the last read."""
+
+    loss: float  # the last step's loss
+    grad_norm: float  # and its gradients' norm
+    bad_at: int | None  # the first iteration whose loss (or norm) is not finite; None: none
+    bad_loss: float  # that iteration's loss and norm (meaningless when bad_at is None)
+    bad_norm: float
+
+
 class StepLosses:
     """The loss and gradient norm of each step since the last read, still on the device.
     Reading a number from a GPU waits for all the work queued before it, so they are read
@@ -114,10 +126,9 @@ class StepLosses:
     def add(self, iteration: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         self.pending.append((iteration, loss, grad_norm))
 
-    def read(self, check_norms: bool) -> tuple[float, float, int | None, float, float]:
-        """(the last loss, the last norm, the first iteration whose loss (or norm, with
-        check_norms) is not finite or None, that iteration's loss and norm); the pending
-        steps are then forgotten. The first step's loss is kept as `initial`."""
+    def read(self, check_norms: bool) -> LossesRead:
+        """The pending steps' losses (and norms, checked with check_norms), then forgotten.
+        The first step's loss is kept as `initial`."""
         iterations = [iteration for iteration, _, _ in self.pending]
         losses = torch.stack([loss for _, loss, _ in self.pending])  # [steps]
         norms = torch.stack([norm for _, _, norm in self.pending]).to(losses.dtype)  # [steps]
@@ -132,4 +143,4 @@ class StepLosses:
         loss, norm, first_bad, bad_loss, bad_norm, first_loss = read
         if iterations[0] == 1:
             self.initial = first_loss
-        return loss, norm, iterations[int(first_bad)] if first_bad >= 0 else None, bad_loss, bad_norm
+        return LossesRead(loss, norm, iterations[int(first_bad)] if first_bad >= 0 else None, bad_loss, bad_norm)

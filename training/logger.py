@@ -27,14 +27,53 @@ def header(model, data, device, dtype, processes: int, resumed_at: int) -> str:
             + (f" | resuming at iteration {resumed_at}" if resumed_at else ""))
 
 
-def continuation_message(old_end: int, new_end: int, lr: float) -> str:
-    return (f"continuing: the learning rate's decay now ends at iteration {new_end} (it ended at {old_end}); it "
-            f"goes on from {lr:.2e} along the rest of its curve, so it does not jump (docs/usage.md)")
+def optimizer_settings(optimizers: list[dict]) -> dict[tuple[int, str], object]:
+    """Each group's settings in saved optimizer states, {(optimizer, key): value}; the rate
+    of each step and Muon's momentum are the schedule's, so they are left out."""
+    return {(number, "peak lr" if key == "initial_lr" else key): value
+            for number, state in enumerate(optimizers) for group in state["param_groups"]
+            for key, value in group.items() if key not in ("params", "lr", "momentum")}
 
 
-def warmup_message(old_end: int, new_end: int, length: int) -> str:
-    return (f"the learning-rate warm-up now ends at iteration {new_end} instead of {old_end}, so that it takes at "
-            f"most a tenth of what is left of a run of {length} iterations")
+def what_changed(before, after, optimizer_names: list[str], lr: float) -> list[str]:
+    """What going on from the saved state `before` changed in the state `after` (both
+    training/state.TrainerState), the config being as it is now: the optimizers' settings,
+    where the decay ends (it goes on along the rest of its curve), a shorter warm-up."""
+    said = []
+    old = optimizer_settings(before.optimizers)
+    settings = [f"{optimizer_names[n]} {key} {old.get((n, key))} -> {value}"
+                for (n, key), value in optimizer_settings(after.optimizers).items() if old.get((n, key)) != value]
+    if settings:
+        said.append(f"resuming with the optimizer settings of the config as it is now: "
+                    f"{'; '.join(dict.fromkeys(settings))}")  # (AdamW's two groups change alike)
+    if after.iteration and after.schedule["decay_iters"] != before.schedule["decay_iters"]:
+        said.append(f"continuing: the learning rate's decay now ends at iteration {after.schedule['decay_iters']} (it "
+                    f"ended at {before.schedule['decay_iters']}); it goes on from {lr:.2e} along the rest of its "
+                    "curve, so it does not jump (docs/usage.md)")
+    return said + warmup_change(before.schedule, after.schedule, after.budget["max_iters"])
+
+
+def warmup_change(before: dict, after: dict, length: int) -> list[str]:
+    """The warm-up of schedule state `after` shortened from `before`'s, for a run of `length` iterations."""
+    if after["warmup"] == before["warmup"]:
+        return []
+    return [f"the learning-rate warm-up now ends at iteration {after['warmup']} instead of {before['warmup']}, so "
+            f"that it takes at most a tenth of what is left of a run of {length} iterations"]
+
+
+def budget_message(budget, target: int) -> str:
+    """The time budget's first estimate (training/budget.py)."""
+    return (f"time budget {budget.minutes:g} min: {1000 * budget.pace:.0f} ms per iteration, {budget.overhead:.1f} s "
+            f"per evaluation and checkpoint; training to iteration {target}")
+
+
+def stopped_message(it: int, out_dir) -> str:
+    return f"stopped at iteration {it}; checkpoint saved in {out_dir}. Run the same command to continue."
+
+
+def finished_message(it: int, out_dir, limit: str) -> str:
+    return (f"{out_dir} already holds a finished run of {it} iterations; add --fresh to start over or raise {limit} "
+            "to continue")
 
 
 def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, prompt: str,
@@ -129,12 +168,6 @@ class RunLogger:
                 for k, v in values.items()}
         for summary in hparams(flat, metrics):
             self.writer.file_writer.add_summary(summary)
-
-    def advance(self, it: int) -> None:
-        """Move the bar to iteration `it` (its loss and speed change at the next progress)."""
-        if self.bar is not None:
-            self.bar.n = it
-            self.bar.refresh()
 
     def progress(self, it: int, loss: float, lr: float, tokens_per_sec: float) -> None:
         if not self.enabled:

@@ -3,10 +3,10 @@ Trainer (train.py) or to the shape trace (--explain):
 
 1. train.init_from's model, if any: a bad one is refused before anything is written;
 2. out_dir claimed (made writable and locked, on the main process: train.py's `claim`);
-3. the checkpoint to resume from, unless --fresh;
-4. the token files, encoded with init_from's tokenizer if there is one, and the model's
+3. the token files, encoded with init_from's tokenizer if there is one, and the model's
    config (from the run config and the tokenizer, or from init_from's model);
-5. the checkpoint checked against them, on every process.
+4. with --fresh, the resume point in out_dir forgotten (otherwise the Trainer goes on from
+   it: training/resume.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from data.batches import answered, check_length, longer_than
 from data.tokenizer import suggest_prompt
 from model import GPT, GPTConfig
 
-from . import resume
 from .config import RunConfig
 from .distributed import Distributed
 from .init_from import BaseModel, config_for, open_base_model
@@ -39,19 +38,18 @@ class PreparedRun:
     data: TokenData
     model_config: GPTConfig
     base: BaseModel | None  # train.init_from's model: the weights a new run starts from
-    state: dict | None  # the checkpoint to resume from; None for a new run
     identity: dict  # the model and data settings a resume must match
-    grad_accum: int  # train.grad_accum, or what keeps a resumed run's global batch
+    grad_accum: int  # train.grad_accum (a resume with another process count may change it: resume.py)
     prompt: str = "\n"  # one to try the model with, that its tokenizer can encode
     seconds: float = 0.0  # what preparing took (data preparation), counted in the run's time
     adapt_threads: bool = False  # the thread count is the default's to adapt (common/threads.py)
 
 
-def prepare_run(cfg: RunConfig, dist: Distributed = Distributed(), fresh: bool = False,
+def prepare_run(cfg: RunConfig, dist: Distributed | None = None, fresh: bool = False,
                 claim: Callable[[], None] = lambda: None, use_out_dir: bool = True) -> PreparedRun:
-    """The run of `cfg` for this process: a new one, or the one in out_dir to resume.
-    fresh: start over there. use_out_dir=False: a new run that never reads or changes out_dir
-    (--explain)."""
+    """The run of `cfg` for this process. fresh: start over in out_dir. use_out_dir=False: a
+    run that never reads or changes out_dir (--explain)."""
+    dist = dist if dist is not None else Distributed()
     started = time.perf_counter()
     # (the count adapts to the machine's load only in a run fitted to a time budget: common/threads.py)
     adapt_threads = use_threads("train", cfg.train.threads or None) and cfg.train.max_minutes is not None
@@ -62,24 +60,17 @@ def prepare_run(cfg: RunConfig, dist: Distributed = Distributed(), fresh: bool =
     if base is not None:
         config_for(base, cfg.model, cfg.model_keys)  # refuse a changed setting before anything is written
     claim()
-    run_dir = RunDir(cfg.out_dir)
-    state = None if fresh or not use_out_dir else run_dir.load_state()
     data, model_config = load_data(cfg, dist, base)
     data_identity = {**{k: v for k, v in vars(cfg.data).items() if k != "cache_dir"}, "init_from": cfg.train.init_from}
     identity = {"model": model_config.to_dict(), "data": data_identity}
     if cfg.lora.rank:  # (a run with adapters resumes only with the same ones)
         identity["lora"] = dataclasses.asdict(cfg.lora)
-    grad_accum = cfg.train.grad_accum
-    if state is not None:
-        resume.check_resumable(state, identity, run_dir.path)
-        grad_accum = resume.grad_accum_for(state, dist, cfg.train.batch_size, grad_accum)
-    if dist.enabled:
-        resume.check_same_checkpoint(dist, state, run_dir.path)
     if fresh and use_out_dir and dist.is_main:
-        run_dir.start_over()
+        RunDir(cfg.out_dir).start_over()
+    dist.barrier()  # (no process looks for the resume point before it is gone)
     prompt = suggest_prompt(data.tokenizer, cfg.train.sample_prompt, data.tokenizer.decode(data.val[:256].tolist()))
-    return PreparedRun(cfg, data, model_config, base, state, identity, grad_accum, prompt, time.perf_counter() - started,
-                       adapt_threads)
+    return PreparedRun(cfg, data, model_config, base, identity, cfg.train.grad_accum, prompt,
+                       time.perf_counter() - started, adapt_threads)
 
 
 def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tuple[TokenData, GPTConfig]:

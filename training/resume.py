@@ -1,8 +1,9 @@
-"""Resuming a run from its trainer state: is the checkpoint of this run, on every process?
-Then everything is put back where the saved run stopped: weights, optimizers, iteration,
-the learning-rate schedule, and each process's RNG and batch sampler, so the same batches
-and dropout masks follow and a resumed run ends bit-identical to one never stopped.
-A run may also continue with another number of processes (change_of_process_count).
+"""Resuming a run from its state (training/state.py): `check` loads it and checks that it is
+this run's, on every process; Trainer.resume then puts everything back where the saved run
+stopped: weights, optimizers, iteration, the learning-rate schedule, and each process's RNG
+and batch sampler, so the same batches and dropout masks follow and a resumed run ends
+bit-identical to one never stopped. A run may also continue with another number of
+processes (grad_accum_after).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import numpy as np
 import torch
 
 from common.cli import UserError
+from common.run_dir import RunDir
 
 from .distributed import Distributed
+from .state import TrainerState
 
 
 def seed_everything(seed: int) -> None:
@@ -43,9 +46,22 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def check_resumable(state: dict, identity: dict, out_dir: Path) -> None:
+def check(run_dir: RunDir, run, dist: Distributed) -> TrainerState | None:
+    """The run's state in run_dir (None: a new run), checked: of a layout this version
+    reads, of the same model and data settings as `run` (training/preparation.PreparedRun),
+    and the same on every process."""
+    raw = run_dir.load_state()
+    state = None if raw is None else TrainerState.from_dict(raw, str(run_dir.path / RunDir.STATE))
+    if state is not None:
+        check_resumable(state, run.identity, run_dir.path)
+    if dist.enabled:
+        check_same_checkpoint(dist, state, run_dir.path)
+    return state
+
+
+def check_resumable(state: TrainerState, identity: dict, out_dir: Path) -> None:
     """The checkpoint's model and data settings must be the requested ones."""
-    saved = state.get("identity", {})
+    saved = state.identity
     diffs = [f"{section}.{key}: checkpoint {saved.get(section, {}).get(key)!r}, requested {value!r}"
              for section in ("model", "data") for key, value in identity[section].items()
              if saved.get(section, {}).get(key) != value]
@@ -54,10 +70,10 @@ def check_resumable(state: dict, identity: dict, out_dir: Path) -> None:
                         "add --fresh to start over there, or set out_dir=PATH for a new run")
 
 
-def check_same_checkpoint(dist: Distributed, state: dict | None, out_dir: Path) -> None:
+def check_same_checkpoint(dist: Distributed, state: TrainerState | None, out_dir: Path) -> None:
     """Every process must resume from the same checkpoint: with several nodes, out_dir
     must be one folder they all see (rank 0 writes it, every process reads it)."""
-    held = dist.gather((socket.gethostname(), None if state is None else state["iteration"]))
+    held = dist.gather((socket.gethostname(), None if state is None else state.iteration))
 
     def seen(iteration: int | None) -> str:
         return "no checkpoint" if iteration is None else f"the checkpoint of iteration {iteration}"
@@ -84,34 +100,28 @@ def grad_accum_after(saved_processes: int, saved_accum: int, world_size: int, ba
                         " sequences and the batches differ (set train.grad_accum to choose)")
 
 
-def grad_accum_for(state: dict, dist: Distributed, batch_size: int, grad_accum: int) -> int:
-    """The grad_accum a resumed run trains with; a change of process count is said on stderr."""
-    saved = len(state["ranks"])
+def grad_accum_for(state: TrainerState, dist: Distributed, settings) -> int:
+    """The grad_accum a resumed run trains with (`settings`: the run config's train section);
+    a change of process count is said on stderr."""
+    saved = len(state.ranks)
     if saved == dist.world_size:
-        return grad_accum
-    accum, what = grad_accum_after(saved, state.get("grad_accum", grad_accum), dist.world_size, batch_size, grad_accum)
+        return settings.grad_accum
+    accum, what = grad_accum_after(saved, state.grad_accum, dist.world_size, settings.batch_size, settings.grad_accum)
     if dist.is_main:
         print(f"note: resuming a {saved}-process run with {dist.world_size}: {what}", file=sys.stderr)
     return accum
 
 
-def load_optimizers(optimizers: list[torch.optim.Optimizer], saved: list[dict], out_dir: Path) -> list[str]:
+def load_optimizers(optimizers: list[torch.optim.Optimizer], saved: list[dict], out_dir: Path) -> None:
     """Each optimizer's state (its moments and step counts) from the checkpoint, and its
     settings (peak learning rates, betas, weight decay, ...) from the run config as it is
-    now; returns the settings that changed, as "name old -> new". (The rate and Muon's
-    momentum of each step are the schedule's, from these.)"""
+    now. (The rate and Muon's momentum of each step are the schedule's, from these.)"""
     if len(saved) != len(optimizers):
         raise UserError(f"{out_dir} was trained with another train.optimizer; add --fresh to start over "
                         "there, or set out_dir=PATH for a new run")
-    changed = []
     for optimizer, optimizer_state in zip(optimizers, saved):
         wanted = [{k: v for k, v in group.items() if k not in ("params", "lr", "momentum")}
                   for group in optimizer.param_groups]
         optimizer.load_state_dict(optimizer_state)
         for group, settings in zip(optimizer.param_groups, wanted):
-            for key, value in settings.items():
-                if group.get(key) != value:
-                    name = "peak lr" if key == "initial_lr" else key
-                    changed.append(f"{type(optimizer).__name__} {name} {group.get(key)} -> {value}")
-                group[key] = value
-    return list(dict.fromkeys(changed))  # (AdamW's two groups change alike)
+            group.update(settings)

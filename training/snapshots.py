@@ -53,9 +53,10 @@ class Snapshots:
         if self.writes:
             self.run_dir.save_snapshot(step, model)
 
-    def resume(self, step: int) -> None:
-        """A run resumed at `step` keeps the snapshots up to it; those after it (written by
-        the process that was stopped or killed after its checkpoint) are taken again."""
+    def drop_after(self, step: int) -> None:
+        """A run resumed at `step` keeps the snapshots up to it and deletes those after it
+        (written by the process that was stopped or killed after its checkpoint): they are
+        taken again."""
         if self.writes:
             for later, path in self.run_dir.snapshot_paths().items():
                 if later > step:

@@ -1,0 +1,90 @@
+"""One training iteration, top to bottom. A learner who wants to know what training does
+reads this file and model/: everything else in training/ happens now and then around it
+(trainer.py: reading the losses, evaluating, saving, the time budget).
+
+    1. the learning rate of this iteration (warm-up, then decay: optim.Schedule)
+    2. forward and backward over grad_accum micro-batches
+    3. the gradients' norm clipped
+    4. the optimizer step, the gradients cleared
+    5. the average of the weights follows the weights (train.ema)
+
+nanoGPT's loop does the same in the same order; what is added here is what a longer run
+needs and says why on the line that does it.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from common.device import autocast
+from model import GPT
+
+from .average import WeightAverage
+from .optim import Schedule
+
+
+@dataclass
+class StepResult:
+    """What one iteration hands back. The loss and the norm stay on the device: reading a
+    number from a GPU waits for all the work queued before it, so the trainer reads many
+    steps' values together, now and then (evaluation.StepLosses)."""
+
+    lr: float  # AdamW's learning rate at this iteration (Muon's follows the same curve from its own peak)
+    loss: torch.Tensor  # the mean cross-entropy over the whole batch, a scalar
+    grad_norm: torch.Tensor  # the gradients' norm before clipping
+
+
+def train_step(it: int, model: GPT, next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+               optimizers: list[torch.optim.Optimizer], schedule: Schedule, *,
+               grad_accum: int = 1, grad_clip: float = 1.0, device: torch.device = torch.device("cpu"),
+               dtype: torch.dtype = torch.float32, forward: torch.nn.Module | None = None,
+               scaler: torch.amp.GradScaler | None = None, average: WeightAverage | None = None) -> StepResult:
+    """Iteration `it` (0-based: the steps taken before it) on `model`.
+
+    next_batch: () -> x, y [B, T]: token ids, and the next token of each (-100: not scored)
+    forward:    what is called for the loss: the model itself, or it compiled and/or wrapped
+                in DistributedDataParallel (which averages the gradients over the processes)
+    scaler:     float16's loss scaling (None, or disabled, for float32 and bfloat16)
+    average:    train.ema's average of the weights, moved after the step
+    """
+    forward = forward if forward is not None else model
+    scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
+
+    # 1. the learning rate of this iteration: a warm-up, then a decay
+    schedule.apply(optimizers, it)
+
+    # 2. forward and backward, over grad_accum micro-batches: each loss is divided by
+    #    grad_accum, so the gradients add up to those of the mean over the whole batch
+    loss = torch.zeros((), device=device)
+    for micro in range(grad_accum):
+        x, y = next_batch()  # [B, T] token ids, and the next token of each
+        x = x.to(device, non_blocking=True)
+        y = y.to(device, non_blocking=True)
+        # under DDP the processes average their gradients at the last micro-batch only
+        last = micro == grad_accum - 1
+        with nullcontext() if last or not hasattr(forward, "no_sync") else forward.no_sync():
+            with autocast(device, dtype):
+                _, micro_loss = forward(x, y)  # the mean cross-entropy, a scalar
+            scaler.scale(micro_loss / grad_accum).backward()
+        loss += micro_loss.detach() / grad_accum
+
+    # 3. clip the gradients' norm to grad_clip (float16: the scaler's factor undone first)
+    for optimizer in optimizers:
+        scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)
+
+    # 4. the optimizer step, then the gradients cleared for the next one
+    for optimizer in optimizers:
+        scaler.step(optimizer)  # (float16: skipped where the gradients overflowed)
+        optimizer.zero_grad(set_to_none=True)
+    scaler.update()
+
+    # 5. the average of the weights follows the weights (train.ema)
+    if average is not None:
+        average.update(model, it)
+    return StepResult(lr=optimizers[-1].param_groups[0]["lr"], loss=loss, grad_norm=grad_norm)
