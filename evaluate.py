@@ -37,12 +37,11 @@ from common.run_dir import RunDir
 from common.threads import AdaptiveThreads, thread_help, use_threads
 from data import DataError, unknown_characters
 from data.batches import IGNORE, conversation_rows
-from data.chat import (ChatTemplate, chat_source, conversation, encode, in_memory, is_conversation, prompt_ids,
-                       special_token_names, turn_ends)
+from common.chat import replies, run_template
+from data.chat import ChatTemplate, chat_source, conversation, encode, in_memory, is_conversation, prompt_ids, turn_ends
 from data.prepare import validation_tokens
 from data.sources import check_readable, first_record, json_lines
 from data.tokenizer import Encoder, start_ids
-from model import Sampling
 
 CHUNK = 1 << 20  # characters read (or tokens taken) at a time
 PROGRESS_BYTES = 1 << 20  # a text this long shows a progress bar while it is scored
@@ -182,28 +181,21 @@ def score_conversations(model, tokenizer, template: ChatTemplate, conversations:
         y = y.to(device)
         nll += F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE, reduction="sum").item()
         scored += int((y != IGNORE).sum())
-    ends, right = turn_ends(tokenizer), 0
-    for messages in conversations:
-        last = max(i for i, message in enumerate(messages) if message["role"] == "assistant")
-        idx = torch.tensor([prompt_ids(tokenizer, template, messages[:last])[-block:]], device=device)
-        written = []
-        for token in model.generate_tokens(idx, block, Sampling(temperature=0)):
-            if int(token) in ends:
-                break
-            written.append(int(token))
-        right += tokenizer.decode(written) == messages[last]["content"]
+    right = 0
+    for start in range(0, len(conversations), batch_size):  # the last answers, written batch_size at a time
+        batch = conversations[start:start + batch_size]
+        lasts = [max(i for i, message in enumerate(messages) if message["role"] == "assistant") for messages in batch]
+        prompts = [prompt_ids(tokenizer, template, messages[:last])[-block:] for messages, last in zip(batch, lasts)]
+        for written, messages, last in zip(replies(model, prompts, turn_ends(tokenizer), block), batch, lasts):
+            right += tokenizer.decode(written) == messages[last]["content"]
     return {"loss": nll / max(scored, 1), "answer_tokens": scored, "conversations": len(conversations),
             "exact_match": right / len(conversations)}
 
 
 def evaluate_conversations(args, model, tokenizer, conversations, device) -> dict:
-    source = RunDir(args.checkpoint).chat_template()
-    if source is None:
-        raise UserError(f"{args.checkpoint} was trained on plain text and has no chat template; score "
-                        "conversations with a run trained on them")
+    template = run_template(args.checkpoint, tokenizer)
     start = time.perf_counter()
-    result = score_conversations(model, tokenizer, ChatTemplate(source, special_token_names(tokenizer)),
-                                 conversations, args.batch_size, device)
+    result = score_conversations(model, tokenizer, template, conversations, args.batch_size, device)
     return {**result, "perplexity": math.exp(min(result["loss"], 50)), "seconds": time.perf_counter() - start}
 
 

@@ -20,15 +20,13 @@ import torch
 
 from common.cli import OneLineParser, UserError, check_output_folder, positive, run_main
 from common.device import DTYPES, resolve_device, resolve_dtype
-from common.prompt import encode_prompt
+from common.chat import Chat, run_template
+from common.prompt import encode_prompt, left_padded
 from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import thread_help, use_threads
-from data.chat import ChatTemplate, prompt_ids, special_token_names, turn_ends
 from data.tokenizer import encode_or_start, end_of_text_ids, suppressed_ids
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
 from model import Sampling
-from model.attention import KVCache
-from model.sampling import sample_next
 
 
 def option(default, help: str, **argparse):
@@ -107,18 +105,6 @@ def load_model(checkpoint: Path, device: torch.device, dtype: torch.dtype):
     return model.to(dtype).eval(), tokenizer
 
 
-def batch(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Left-pad prompts into idx [B, T] and attention_mask [B, T] (None if all equal length)."""
-    width = max(len(p) for p in prompts)
-    idx = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for row, p in enumerate(prompts):
-        idx[row, width - len(p):] = torch.tensor(p)
-        mask[row, width - len(p):] = 1
-    same = all(len(p) == width for p in prompts)
-    return idx.to(device), None if same else mask.to(device)
-
-
 class Stream:
     """Prints one sample's text as it grows, holding back what may still change: an
     incomplete UTF-8 character (byte-level BPE) or a possible start of a stop string."""
@@ -177,12 +163,8 @@ def generate(model, tokenizer, prompts: list[str], settings: Settings, device, o
     out = out or sys.stdout
     encoded = [encode_prompt(tokenizer, p, model.config.block_size) for p in prompts
                for _ in range(settings.num_samples)]
-    idx, mask = batch(encoded, device)
-    generator = torch.Generator(device=device)
-    if settings.seed is not None:
-        generator.manual_seed(settings.seed)
-    else:
-        generator.seed()
+    idx, mask = left_padded(encoded, device)
+    generator = seeded(settings.seed, device)
     samples, rows = Samples(tokenizer, encoded, settings.stop), len(encoded)
     stream = Stream(out, settings.stop) if rows == 1 and settings.stream else None
     if stream:
@@ -236,88 +218,10 @@ def interactive(model, tokenizer, settings: Settings, device) -> None:
             print(f"error: {e}", file=sys.stderr)
 
 
-class Chat:
-    """A conversation with the model, turn by turn: the run's template applied to the
-    messages so far, the KV cache kept across turns (each turn runs only the tokens the
-    cache does not hold), the reply ended by the end-of-turn token. When the conversation
-    outgrows the context, its oldest turns are dropped (a system message stays) and the
-    user is told; the cache then starts again."""
-
-    def __init__(self, model, tokenizer, template: ChatTemplate, settings: Settings, device):
-        self.model = model
-        self.tokenizer = tokenizer
-        self.template = template
-        self.settings = settings
-        self.block_size = model.config.block_size
-        self.cache = KVCache(model.config, 1, self.block_size, device, next(model.parameters()).dtype)
-        self.cached: list[int] = []  # the tokens whose keys and values the cache holds
-        self.messages: list[dict] = []
-        self.ends = turn_ends(tokenizer)
-        self.device = device
-        self.generator = torch.Generator(device=device)
-        if settings.seed is not None:
-            self.generator.manual_seed(settings.seed)
-        else:
-            self.generator.seed()
-
-    def prompt(self) -> list[int]:
-        """The conversation with the prompt for an answer, its oldest turns dropped until it
-        leaves room for a reply (up to max_new_tokens, at most half the context)."""
-        room = self.block_size - min(self.settings.max_new_tokens, self.block_size // 2)
-        dropped = 0
-        while len(ids := prompt_ids(self.tokenizer, self.template, self.messages)) > room:
-            oldest = next((i for i, m in enumerate(self.messages[:-1]) if m["role"] != "system"), None)
-            if oldest is None:
-                self.messages.pop()
-                raise UserError(f"that message is {len(ids)} tokens with the template; the model's context holds "
-                                f"{self.block_size} and needs room for the reply: write less")
-            turn = 2 if self.messages[oldest + 1]["role"] == "assistant" else 1  # a message and its reply
-            del self.messages[oldest:oldest + turn]
-            dropped += 1
-        if dropped:
-            turns = "the oldest turn is" if dropped == 1 else f"the {dropped} oldest turns are"
-            print(f"note: the conversation outgrew the context ({self.block_size} tokens): {turns} forgotten",
-                  file=sys.stderr)
-        return ids
-
-    @torch.no_grad()
-    def reply(self, text: str, out) -> str:
-        """The model's answer to the user's `text`, streamed to `out` as it grows."""
-        self.messages.append({"role": "user", "content": text})
-        ids = self.prompt()
-        common = 0  # the tokens the cache already holds: only the rest runs
-        while common < min(len(ids), len(self.cached)) and ids[common] == self.cached[common]:
-            common += 1
-        common = min(common, len(ids) - 1)  # (the last one runs, for the next token's logits)
-        self.cache.length, self.cached = common, ids[:common]
-        stream, written, new = Stream(out, []), [], ids[common:]
-        while len(written) < self.settings.max_new_tokens and self.cache.length + len(new) <= self.block_size:
-            logits, _ = self.model(torch.tensor([new], device=self.device), kv_cache=self.cache)
-            self.cached += new
-            token = int(sample_next(logits[:, -1, :], self.settings.sampling, self.generator)[0])
-            if token in self.ends:
-                break
-            written.append(token)
-            new = [token]
-            stream.update(self.tokenizer.decode(written))
-        else:
-            if len(written) < self.settings.max_new_tokens:
-                print("\nnote: the context is full; the reply is cut here", file=sys.stderr)
-        answer = self.tokenizer.decode(written)
-        stream.update(answer, final=True)
-        out.write("\n")
-        out.flush()
-        self.messages.append({"role": "assistant", "content": answer})
-        return answer
-
-
 def chat(model, tokenizer, checkpoint: Path, settings: Settings, device) -> None:
     """generate.py --chat: each line read (from the terminal, or piped in) is the user's message."""
-    source = RunDir(checkpoint).chat_template()
-    if source is None:
-        raise UserError(f"{checkpoint} has no chat template (chat_template.jinja): it was trained on plain text; "
-                        "--chat needs a model fine-tuned on conversations (docs/usage.md)")
-    session = Chat(model, tokenizer, ChatTemplate(source, special_token_names(tokenizer)), settings, device)
+    session = Chat(model, tokenizer, run_template(checkpoint, tokenizer), settings.sampling, settings.max_new_tokens,
+                   seeded(settings.seed, device), note=lambda text: print(f"\nnote: {text}", file=sys.stderr))
     if sys.stdin.isatty():
         print("Type a message and press Enter (Ctrl-D to quit).", file=sys.stderr)
     for line in sys.stdin:
@@ -325,9 +229,22 @@ def chat(model, tokenizer, checkpoint: Path, settings: Settings, device) -> None
         if not text:
             continue
         try:
-            session.reply(text, sys.stdout)
+            stream = Stream(sys.stdout, [])
+            stream.update(session.reply(text, stream.update), final=True)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
+
+
+def seeded(seed: int | None, device) -> torch.Generator:
+    """A generator from --seed, or from the system's entropy when none is given."""
+    generator = torch.Generator(device=device)
+    if seed is not None:
+        generator.manual_seed(seed)
+    else:
+        generator.seed()
+    return generator
 
 
 def parse_args(argv):

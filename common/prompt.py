@@ -1,8 +1,11 @@
-"""A prompt typed by a user, as token ids: the one rule of generate.py and explore.py."""
+"""A prompt typed by a user, as token ids: the one rule of generate.py and explore.py; and
+several prompts as one left-padded batch."""
 
 from __future__ import annotations
 
 import sys
+
+import torch
 
 from data import unknown_characters
 from data.tokenizer import encode_or_start
@@ -24,3 +27,17 @@ def encode_prompt(tokenizer, prompt: str, max_tokens: int, limit: str = "block_s
         print(f"note: the prompt has {len(ids)} tokens; keeping the last {max_tokens} ({limit})", file=sys.stderr)
         ids = ids[-max_tokens:]
     return ids
+
+
+def left_padded(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Prompts of token ids as one batch: idx [B, T], padded on the left so that every
+    prompt ends where generation starts, and attention_mask [B, T] (1: a real token; None
+    where all prompts are equally long)."""
+    width = max(len(p) for p in prompts)
+    idx = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        idx[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[row, width - len(p):] = 1
+    same = all(len(p) == width for p in prompts)
+    return idx.to(device), None if same else mask.to(device)

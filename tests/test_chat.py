@@ -16,7 +16,8 @@ from data.chat import (DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer, conversat
 from data.tasks import conversations as task_conversations
 from data.tasks import write as write_tasks
 from data.tokenizer import train_tokenizer
-from model import GPT, GPTConfig
+from common.chat import Chat, replies
+from model import GPT, GPTConfig, Sampling
 
 TWO_TURNS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3="},
              {"role": "assistant", "content": "5"}, {"role": "user", "content": "and 4+4="},
@@ -212,17 +213,32 @@ def fresh_reply(model, tokenizer, template, messages, count):
     return tokenizer.decode(new[:ends[0]] if ends else new)
 
 
+def test_replies_in_a_batch_are_each_conversations_own():
+    """evaluate.py writes many answers at once (common/chat.replies): each is the greedy reply
+    its conversation gets alone without a cache, and each ends at its own end-of-turn token."""
+    model, tokenizer = chat_model()
+    with torch.no_grad():  # weights large enough that each prompt gets replies of its own
+        for weight in model.parameters():
+            if weight.dim() == 2:
+                weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(weight.numel()))
+    template = ChatTemplate(DEFAULT_TEMPLATE)
+    asked = [[{"role": "user", "content": question}] for question in ("2+3=", "and 4+4=", "55+66=")]
+    prompts = [prompt_ids(tokenizer, template, messages) for messages in asked]
+    assert len({len(p) for p in prompts}) > 1  # (of different lengths: left-padded together)
+    alone = [model.generate(torch.tensor([p]), 8, temperature=0, use_cache=False)[0, len(p):].tolist() for p in prompts]
+    assert replies(model, prompts, set(), 8) == alone
+    assert len({tuple(reply) for reply in alone}) > 1  # (replies that differ: no row can pass for another)
+    end = alone[1][3]  # a token the second reply writes, taken as the end of a turn
+    for got, full in zip(replies(model, prompts, {end}, 8), alone):
+        assert got == (full[:full.index(end)] if end in full else full)
+
+
 def test_chat_keeps_the_cache_across_turns_and_answers_as_a_fresh_pass(monkeypatch):
     """generate.py --chat: each turn runs only the tokens the cache lacks, and every reply is
     the one a pass over the whole conversation without a cache gives."""
-    import io
-
-    import generate
-
     model, tokenizer = chat_model()
     template = ChatTemplate(DEFAULT_TEMPLATE)
-    settings = generate.Settings(max_new_tokens=6, temperature=0)
-    session = generate.Chat(model, tokenizer, template, settings, torch.device("cpu"))
+    session = Chat(model, tokenizer, template, Sampling(temperature=0), 6, torch.Generator(), note=print)
     lengths = []
     forward = model.forward
     monkeypatch.setattr(model, "forward", lambda idx, *a, **k: (lengths.append(idx.size(1)), forward(idx, *a, **k))[1])
@@ -230,7 +246,7 @@ def test_chat_keeps_the_cache_across_turns_and_answers_as_a_fresh_pass(monkeypat
         lengths.clear()
         before = [dict(m) for m in session.messages] + [{"role": "user", "content": text}]
         held, ids = list(session.cached), prompt_ids(tokenizer, template, before)
-        reply = session.reply(text, io.StringIO())
+        reply = session.reply(text)
         assert reply == fresh_reply(model, tokenizer, template, before, 6)
         # what the cache holds of the conversation is not run again: the turn's first pass runs the rest
         shared = next((i for i, (a, b) in enumerate(zip(held, ids)) if a != b), min(len(held), len(ids)))
@@ -240,25 +256,21 @@ def test_chat_keeps_the_cache_across_turns_and_answers_as_a_fresh_pass(monkeypat
     assert [m["role"] for m in session.messages] == ["user", "assistant"] * 3
 
 
-def test_chat_forgets_the_oldest_turns_when_the_context_fills(capsys):
-    import io
-
-    import generate
-
+def test_chat_forgets_the_oldest_turns_when_the_context_fills():
     model, tokenizer = chat_model(block_size=24)
     template = ChatTemplate(DEFAULT_TEMPLATE)
-    session = generate.Chat(model, tokenizer, template, generate.Settings(max_new_tokens=4, temperature=0),
-                            torch.device("cpu"))
+    notes = []
+    session = Chat(model, tokenizer, template, Sampling(temperature=0), 4, torch.Generator(), note=notes.append)
     for text in ["2+3=", "4+4=", "5+5=", "and 8+8="]:
         before = session.messages + [{"role": "user", "content": text}]
-        reply = session.reply(text, io.StringIO())
-    assert "the conversation outgrew the context (24 tokens): the oldest turn is forgotten" in capsys.readouterr().err
+        reply = session.reply(text)
+    assert "the conversation outgrew the context (24 tokens): the oldest turn is forgotten" in notes
     assert session.messages[0]["role"] == "user" and len(session.messages) < 8
     assert len(prompt_ids(tokenizer, template, session.messages[:-1])) <= 24 - 4
     assert reply == fresh_reply(model, tokenizer, template, session.messages[:-1], 4)
     assert before[-1] == session.messages[-2]
     with pytest.raises(evaluate.UserError, match="write less"):
-        session.reply("9" * 30, io.StringIO())
+        session.reply("9" * 30)
 
 
 def test_chat_needs_a_model_fine_tuned_on_conversations(tmp_path, micro):

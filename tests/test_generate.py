@@ -190,9 +190,11 @@ def test_command_line_help_describes_every_option(capsys):
 
 
 def test_prompts_of_one_length_need_no_padding_mask():
-    idx, mask = generate.batch([[5, 6], [7, 8]], torch.device("cpu"))
+    from common.prompt import left_padded
+
+    idx, mask = left_padded([[5, 6], [7, 8]], torch.device("cpu"))
     assert idx.tolist() == [[5, 6], [7, 8]] and mask is None  # the causal fast path stays open
-    idx, mask = generate.batch([[5, 6], [7]], torch.device("cpu"))
+    idx, mask = left_padded([[5, 6], [7]], torch.device("cpu"))
     assert idx.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[1, 1], [0, 1]]
     assert idx.dtype == mask.dtype == torch.long  # token ids, and Hugging Face's 0/1 attention mask
 

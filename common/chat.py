@@ -1,0 +1,123 @@
+"""Talking with a model fine-tuned on conversations, the one way generate.py --chat and
+evaluate.py both do it: the run's chat template (data/chat.py renders it in Jinja's
+sandbox), and replies written until the end of the assistant's turn, either one
+conversation at a time with the KV cache kept across turns (Chat) or many conversations
+at once, greedily (replies).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from data.chat import ChatTemplate, prompt_ids, special_token_names, turn_ends
+from model import GPT, Sampling
+from model.attention import KVCache
+from model.sampling import sample_next
+
+from .cli import UserError
+from .prompt import left_padded
+from .run_dir import RunDir
+
+
+def run_template(checkpoint: Path, tokenizer) -> ChatTemplate:
+    """The chat template a run was fine-tuned with, or a one-line refusal for a run on plain text."""
+    source = RunDir(checkpoint).chat_template()
+    if source is None:
+        raise UserError(f"{checkpoint} has no chat template (chat_template.jinja): it was trained on plain text; "
+                        "chat and conversation scores need a model fine-tuned on conversations (docs/usage.md)")
+    return ChatTemplate(source, special_token_names(tokenizer))
+
+
+@torch.no_grad()
+def replies(model: GPT, prompts: list[list[int]], ends: set[int], max_new_tokens: int) -> list[list[int]]:
+    """Each prompt's greedy reply up to (not including) its first end-of-turn token `ends`,
+    at most max_new_tokens: the prompts run together as one left-padded batch with the KV
+    cache, and the batch stops when every reply has ended."""
+    device = next(model.parameters()).device
+    idx, mask = left_padded(prompts, device)
+    written: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    for token in model.generate_tokens(idx, max_new_tokens, Sampling(temperature=0), attention_mask=mask):
+        for row, t in enumerate(token.tolist()):
+            if done[row]:
+                continue
+            if t in ends:
+                done[row] = True
+            else:
+                written[row].append(t)
+        if all(done):
+            break
+    return written
+
+
+class Chat:
+    """A conversation with the model, turn by turn: the run's template applied to the
+    messages so far, the KV cache kept across turns (each turn runs only the tokens the
+    cache does not hold), the reply ended by the end-of-turn token. When the conversation
+    outgrows the context, its oldest turns are dropped (a system message stays) and `note`
+    says so; the cache then starts again."""
+
+    def __init__(self, model: GPT, tokenizer, template: ChatTemplate, sampling: Sampling, max_new_tokens: int,
+                 generator: torch.Generator, note: Callable[[str], None]):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.template = template
+        self.sampling = sampling
+        self.max_new_tokens = max_new_tokens
+        self.generator = generator
+        self.note = note
+        self.block_size = model.config.block_size
+        self.device = next(model.parameters()).device
+        self.cache = KVCache(model.config, 1, self.block_size, self.device, next(model.parameters()).dtype)
+        self.cached: list[int] = []  # the tokens whose keys and values the cache holds
+        self.messages: list[dict] = []
+        self.ends = turn_ends(tokenizer)
+
+    def prompt(self) -> list[int]:
+        """The conversation with the prompt for an answer, its oldest turns dropped until it
+        leaves room for a reply (up to max_new_tokens, at most half the context)."""
+        room = self.block_size - min(self.max_new_tokens, self.block_size // 2)
+        dropped = 0
+        while len(ids := prompt_ids(self.tokenizer, self.template, self.messages)) > room:
+            oldest = next((i for i, m in enumerate(self.messages[:-1]) if m["role"] != "system"), None)
+            if oldest is None:
+                self.messages.pop()
+                raise UserError(f"that message is {len(ids)} tokens with the template; the model's context holds "
+                                f"{self.block_size} and needs room for the reply: write less")
+            turn = 2 if self.messages[oldest + 1]["role"] == "assistant" else 1  # a message and its reply
+            del self.messages[oldest:oldest + turn]
+            dropped += 1
+        if dropped:
+            turns = "the oldest turn is" if dropped == 1 else f"the {dropped} oldest turns are"
+            self.note(f"the conversation outgrew the context ({self.block_size} tokens): {turns} forgotten")
+        return ids
+
+    @torch.no_grad()
+    def reply(self, text: str, on_text: Callable[[str], None] = lambda text: None) -> str:
+        """The model's answer to the user's `text`; `on_text` sees the answer as it grows."""
+        self.messages.append({"role": "user", "content": text})
+        ids = self.prompt()
+        common = 0  # the tokens the cache already holds: only the rest runs
+        while common < min(len(ids), len(self.cached)) and ids[common] == self.cached[common]:
+            common += 1
+        common = min(common, len(ids) - 1)  # (the last one runs, for the next token's logits)
+        self.cache.length, self.cached = common, ids[:common]
+        written, new = [], ids[common:]
+        while len(written) < self.max_new_tokens and self.cache.length + len(new) <= self.block_size:
+            logits, _ = self.model(torch.tensor([new], device=self.device), kv_cache=self.cache)
+            self.cached += new
+            token = int(sample_next(logits[:, -1, :], self.sampling, self.generator)[0])
+            if token in self.ends:
+                break
+            written.append(token)
+            new = [token]
+            on_text(self.tokenizer.decode(written))
+        else:
+            if len(written) < self.max_new_tokens:
+                self.note("the context is full; the reply is cut here")
+        answer = self.tokenizer.decode(written)
+        self.messages.append({"role": "assistant", "content": answer})
+        return answer
