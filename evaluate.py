@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from common.cli import OneLineParser, positive, UserError, run_main
@@ -107,8 +106,7 @@ def score(model, windows: Iterable[tuple[np.ndarray, int]], batch_size: int, dev
         for row, (_, n) in enumerate(batch):
             targets[row, :targets.size(1) - n] = -100  # context only, scored in an earlier window
         logits, _ = model(tokens[:, :-1])
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
-                               reduction="sum").item()
+        return model.loss(logits, targets, reduction="sum").item()
 
     for window in windows:
         if batch and (len(batch) == batch_size or len(window[0]) != len(batch[0][0])):
@@ -179,7 +177,7 @@ def score_conversations(model, tokenizer, template: ChatTemplate, conversations:
         x, y = conversation_rows(rows, range(start, min(start + batch_size, len(rows))), block)
         logits, _ = model(x.to(device))
         y = y.to(device)
-        nll += F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE, reduction="sum").item()
+        nll += model.loss(logits, y, reduction="sum").item()
         scored += int((y != IGNORE).sum())
     right = 0
     for start in range(0, len(conversations), batch_size):  # the last answers, written batch_size at a time

@@ -33,7 +33,8 @@ def render(data: dict | None, lang: str = "en", server: bool = False, prompt: st
     parts = {
         "STYLE": (PAGE / "explorer.css").read_text(encoding="utf-8"),
         "SCRIPT": "\n".join((PAGE / name).read_text(encoding="utf-8") for name in SCRIPTS),
-        "STRINGS": to_json({**strings(), "words": word_table()}),
+        "STRINGS": to_json({**strings(), "words": {lang: {kind: names for kind, names in table.items() if kind != "explain"}
+                                                   for lang, table in word_table().items()}}),
         "SETTINGS": to_json({"lang": lang, "server": server, "prompt": prompt, "counterpart": counterpart,
                              "why_not": why_not, "max_tokens": max_tokens}),
         "DATA": to_json(data) if data is not None else "null",

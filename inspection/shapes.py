@@ -24,115 +24,11 @@ from model import GPT, in_mode
 
 from .words import words as piece_words
 
-# Each step's name and meaning, and the report's other words, in each language. The
-# Chinese follows the glossary of docs/attention.zh-CN.md (注意力权重, 块, 缩放, 掩码).
-WORDS = {
-    "en": {
-        "steps": {
-            "wte": "{token_embedding} (wte)", "rotary": "{positional_encoding} (rope)",
-            "wpe": "{positional_encoding} ({kind})", "add_position": "embedding + position",
-            "ln_1_pre": "{norm} (before attention)", "ln_2_pre": "{norm} (before feed-forward)",
-            "ln_1_post": "{norm} (after attention + residual)", "ln_2_post": "{norm} (after feed-forward + residual)",
-            "c_attn": "Q, K, V projections (c_attn)", "split": "split into heads", "split_gqa": "split into heads (k, v: H_kv)",
-            "rotate": "rotate q and k (rope)",
-            "similarity": "1. {similarity} Q Kᵀ", "scale": "2. {scale} by 1/√d_k = 1/√{d_k} = {scale_factor:.3f}",
-            "mask": "3. {causal_mask}", "softmax": "4. {softmax} over keys", "dropout": "   dropout (p = {p})",
-            "no_dropout": "   dropout (p = 0: off)", "weighted_sum": "5. {weighted_sum}: weights × V",
-            "merge": "merge heads", "c_proj": "output projection W_O (c_proj)",
-            "residual_attention": "{residual}: x + {attention}", "c_fc": "{feed_forward}, layer 1 (W_1)",
-            "c_gate": "{feed_forward}, the gate (W_gate)", "c_up": "{feed_forward}, layer 1 (W_up)",
-            "activation": "{name}", "mlp_proj": "{feed_forward}, layer 2 (W_2)",
-            "residual_mlp": "{residual}: x + {feed_forward}", "blocks": "blocks 1 … {last}: the same steps",
-            "end": "end of the block", "ln_f": "final {norm} (ln_f)", "lm_head": "LM head (tied to wte)", "lm_head_untied": "LM head",
-            "loss": "loss: cross-entropy",
-        },
-        "wte": "each token id becomes a C-dim vector", "wpe": "one vector per position, shared by the batch",
-        "add_position": "order is now part of each vector",
-        "rotary": "cos, sin of position × θ_i; rotate q and k in every layer",
-        "layernorm": "each vector to mean 0, variance 1, then γ, β",
-        "rmsnorm": "each vector divided by its root mean square, then γ",
-        "c_attn": "X W_Q, X W_K, X W_V side by side", "split": "q, k, v each; C = H × d_k = {H} × {d_k}",
-        "split_gqa": "q: {H} heads; k, v: {H_kv}, each shared by {group} query heads",
-        "rotate": "position enters q·k only through the offset m − n",
-        "similarity": "one score per (query, key) pair; std {std:.3f}",
-        "scale": "std {std:.3f} → {scaled:.3f}: no growth with d_k",
-        "mask": "{n:,} future keys get −inf: weight 0",
-        "softmax": "positive weights; row sums {low:.6f} … {high:.6f}",
-        "dropout": "training only: zero some weights", "no_dropout": "nothing dropped in this config",
-        "weighted_sum": "each output mixes the values", "merge": "concatenate the H heads again",
-        "c_proj": "mix the heads' results", "residual": "the sub-layer adds to x, never replaces it",
-        "c_fc": "widen to F = {F}", "activation": "the non-linearity", "mlp_proj": "back to C",
-        "c_gate": "widen to F = {F}: what SiLU turns into a gate", "c_up": "widen to F = {F}: what the gate scales",
-        "blocks": "{n} blocks in all", "end": "the only block", "ln_f": "normalise before the head",
-        "lm_head": "a score for every token of the vocabulary", "loss": "{loss:.4f} at init ≈ ln V = {ln_v:.4f}",
-        "title": "One forward pass of this model on a batch of training data ({sizes}); shapes from hooks, "
-                 "block 0 in full (steps 1–4 all have the weights' shape):",
-        "header": ("step", "shape", "symbolic", "meaning"), "parameters": "Parameters:",
-        "groups": {"wte": "token embedding wte (= LM head, tied)", "wte_untied": "token embedding wte",
-                   "lm_head": "LM head (its own matrix)", "wpe": "position embedding wpe",
-                   "attention": "attention W_Q, W_K, W_V, W_O × {n} blocks", "mlp": "feed-forward W_1, W_2 × {n} blocks",
-                   "norms": "norms × {n} blocks, and the final one", "total": "total"},
-        "flops": "FLOPs per token (context {T}): {forward:,.2f} M forward, {train:,.2f} M for a training "
-                 "step (3 × forward)",
-        "memory": "Kept for the backward pass, measured ({device}, {dtype}, one batch): {paths} ({L} layers; "
-                  "a [B, H, T, T] tensor holds B·H·T² = {n:,} values)",
-        "memory_path": "{impl} path {total:,.1f} MiB, of which [B, H, T, T] weights {square:,.1f} MiB", "and": "; ",
-        "cache": "KV cache: 2 × {L} layers × {C} = {n:,} values per token = {kib:,.1f} KiB in {dtype}; "
-                 "{mib:,.2f} MiB per sequence at block_size {T}",
-        "sdpa": "This config uses attn_impl=sdpa: steps 1–5 run as one fused kernel; the trace used the "
-                "explicit path, which computes the same.",
-    },
-    "zh": {
-        "steps": {
-            "wte": "{token_embedding}（wte）", "rotary": "{positional_encoding}（rope）", "wpe": "{positional_encoding}（{kind}）",
-            "add_position": "词嵌入 + 位置", "ln_1_pre": "{norm}（注意力之前）", "ln_2_pre": "{norm}（前馈网络之前）",
-            "ln_1_post": "{norm}（注意力 + 残差之后）", "ln_2_post": "{norm}（前馈网络 + 残差之后）",
-            "c_attn": "Q、K、V 投影（c_attn）", "split": "拆分成多个头", "split_gqa": "拆分成多个头（k、v：H_kv 个）",
-            "rotate": "旋转 q 和 k（rope）",
-            "similarity": "1. {similarity} Q Kᵀ", "scale": "2. {scale}：乘以 1/√d_k = 1/√{d_k} = {scale_factor:.3f}",
-            "mask": "3. {causal_mask}", "softmax": "4. 对 key 做 {softmax}", "dropout": "   dropout（p = {p}）",
-            "no_dropout": "   dropout（p = 0，关闭）", "weighted_sum": "5. {weighted_sum}：{attention_weights} × V",
-            "merge": "合并各个头", "c_proj": "输出投影 W_O（c_proj）", "residual_attention": "{residual}：x + {attention}",
-            "c_fc": "{feed_forward}第 1 层（W_1）", "activation": "{name}", "mlp_proj": "{feed_forward}第 2 层（W_2）",
-            "c_gate": "{feed_forward}的门（W_gate）", "c_up": "{feed_forward}第 1 层（W_up）",
-            "residual_mlp": "{residual}：x + {feed_forward}", "blocks": "块 1 … {last}：步骤相同", "end": "块结束",
-            "ln_f": "最后的 {norm}（ln_f）", "lm_head": "语言模型头（与 wte 共享权重）", "lm_head_untied": "语言模型头", "loss": "loss：交叉熵",
-        },
-        "wte": "每个 token id 变成一个 C 维向量", "wpe": "每个位置一个向量，整批共用",
-        "add_position": "词序从此成为每个向量的一部分",
-        "rotary": "位置 × θ_i 的 cos、sin；每一层都用它旋转 q 和 k",
-        "layernorm": "把每个向量变成均值 0、方差 1，再乘 γ、加 β",
-        "rmsnorm": "每个向量除以它的均方根，再乘 γ",
-        "c_attn": "X W_Q、X W_K、X W_V 并排输出", "split": "q、k、v 各一份；C = H × d_k = {H} × {d_k}",
-        "split_gqa": "q：{H} 个头；k、v：{H_kv} 个，每个由 {group} 个 query 头共用",
-        "rotate": "位置只通过偏移 m − n 进入 q·k",
-        "similarity": "每对（query, key）一个分数；标准差 {std:.3f}",
-        "scale": "标准差 {std:.3f} → {scaled:.3f}：不再随 d_k 增大",
-        "mask": "{n:,} 个未来的 key 得到 −inf，注意力权重为 0",
-        "softmax": "注意力权重都是正数；每行之和在 {low:.6f} … {high:.6f} 之间",
-        "dropout": "仅在训练时：随机置零部分注意力权重", "no_dropout": "本配置不做 dropout",
-        "weighted_sum": "每个输出是 value 的加权混合", "merge": "把 H 个头重新拼接起来",
-        "c_proj": "混合各个头的结果", "residual": "子层的结果加到 x 上，而不是取代 x",
-        "c_fc": "扩展到 F = {F}", "activation": "非线性激活", "mlp_proj": "变回 C",
-        "c_gate": "扩展到 F = {F}：经 SiLU 变成门", "c_up": "扩展到 F = {F}：被门缩放的部分",
-        "blocks": "共 {n} 个块", "end": "唯一的一个块", "ln_f": "进入输出层之前先归一化",
-        "lm_head": "为词表中的每个 token 打一个分数", "loss": "初始化时的 loss {loss:.4f} ≈ ln V = {ln_v:.4f}",
-        "title": "本模型在一批训练数据上的一次前向传播（{sizes}）；形状取自钩子，完整展示块 0"
-                 "（第 1–4 步的形状都与注意力权重相同）：",
-        "header": ("步骤", "形状", "符号形状", "含义"), "parameters": "参数：",
-        "groups": {"wte": "词嵌入 wte（= 语言模型头，共享）", "wte_untied": "词嵌入 wte",
-                   "lm_head": "语言模型头（自己的矩阵）", "wpe": "位置嵌入 wpe",
-                   "attention": "注意力 W_Q、W_K、W_V、W_O × {n} 个块", "mlp": "前馈网络 W_1、W_2 × {n} 个块",
-                   "norms": "归一化层 × {n} 个块，外加最后一个", "total": "合计"},
-        "flops": "每个 token 的 FLOPs（上下文 {T}）：前向 {forward:,.2f} M，一个训练步 {train:,.2f} M（前向的 3 倍）",
-        "memory": "为反向传播保留的张量，实测（{device}，{dtype}，一个 batch）：{paths}（共 {L} 层；"
-                  "一个 [B, H, T, T] 张量有 B·H·T² = {n:,} 个数）",
-        "memory_path": "{impl} 路径共 {total:,.1f} MiB，其中形如 [B, H, T, T] 的注意力权重 {square:,.1f} MiB", "and": "；",
-        "cache": "KV 缓存：2 × {L} 层 × {C} = 每个 token {n:,} 个数 = {kib:,.1f} KiB（{dtype}）；"
-                 "block_size {T} 时每条序列 {mib:,.2f} MiB",
-        "sdpa": "本配置使用 attn_impl=sdpa：第 1–5 步由一个融合算子完成；追踪走的是显式路径，两者计算结果相同。",
-    },
-}
+
+def explain_words(lang: str) -> dict:
+    """--explain's lines in `lang` (inspection/words.json, beside the pieces' words they name)."""
+    return piece_words(lang)["explain"]
+
 
 
 @dataclass
@@ -197,7 +93,7 @@ def row_maker(lang: str):
     """row(step, tensor, symbolic, meaning=step, **values): a Row named and explained in
     the report's language, with the values, and the names of the pieces and steps from
     inspection/words.json, filled into both."""
-    words, names = WORDS[lang], {**piece_words(lang)["steps"], **piece_words(lang)["pieces"]}
+    words, names = explain_words(lang), {**piece_words(lang)["steps"], **piece_words(lang)["pieces"]}
 
     def row(step: str, tensor, symbolic: str, meaning: str | None = None, **values) -> Row:
         values = {**names, **values}
@@ -268,7 +164,7 @@ def parameter_groups(model: GPT, lang: str = "en") -> list[tuple[str, int]]:
     def count(module: torch.nn.Module) -> int:
         return sum(p.numel() for p in module.parameters())
 
-    c, names = model.config, WORDS[lang]["groups"]
+    c, names = model.config, explain_words(lang)["groups"]
     block = model.transformer.h[0]
     groups = [(names["wte" if c.tie_embeddings else "wte_untied"], count(model.transformer.wte))]
     if not c.tie_embeddings:
@@ -307,7 +203,7 @@ def aligned(rows: list[Row], header: tuple[str, ...]) -> list[str]:
 
 def report(model: GPT, idx: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype, lang: str = "en") -> str:
     """The trace table, then parameters, FLOPs and memory, as plain text."""
-    c, words = model.config, WORDS[lang]
+    c, words = model.config, explain_words(lang)
     B, T = idx.shape
     rows = trace(model, idx, targets, lang)
     sizes = ", ".join(f"{k}={v}" for k, v in symbolic_sizes(model, idx).items() if k not in ("3C", "QKV") and (k != "H_kv" or v != model.config.n_head)

@@ -129,10 +129,14 @@ class GPT(nn.Module):
         return logits, None if targets is None else self.loss(logits, targets)
 
     @staticmethod
-    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean cross-entropy of logits [B, T, vocab_size] against targets [B, T]
-        (the next token at each position; -100 = not scored), computed in float32."""
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+    def loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """The cross-entropy of logits [B, T, vocab_size] against targets [B, T] (the next
+        token at each position; -100 = not scored), computed in float32: the mean over the
+        scored targets (what training lowers), their sum (evaluations add batches up), or
+        with "none" each target's own, [B, T] (0 where not scored)."""
+        losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                                 reduction=reduction)
+        return losses.view_as(targets) if reduction == "none" else losses
 
     def trace(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
               head_mask: torch.Tensor | None = None) -> Trace:

@@ -88,14 +88,13 @@ def test_the_chinese_follows_the_glossary():
     """No Chinese page, --explain string or explorer string uses a word the glossary
     avoids; the explorer and --explain use its terms for the five steps."""
     from explorer.page import strings
-    from inspection.shapes import WORDS
     from inspection.words import words
 
     rows = [line.split("|")[1:4] for line in (ROOT / "docs" / "glossary.md").read_text(encoding="utf-8").splitlines()
             if line.startswith("| ") and not line.startswith("| English")]
     avoided = [word.strip() for _, _, words in rows for word in words.split(",") if word.strip()]
     assert len(rows) >= 20 and avoided
-    zh_strings = json.dumps([strings()["zh"], WORDS["zh"], words("zh")], ensure_ascii=False)
+    zh_strings = json.dumps([strings()["zh"], words("zh")], ensure_ascii=False)
     texts = {path.name: path.read_text(encoding="utf-8") for path in [ROOT / "README.zh-CN.md",
                                                                       *(ROOT / "docs").glob("*.zh-CN.md")]}
     texts["strings"] = zh_strings

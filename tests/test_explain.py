@@ -134,7 +134,7 @@ def test_the_report_lines_up_at_a_size_where_the_columns_differ(impl):
     """At B=16, T=128, C=128 the shapes ([16, 4, 128, 128]) are wider than the symbolic
     shapes: each column keeps its own width. Parameter lines are 63 columns; the memory
     figures are MiB (2²⁰ bytes) and a path keeps at least its attention weights."""
-    from inspection.shapes import WORDS
+    from inspection.shapes import explain_words
 
     model = small_model(block_size=128, n_layer=2, n_head=4, n_embd=128, attn_impl=impl)
     idx = torch.randint(0, 37, (16, 128))
@@ -150,7 +150,7 @@ def test_the_report_lines_up_at_a_size_where_the_columns_differ(impl):
     assert {name for name, _, _ in kept} == {"sdpa", "explicit"} if impl == "sdpa" else {"explicit"}
     explicit = [(float(total), float(weights)) for name, total, weights in kept if name == "explicit"][0]
     assert explicit[0] >= explicit[1] >= 2 * 16 * 4 * 128 * 128 * 4 / 2**20  # 2 layers of [16, 4, 128, 128] floats
-    assert (WORDS["en"]["sdpa"] in text) == (impl == "sdpa")
+    assert (explain_words("en")["sdpa"] in text) == (impl == "sdpa")
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])

@@ -54,8 +54,8 @@ class Evaluator:
             for start in range(0, len(x), self.batch_size):
                 batch = slice(start, start + self.batch_size)
                 with autocast(self.device, self.dtype):
-                    _, loss = model(x[batch].to(self.device), y[batch].to(self.device))
-                total += loss.double() * (y[batch] != IGNORE).sum()  # the mean over the batch's targets, as a sum
+                    logits, _ = model(x[batch].to(self.device))
+                total += model.loss(logits, y[batch].to(self.device), reduction="sum").double()
         total, count = self.dist.sum([total.item(), int((y != IGNORE).sum())], self.device)
         return total / count
 
