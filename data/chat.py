@@ -273,8 +273,3 @@ class Conversations:
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         start, end = self.starts[i], self.starts[i + 1]
         return self.tokens[start:end], self.mask[start:end]
-
-    @classmethod
-    def load(cls, directory: Path, split: str, tokens: np.ndarray) -> Conversations:
-        return cls(tokens, np.memmap(directory / f"{split}.mask.bin", dtype=np.uint8, mode="r"),
-                   np.load(directory / f"{split}.starts.npy"))

@@ -46,6 +46,24 @@ from .config import DataConfig
 from .sources import END, DataError, Piece, open_source
 from .tokenizer import UNK, Encoder, end_of_text_id, load_tokenizer, start_ids, train_tokenizer
 
+
+# The files of a prepared folder (the layout above), named in one place.
+META = "meta.json"
+TOKENIZER = "tokenizer.json"
+
+
+def tokens_file(split: str) -> str:
+    return f"{split}.bin"
+
+
+def mask_file(split: str) -> str:
+    return f"{split}.mask.bin"
+
+
+def starts_file(split: str) -> str:
+    return f"{split}.starts.npy"
+
+
 FORMAT_VERSION = 2  # 2: BPE text cut only where the tokens cannot change; char vocabularies hold "\n"
 CHAT_FORMAT = 1  # conversations' token files: ids, the assistant's flags, where each starts
 CHUNK_CHARS = 1 << 20  # text is tokenized in chunks of about 1M characters
@@ -92,7 +110,7 @@ def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | No
     conversations are rendered with its chat_template where it has one, else with
     data/chat.py's default, whose markers are added to the tokenizer."""
     src, settings, fingerprint, directory = locate(config, tokenizer, chat_template)
-    built = not (directory / "meta.json").is_file()
+    built = not (directory / META).is_file()
     if built:
         build_cache(src, settings, fingerprint, directory, progress, tokenizer, chat_template)
     return dataclasses.replace(load_cache(directory), built=built)
@@ -126,7 +144,7 @@ def locate(config: DataConfig, tokenizer: Tokenizer | None = None, chat_template
     name = f"{src.name}-{settings['tokenizer']}-{fingerprint}"
     if config.cache_dir is not None:
         return src, settings, fingerprint, Path(config.cache_dir) / name
-    if not (default_cache() / name / "meta.json").is_file() and (LEGACY_CACHE / name / "meta.json").is_file():
+    if not (default_cache() / name / META).is_file() and (LEGACY_CACHE / name / META).is_file():
         return src, settings, fingerprint, LEGACY_CACHE / name  # made before the default moved: still used
     return src, settings, fingerprint, default_cache() / name
 
@@ -136,7 +154,7 @@ def find_prepared(config: DataConfig, tokenizer: Tokenizer, chat_template: str |
     `tokenizer` (the run's): trained for these settings, or given (train.init_from)."""
     for given in (None, tokenizer):
         directory = locate(config, given, chat_template)[3]
-        if (directory / "meta.json").is_file():
+        if (directory / META).is_file():
             data = load_cache(directory)
             if data.tokenizer.to_str() == tokenizer.to_str():
                 return data
@@ -160,27 +178,29 @@ def validation_tokens(config: DataConfig, tokenizer: Tokenizer, scratch: Path) -
     data = find_prepared(config, tokenizer)
     if data is not None and "val_bytes" in data.meta:
         return data.val, {"characters": data.meta["val_characters"], "bytes": data.meta["val_bytes"]}, True
-    tokens, sizes = tokenize_split(config, tokenizer, "val", scratch / "val.bin")
+    tokens, sizes = tokenize_split(config, tokenizer, "val", scratch / tokens_file("val"))
     return tokens, {"characters": sizes["characters"], "bytes": sizes["bytes"]}, False
 
 
 def load_cache(directory: Path) -> TokenData:
-    meta = json.loads((directory / "meta.json").read_text())
+    meta = json.loads((directory / META).read_text())
     dtype = np.dtype(meta["dtype"])
-    splits = [np.memmap(directory / f"{name}.bin", dtype=dtype, mode="r") for name in ("train", "val")]
+    splits = [np.memmap(directory / tokens_file(name), dtype=dtype, mode="r") for name in ("train", "val")]
     chat = None
     if meta.get("kind") == "chat":
-        chat = {name: Conversations.load(directory, name, tokens) for name, tokens in zip(("train", "val"), splits)}
-    return TokenData(directory, load_tokenizer(directory / "tokenizer.json"), *splits, meta, chat=chat)
+        chat = {name: Conversations(tokens, np.memmap(directory / mask_file(name), dtype=np.uint8, mode="r"),
+                                    np.load(directory / starts_file(name)))
+                for name, tokens in zip(("train", "val"), splits)}
+    return TokenData(directory, load_tokenizer(directory / TOKENIZER), *splits, meta, chat=chat)
 
 
 def content_digest(directory: Path) -> str:
     """A SHA-256 of a prepared folder's tokenizer and token files, whatever their paths and
     times: two machines that prepared the same corpus the same way get the same digest."""
     digest = hashlib.sha256()
-    names = ["tokenizer.json", "train.bin", "val.bin"]
-    if (directory / "train.mask.bin").is_file():  # conversations
-        names += ["train.mask.bin", "train.starts.npy", "val.mask.bin", "val.starts.npy"]
+    names = [TOKENIZER, tokens_file("train"), tokens_file("val")]
+    if (directory / mask_file("train")).is_file():  # conversations
+        names += [mask_file("train"), starts_file("train"), mask_file("val"), starts_file("val")]
     for name in names:
         with open(directory / name, "rb") as f:
             digest.update(hashlib.file_digest(f, "sha256").digest())
@@ -194,7 +214,7 @@ def build_cache(src, settings: dict, fingerprint: str, directory: Path, progress
     try:
         # one builder at a time; the OS drops the lock of a killed one, whose half-built folder goes
         with FileLock(lock):
-            if (directory / "meta.json").is_file():  # built by another process while this one waited
+            if (directory / META).is_file():  # built by another process while this one waited
                 return
             for stale in directory.parent.glob(f"{directory.name}.tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
@@ -223,14 +243,14 @@ def build_in(tmp: Path, src, settings: dict, fingerprint: str, directory: Path, 
     if tokenizer is None:
         tokenizer = train_tokenizer(settings["tokenizer"], chunked(train), settings["vocab_size"])
         train = src.train()
-    tokenizer.save(str(tmp / "tokenizer.json"))
+    tokenizer.save(str(tmp / TOKENIZER))
     vocab = tokenizer.get_vocab_size()
     dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
     sizes = {}
     with tqdm(desc="tokenizing", total=src.size(), unit="B", unit_scale=True, disable=not progress,
               file=sys.stderr, mininterval=1.0) as bar:  # MB/s, and the time left where the size is known
         for split, pieces in (("train", train), ("val", src.val())):
-            sizes[split] = write_tokens(chunked(pieces), tokenizer, tmp / f"{split}.bin", dtype, bar.update)
+            sizes[split] = write_tokens(chunked(pieces), tokenizer, tmp / tokens_file(split), dtype, bar.update)
     if sizes["train"]["tokens"] == 0 or sizes["val"]["tokens"] == 0:
         raise DataError(f"data source {src.name!r} gave an empty train or validation split; "
                         "give more text or change data.val_fraction")
@@ -242,7 +262,7 @@ def build_in(tmp: Path, src, settings: dict, fingerprint: str, directory: Path, 
             "vocab_size": vocab, "dtype": np.dtype(dtype).name,
             **{f"{split}_{key}": sizes[split][key] for split in ("train", "val")
                for key in ("tokens", "characters", "bytes", "unknown")}}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def build_chat_in(tmp: Path, src: ChatSource, settings: dict, fingerprint: str, directory: Path, progress: bool,
@@ -258,7 +278,7 @@ def build_chat_in(tmp: Path, src: ChatSource, settings: dict, fingerprint: str, 
     if chat_template is None:
         tokenizer = chat_tokenizer(tokenizer)
     template = ChatTemplate(chat_template or DEFAULT_TEMPLATE, special_token_names(tokenizer))
-    tokenizer.save(str(tmp / "tokenizer.json"))
+    tokenizer.save(str(tmp / TOKENIZER))
     dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
     sizes = {split: write_conversations(conversations, tokenizer, template, tmp, split, dtype)
              for split, conversations in (("train", src.train()), ("val", src.val()))}
@@ -268,7 +288,7 @@ def build_chat_in(tmp: Path, src: ChatSource, settings: dict, fingerprint: str, 
     meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings, "kind": "chat",
             "chat_template": template.source, "vocab_size": tokenizer.get_vocab_size(), "dtype": np.dtype(dtype).name,
             **{f"{split}_{key}": sizes[split][key] for split in ("train", "val") for key in sizes[split]}}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def write_conversations(conversations: Iterable[tuple[str, list[dict]]], tokenizer: Tokenizer,
@@ -278,16 +298,16 @@ def write_conversations(conversations: Iterable[tuple[str, list[dict]]], tokeniz
     assistant's tokens and characters, <unk> tokens)."""
     starts, answer_characters, unknown = [0], 0, 0
     unk = tokenizer.token_to_id(UNK)
-    with open(folder / f"{split}.bin", "wb") as ids_file, open(folder / f"{split}.mask.bin", "wb") as mask_file:
+    with open(folder / tokens_file(split), "wb") as ids_file, open(folder / mask_file(split), "wb") as flags_file:
         for _, messages in conversations:
             ids, mask = encode(tokenizer, template, messages)
             ids.astype(dtype).tofile(ids_file)
-            mask.tofile(mask_file)
+            mask.tofile(flags_file)
             starts.append(starts[-1] + len(ids))
             answer_characters += sum(len(m["content"]) for m in messages if m["role"] == "assistant")
             unknown += int((ids == unk).sum()) if unk is not None else 0
-    np.save(folder / f"{split}.starts.npy", np.asarray(starts, dtype=np.int64))
-    answers = int(np.fromfile(folder / f"{split}.mask.bin", dtype=np.uint8).sum())
+    np.save(folder / starts_file(split), np.asarray(starts, dtype=np.int64))
+    answers = int(np.fromfile(folder / mask_file(split), dtype=np.uint8).sum())
     return {"tokens": starts[-1], "conversations": len(starts) - 1, "answer_tokens": answers,
             "answer_characters": answer_characters, "unknown": unknown}
 

@@ -27,14 +27,13 @@ from data.tokenizer import END_OF_TEXT, end_of_text_ids
 from model import GPTConfig
 
 OVERRIDABLE = ("dropout", "attn_impl")  # and block_size, downwards
-# a run folder's model files, which are also what a transformers model folder names them
-CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = RunDir.MODEL_CONFIG, RunDir.WEIGHTS, RunDir.TOKENIZER
+# (a run folder's model files, RunDir's names, are also what a transformers model folder names them)
 # a model over a few GB ships its weights in shards, with an index naming the shard of each tensor
 SHARD_INDEX = "model.safetensors.index.json"
 # where a folder keeps its chat template: our runs and newer transformers in a file of its own, older in the config
-CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG = RunDir.CHAT_TEMPLATE, "tokenizer_config.json"
-DOWNLOAD = [CONFIG_FILE, WEIGHTS_FILE, SHARD_INDEX, "model-*-of-*.safetensors", TOKENIZER_FILE, TOKENIZER_CONFIG,
-            CHAT_TEMPLATE_FILE]
+TOKENIZER_CONFIG = "tokenizer_config.json"
+DOWNLOAD = [RunDir.MODEL_CONFIG, RunDir.WEIGHTS, SHARD_INDEX, "model-*-of-*.safetensors", RunDir.TOKENIZER, TOKENIZER_CONFIG,
+            RunDir.CHAT_TEMPLATE]
 
 
 @dataclass
@@ -47,14 +46,14 @@ class BaseModel:
 
     def tokenizer(self) -> Tokenizer:
         try:
-            return load_tokenizer(self.folder / TOKENIZER_FILE)
+            return load_tokenizer(self.folder / RunDir.TOKENIZER)
         except (ValueError, FileNotFoundError) as e:
             raise UserError(f"train.init_from={self.name}: {e}") from None
 
     def chat_template(self) -> str | None:
         """The folder's chat template (Jinja text, run only in data/chat.py's sandbox), or None."""
-        if (self.folder / CHAT_TEMPLATE_FILE).is_file():
-            return (self.folder / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+        if (self.folder / RunDir.CHAT_TEMPLATE).is_file():
+            return (self.folder / RunDir.CHAT_TEMPLATE).read_text(encoding="utf-8")
         if (self.folder / TOKENIZER_CONFIG).is_file():
             template = read_json(self.folder / TOKENIZER_CONFIG).get("chat_template")
             if isinstance(template, list):  # several, by name (transformers' form): the default one
@@ -71,7 +70,7 @@ class BaseModel:
         tensors = {}
         for shard in weight_files(self.folder, self.name):
             tensors.update(load_file(str(shard)))
-        if "model_type" in read_json(self.folder / CONFIG_FILE):
+        if "model_type" in read_json(self.folder / RunDir.MODEL_CONFIG):
             tensors = state_from_transformers(self.config, tensors)
         elif self.config.tie_embeddings:
             tensors["transformer.wte.weight"] = tensors["lm_head.weight"]  # one tensor, stored once (tied)
@@ -95,8 +94,8 @@ def grown_embedding(rows: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def weight_files(folder: Path, name: str) -> list[Path]:
     """model.safetensors, or the shards its index names (each a file of this folder: a name
     with a folder in it, or anything but safetensors, is refused)."""
-    if (folder / WEIGHTS_FILE).is_file():
-        return [folder / WEIGHTS_FILE]
+    if (folder / RunDir.WEIGHTS).is_file():
+        return [folder / RunDir.WEIGHTS]
     weight_map = read_json(folder / SHARD_INDEX).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise UserError(f"train.init_from={name}: {SHARD_INDEX} has no weight_map")
@@ -123,19 +122,19 @@ def open_base_model(init_from: str) -> BaseModel:
     if not folder.is_dir():
         folder = download(init_from)
     files = {p.name for p in folder.iterdir()}
-    if not {WEIGHTS_FILE, SHARD_INDEX} & files:
+    if not {RunDir.WEIGHTS, SHARD_INDEX} & files:
         if {"pytorch_model.bin", "model.bin"} & files:
             raise UserError(f"train.init_from={init_from} holds only pytorch_model.bin, a pickle, which this project "
                             "never loads (it can run code); convert it once to safetensors, e.g. "
                             f"python -c \"from transformers import AutoModelForCausalLM as M; "
                             f"M.from_pretrained('{folder}').save_pretrained('{folder}-safetensors')\"")
-        raise UserError(f"train.init_from={init_from} is neither a run directory ({CONFIG_FILE}, {WEIGHTS_FILE}, "
-                        f"{TOKENIZER_FILE}) nor a Hugging Face model folder with {WEIGHTS_FILE} (or its shards "
+        raise UserError(f"train.init_from={init_from} is neither a run directory ({RunDir.MODEL_CONFIG}, {RunDir.WEIGHTS}, "
+                        f"{RunDir.TOKENIZER}) nor a Hugging Face model folder with {RunDir.WEIGHTS} (or its shards "
                         f"and {SHARD_INDEX})")
-    for name in (CONFIG_FILE, TOKENIZER_FILE):
+    for name in (RunDir.MODEL_CONFIG, RunDir.TOKENIZER):
         if name not in files:
             raise UserError(f"train.init_from={init_from} has no {name}")
-    settings = read_json(folder / CONFIG_FILE)
+    settings = read_json(folder / RunDir.MODEL_CONFIG)
     try:
         if "model_type" in settings:  # a transformers model
             config = config_from_transformers(settings)
