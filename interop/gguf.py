@@ -4,9 +4,10 @@ llama.cpp's converter (convert_hf_to_gguf.py) reads a transformers folder, but i
 BPE tokenizer only by a hash of how it encodes a test text, and it knows the published
 models' tokenizers only: one trained by this project stops it with "BPE pre-tokenizer was
 not recognized". So the GGUF is written here, with what the converter would write: the
-three kinds of interop/hf.py become llama.cpp's gpt2, gptneox and llama architectures, and
-this project's tokenizers llama.cpp's GPT-2 tokenizer (its vocabulary, merges and
-pre-tokenizer). Tensors stay float32 (llama.cpp's llama-quantize makes smaller ones).
+four kinds of interop/hf.py become llama.cpp's gpt2, gptneox, llama and qwen2
+architectures, and this project's tokenizers llama.cpp's GPT-2 tokenizer (its vocabulary,
+merges and pre-tokenizer). The matrices are written in float32, float16 or Q8_0
+(export.py --gguf-type); norms and biases stay float32, as llama.cpp's converter keeps them.
 """
 
 from __future__ import annotations

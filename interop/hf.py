@@ -5,7 +5,8 @@ GPTNeoXForCausalLM when they are rotary with LayerNorm and the GELU network (seq
 residuals, rotary on every dimension of each head, the same base, tied embeddings, and
 rotate_half's pairing of dimension i with i + d/2, which is ours); and a
 LlamaForCausalLM when it has the modern block (rotary positions, RMSNorm, the SwiGLU
-network; grouped-query attention and an untied head included). GPT-2 and GPT-NeoX hold
+network; grouped-query attention, an untied head and Llama 3's rope scaling included);
+and a Qwen2ForCausalLM when that block has biases on W_Q, W_K, W_V alone. GPT-2 and GPT-NeoX hold
 grouped-query attention as multi-head attention, each key/value head repeated for the
 query heads that share it (the same logits). Other configurations
 have no transformers class that computes exactly what they compute, and are refused,

@@ -69,7 +69,8 @@ class LoRALinear(nn.Linear):
 
 
 def adapted_layers(model: GPT):
-    """(module, attribute name, layer) of each matrix that LoRAConfig.targets can name."""
+    """(target name, parent module, attribute name, layer) of each matrix that
+    LoRAConfig.targets can name, block by block."""
     for block in model.transformer.h:
         for target in TARGETS:
             parent_name, name = target.split(".")

@@ -102,7 +102,8 @@ class GPT(nn.Module):
     # ---- sizes ---------------------------------------------------------------
 
     def num_parameters(self) -> int:
-        """Trainable parameters, a tied embedding/head counted once."""
+        """Every parameter, a tied embedding/head counted once, whether it trains or not (a
+        model with LoRA adapters counts its frozen weights and the adapters')."""
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: int | None = None, training: bool = True) -> float:

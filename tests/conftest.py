@@ -71,3 +71,26 @@ def make_trainer(overrides: list[str], dtype=None, config: str = "configs/tiny.y
     from training.trainer import Trainer
 
     return Trainer(prepare_run(load_config(ROOT / config, overrides)), torch.device("cpu"), dtype or torch.float32)
+
+
+def untrained_run(folder, kind="char", source="shakespeare", state=True, config=True, **model_settings):
+    """A run directory made without training (fast): an untrained micro model (rope
+    positions unless model_settings say otherwise), a tokenizer, and optionally the
+    summary, trainer state and config.yaml train.py would write."""
+    from common.run_dir import RunDir
+    from data.tokenizer import train_tokenizer
+    from model import GPT, GPTConfig
+
+    text = "First Citizen:\nBefore we proceed any further, hear me speak. " * 20
+    tokenizer = train_tokenizer(kind, [text], 300)
+    model = GPT(GPTConfig(**{"vocab_size": tokenizer.get_vocab_size(), "block_size": 16, "n_layer": 1, "n_head": 2,
+                             "n_embd": 16, "pos_encoding": "rope", **model_settings}))
+    folder.mkdir(parents=True)
+    summary = {"iteration": 1234, "val_loss": 1.5, "val_bits_per_char": 2.164, "data_fingerprint": "0123abcd"}
+    RunDir(folder).save_checkpoint(model, tokenizer, summary, {"iteration": 1234})
+    if not state:
+        (folder / "trainer_state.pt").unlink()
+        (folder / "summary.json").unlink()
+    if config:
+        (folder / "config.yaml").write_text(f"data:\n  source: {source}\n  tokenizer: {kind}\n")
+    return folder

@@ -155,7 +155,3 @@ def test_generate_bad_input(tmp_path, trained, capsys, name, mutate, argv, messa
     before = hashes(run)
     code = generate.main(["--checkpoint", str(run), "--prompt", "A", "--max-new-tokens", "3", *argv])
     check(code, capsys, message, before, run)
-
-
-def test_the_table_is_large_enough():
-    assert len(TRAIN) + len(GENERATE) >= 30
