@@ -59,19 +59,29 @@ def page_array(a: dict) -> np.ndarray:
     return np.asarray(a["data"], dtype=np.float32).reshape(a["shape"]) if "data" in a else decoded(a)
 
 
-def assert_same_page_data(a, b, path="data", skip=(), atol=2e-4, rtol=1e-3):
+def assert_same_page_data(a, b, path="data", skip=(), atol=2e-4, rtol=1e-3, row_rtol=0.0):
     """Two makings of the explorer's data: every array and number within atol + rtol·|b|,
-    the rest equal, the keys in skip left out."""
+    the rest equal, the keys in skip left out. row_rtol adds that share of the largest |b|
+    of each array's row (its last axis): a value that a sum of large terms left small
+    carries the rounding of those terms, which float32 makes on each CPU in its own way
+    (a residual stream entry of -0.0497 in a row reaching 33 differed by 5.8e-5)."""
     if isinstance(b, dict) and ("base64" in b or "data" in b):
-        np.testing.assert_allclose(page_array(a), page_array(b), atol=atol, rtol=rtol, err_msg=path)
+        ours, theirs = page_array(a).astype(np.float64), page_array(b).astype(np.float64)
+        assert ours.shape == theirs.shape, path
+        finite = np.where(np.isfinite(theirs), np.abs(theirs), 0.0)
+        row = finite.max(axis=-1, keepdims=True) if theirs.ndim else finite
+        with np.errstate(invalid="ignore"):  # (-inf against -inf: equal)
+            off = np.where(ours == theirs, 0.0, np.abs(ours - theirs))
+        np.testing.assert_array_less(np.nan_to_num(off, nan=np.inf), atol + rtol * finite + row_rtol * row + 1e-30,
+                                     err_msg=path)
     elif isinstance(b, dict):
         assert a.keys() == b.keys(), path
         for key in b.keys() - set(skip):
-            assert_same_page_data(a[key], b[key], f"{path}.{key}", skip, atol, rtol)
+            assert_same_page_data(a[key], b[key], f"{path}.{key}", skip, atol, rtol, row_rtol)
     elif isinstance(b, list) and b and not isinstance(b[0], str):
         assert len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_page_data(x, y, f"{path}[{i}]", skip, atol, rtol)
+            assert_same_page_data(x, y, f"{path}[{i}]", skip, atol, rtol, row_rtol)
     elif isinstance(b, float):
         assert a == pytest.approx(b, abs=atol, rel=rtol), path
     else:
