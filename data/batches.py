@@ -36,8 +36,11 @@ class BatchSampler:
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
                  rank: int = 0, world_size: int = 1):
         check_length(tokens, block_size, "train")
-        self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
-        self.rank, self.world_size = rank, world_size
+        self.tokens = tokens
+        self.block_size = block_size
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
         self.generator = torch.Generator().manual_seed(seed)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +81,8 @@ def conversation_rows(conversations: Conversations, indices, block_size: int) ->
     x = torch.zeros(len(rows), length, dtype=torch.long)
     y = torch.full((len(rows), length), IGNORE, dtype=torch.long)
     for row, (ids, mask) in enumerate(rows):
-        ids, mask = ids[:block_size + 1].astype(np.int64), mask[:block_size + 1]
+        ids = ids[:block_size + 1].astype(np.int64)
+        mask = mask[:block_size + 1]
         n = len(ids) - 1
         x[row, :n] = torch.from_numpy(ids[:-1])
         y[row, :n] = torch.from_numpy(np.where(mask[1:] == 1, ids[1:], IGNORE))
@@ -106,12 +110,15 @@ class ConversationSampler:
 
     def __init__(self, conversations: Conversations, block_size: int, batch_size: int, seed: int,
                  rank: int = 0, world_size: int = 1):
-        self.conversations, self.block_size, self.batch_size = conversations, block_size, batch_size
+        self.conversations = conversations
+        self.block_size = block_size
+        self.batch_size = batch_size
         self.usable = answered(conversations, block_size)
         if len(self.usable) == 0:
             raise DataError(f"no training conversation has an answer within the first {block_size + 1} tokens; "
                             "use a larger model.block_size or shorter conversations")
-        self.rank, self.world_size = rank, world_size
+        self.rank = rank
+        self.world_size = world_size
         self.generator = torch.Generator().manual_seed(seed)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:

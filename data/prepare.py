@@ -382,7 +382,8 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
     queued and encoded many at a time; longer ones stream through feed and flush. Unknown
     characters are counted; advance(bytes) follows each chunk's UTF-8 size. Returns the
     counts of tokens, characters, UTF-8 bytes and unknown characters."""
-    eot, encode = end_of_text_id(tokenizer), Encoder(tokenizer)
+    eot = end_of_text_id(tokenizer)
+    encode = Encoder(tokenizer)
     characters = size = 0
     tail = ""  # end of the text read so far, to place blank lines between documents
     with open(path, "wb") as f:
@@ -398,14 +399,16 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
                     out.write(encode.flush())
                 if out.queued_characters() >= CHUNK_CHARS:
                     out.drain()
-                in_document, between_documents = False, characters > 0
+                in_document = False
+                between_documents = characters > 0
                 continue
             if between_documents:  # a separator only between documents, none at the end
                 out.queue.append([eot] if eot is not None else
                                  "" if tail.endswith("\n\n") else "\n" if tail.endswith("\n") else "\n\n")
                 between_documents = False
             if not in_document:
-                held, in_document = chunk, True
+                held = chunk
+                in_document = True
             else:  # a long document: stream it, after what waits in the queue
                 out.drain()
                 if held is not None:

@@ -119,7 +119,8 @@ def qkv_figure(w: dict) -> str:
     widths = {"q": H * d_k, "k": H_kv * d_k, "v": H_kv * d_k}
     assert attn.c_attn.out_features == sum(widths.values())  # C + 2·H_kv·d_k
     heads = {"q": H, "k": H_kv, "v": H_kv}
-    cell, gap = 26, 18
+    cell = 26
+    gap = 18
     svg = Svg(760, 400)
     for i, line in enumerate(wrap(w["qkv_title"], 80 if w is WORDS["en"] else 40)):
         svg.text(20, 24 + i * 18, line, 14, weight="bold")
@@ -178,11 +179,13 @@ def maps_figure(w: dict, fresh: torch.Tensor, trained: torch.Tensor, T: int) -> 
 
 def causal_figure(w: dict) -> str:
     """The tutorial's 今天 / 天气 / 很 / 好 with the causal mask and the shifted targets."""
-    tokens, cell = ["今天", "天气", "很", "好", "。"], 58
+    tokens = ["今天", "天气", "很", "好", "。"]
+    cell = 58
     x, y = tokens[:4], tokens[1:]
     svg = Svg(640, 420)
     svg.text(20, 26, w["causal_title"], 15, weight="bold")
-    left, top = 150, 90
+    left = 150
+    top = 90
     svg.text(left + 2 * cell, top - 30, w["key"], 13, "middle")
     svg.text(20, top - 8, w["query"], 12)
     svg.text(left + 4 * cell + 60, top - 8, w["target"], 12)
@@ -205,7 +208,8 @@ def causal_figure(w: dict) -> str:
 def cache_figure(w: dict) -> str:
     """GPT.generate_tokens with block_size 6 and a 3-token prompt: each row is one step,
     the tokens t0, t1, ... the model has seen so far; orange ones run through the model."""
-    block, cell = 6, 34
+    block = 6
+    cell = 34
     rows = [(3, 0, "prefill"), (4, 3, "step"), (5, 4, None), (6, 5, None), (7, 1, "slide"), (8, 2, "slide_more")]
     svg = Svg(720, 90 + len(rows) * (cell + 14) + 40)
     svg.text(20, 26, w["cache_title"], 15, weight="bold")

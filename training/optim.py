@@ -10,12 +10,28 @@ biases stay with AdamW, as in the modded-nanogpt speedruns and nanochat.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
 from model import GPT
 
 from .config import TrainConfig
+
+
+class Anchor(NamedTuple):
+    """Where a decay that changed its end goes on from."""
+
+    iteration: int
+    progress: float  # the decay's progress there, from 0 (end of the warm-up) to 1
+    cooldown_start: float  # wsd: the progress at which its straight line down begins
+
+
+class Ramp(NamedTuple):
+    """Where a warm-up rises from."""
+
+    iteration: int  # -1: before the first iteration
+    factor: float
 
 
 WARMUP_SHARE = 0.1  # a run fitted shorter than its warm-up allows: the share of the rest spent warming up
@@ -42,12 +58,12 @@ class Schedule:
 
     def __init__(self, cfg: TrainConfig, max_iters: int):
         self.warmup = cfg.warmup_iters
-        self.ramp_start = (-1, 0.0)  # (iteration, factor) the warm-up rises from: iteration 0 is one step up
+        self.ramp_start = Ramp(-1, 0.0)  # the warm-up rises from 0 before iteration 0: iteration 0 is one step up
         self.decay_iters = cfg.lr_decay_iters or max_iters
         self.floor = cfg.min_lr / cfg.lr
         self.shape = cfg.lr_schedule
         self.cooldown = cfg.cooldown
-        self.anchor: tuple[int, float, float] | None = None  # (iteration, its progress, the wsd cooldown's start)
+        self.anchor: Anchor | None = None  # where a changed decay goes on from
         self.momentum_warmup = cfg.muon_momentum_warmup
         self.momentum_peak = cfg.muon_momentum
 
@@ -65,7 +81,7 @@ class Schedule:
     def cooldown_start(self) -> float:
         """wsd: the progress at which the straight line down begins."""
         if self.anchor is not None:
-            return self.anchor[2]
+            return self.anchor.cooldown_start
         start = max(self.warmup, self.decay_iters - round(self.cooldown * self.decay_iters))
         return (start - self.warmup) / max(1, self.decay_iters - self.warmup)
 
@@ -74,13 +90,13 @@ class Schedule:
             return 1.0
         if self.anchor is None:
             return max(0.0, (it - self.warmup) / max(1, self.decay_iters - self.warmup))
-        at, progress, _ = self.anchor
-        return progress + (1.0 - progress) * max(0, it - at) / (self.decay_iters - at)
+        at = self.anchor
+        return at.progress + (1.0 - at.progress) * max(0, it - at.iteration) / (self.decay_iters - at.iteration)
 
     def factor(self, it: int) -> float:
         if it < self.warmup:
-            start, start_factor = self.ramp_start
-            return start_factor + (1.0 - start_factor) * (it - start) / (self.warmup - start)
+            start = self.ramp_start
+            return start.factor + (1.0 - start.factor) * (it - start.iteration) / (self.warmup - start.iteration)
         p = self.progress(it)
         if self.shape == "wsd":
             start = self.cooldown_start()
@@ -102,7 +118,7 @@ class Schedule:
         if it < self.warmup:  # (in the warmup nothing has decayed yet: the new length from the start)
             self.shorten_warmup(it, decay_iters)
         elif it > self.warmup:
-            self.anchor = (it, self.progress(it), self.cooldown_start())
+            self.anchor = Anchor(it, self.progress(it), self.cooldown_start())
         self.decay_iters = decay_iters
 
     def shorten_warmup(self, it: int, decay_iters: int) -> None:
@@ -111,7 +127,7 @@ class Schedule:
         iteration). It only ever gets shorter."""
         end = it + max(1, round(WARMUP_SHARE * (decay_iters - it)))
         if end < self.warmup:
-            self.ramp_start = (it, self.factor(it))
+            self.ramp_start = Ramp(it, self.factor(it))
             self.warmup = end
 
     def state_dict(self) -> dict:
@@ -121,11 +137,11 @@ class Schedule:
     def load_state_dict(self, state: dict) -> None:
         anchor = state["anchor"]
         self.decay_iters = state["decay_iters"]
-        self.anchor = None if anchor is None else (int(anchor[0]), *map(float, anchor[1:]))
+        self.anchor = None if anchor is None else Anchor(int(anchor[0]), float(anchor[1]), float(anchor[2]))
         ramp_start = state.get("ramp_start")
         if ramp_start is not None and ramp_start[0] >= 0:  # shortened for a fitted length: it stays so
             self.warmup = state["warmup"]
-            self.ramp_start = (int(ramp_start[0]), float(ramp_start[1]))
+            self.ramp_start = Ramp(int(ramp_start[0]), float(ramp_start[1]))
         # (else the config's train.warmup_iters, as it is now)
 
 
