@@ -12,7 +12,7 @@ from .tokenizer import BYTE_ALPHABET, EOT, KINDS
 class DataConfig:
     """The `data:` section of a run config."""
 
-    source: str = "shakespeare"  # built in; a .txt/.jsonl/.csv/.parquet file, a folder of one kind of them, or hf:<name>
+    source: str = "shakespeare"  # built in (or copies, the induction lesson's); a .txt/.jsonl/.csv/.parquet file, a folder of one kind of them, or hf:<name>
     tokenizer: str = "char"  # char (one token per character) or bpe (byte-level BPE)
     vocab_size: int = 4096  # bpe only
     text_field: str = "text"  # the column holding the text in .jsonl/.csv/.parquet files and datasets

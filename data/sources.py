@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
 
-from . import shakespeare
+from . import copies, shakespeare
 
 
 class DataError(ValueError):
@@ -43,10 +43,13 @@ class Source:
 
 def open_source(source: str, text_field: str = "text", val_fraction: float = 0.1, hf_split: str = "train",
                 hf_data_files: str | None = None) -> Source:
-    """Resolve data.source: 'shakespeare', 'hf:<name>[:<config>]' (with its split and data
-    files) or a local path (conversations: data/chat.py's chat_source)."""
+    """Resolve data.source: 'shakespeare', 'copies' (the induction lesson's text),
+    'hf:<name>[:<config>]' (with its split and data files) or a local path (conversations:
+    data/chat.py's chat_source)."""
     if source == "shakespeare":
         return shakespeare_source(val_fraction)
+    if source == "copies":
+        return copies_source(val_fraction)
     if source.startswith("hf:"):
         return hub_source(source[3:], text_field, val_fraction, hf_split, hf_data_files)
     return local_source(source, text_field, val_fraction)
@@ -87,11 +90,23 @@ def shakespeare_source(val_fraction: float) -> Source:
     return Source("shakespeare", identity, lambda: pieces(0), lambda: pieces(1))
 
 
+def copies_source(val_fraction: float) -> Source:
+    """The induction lesson's lines, each a random string written twice (data/copies.py):
+    made from a seed when the text is needed, one document a split."""
+    def pieces(which: int) -> Iterator[Piece]:
+        yield copies.splits(val_fraction)[which]
+        yield END
+
+    identity = {"source": "copies", "version": copies.VERSION, "seed": copies.SEED,
+                "characters": copies.TRAIN_CHARACTERS, "val_fraction": val_fraction}
+    return Source("copies", identity, lambda: pieces(0), lambda: pieces(1))
+
+
 def local_source(source: str, text_field: str, val_fraction: float) -> Source:
     path = Path(source).expanduser()
     if not path.exists():
         raise DataError(f"data source {source!r} does not exist: give a .txt/.jsonl/.parquet/.csv "
-                        "file, a folder of them, 'shakespeare' or 'hf:<dataset>'")
+                        "file, a folder of them, 'shakespeare', 'copies' or 'hf:<dataset>'")
     files = folder_files(path, source) if path.is_dir() else [path]
     fmt = LOCAL_FORMATS.get(files[0].suffix.lower())
     if fmt is None:

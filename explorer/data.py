@@ -29,7 +29,7 @@ from data.prepare import validation_tokens
 from data.token_text import token_text, token_views
 from data.tokenizer import suppressed_ids
 from inspection.attention_maps import VIRIDIS
-from inspection.head_scores import copy_test, head_scores
+from inspection.head_scores import head_scores, induction_probe
 from model import GPT, evaluating
 
 SCHEMA_VERSION = 2
@@ -264,9 +264,9 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
     device = model.lm_head.weight.device
     prompt = torch.tensor([ids], device=device)
     windows = fixed_windows(val, c.block_size, TIMELINE_WINDOWS, 0, "val") if val is not None else None
-    repeated = copy_test(tokenizer, c.vocab_size, c.block_size).to(device)
+    probe = induction_probe(tokenizer, c.vocab_size, c.block_size).to(device)
     text = torch.from_numpy(np.asarray(val[:min(c.block_size, 128)], dtype=np.int64))[None].to(device) \
-        if val is not None else repeated[:, :repeated.size(1) // 2]  # (without the run's text: the random tokens)
+        if val is not None else probe[:, :probe.size(1) // 2]  # (without the run's text: the random tokens)
     never = suppressed_ids(tokenizer)
     steps, losses, maps, predictions, lenses, samples, previous, induction = [], [], [], [], [], [], [], []
     for step, load in snapshots.items():
@@ -283,7 +283,7 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
         generator = torch.Generator(device=device).manual_seed(TIMELINE_SEED)
         out = snapshot.generate(prompt, TIMELINE_TOKENS, temperature=0.8, generator=generator, suppress_tokens=never)
         samples.append(tokenizer.decode(out[0, len(ids):].tolist()))
-        scores = head_scores(snapshot, text, repeated)
+        scores = head_scores(snapshot, text, probe)
         previous.append(scores["previous_token"].tolist())
         induction.append(scores["induction"].tolist())
     return {"steps": steps, "loss": losses, "maps": array(torch.stack(maps)), "prediction": predictions,

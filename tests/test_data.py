@@ -317,7 +317,7 @@ def test_hub_unreachable_fails_fast_with_advice(tmp_path, monkeypatch):
 
 BAD = {
     "missing path": (lambda p: str(p / "nope.txt"), {}, "nope.txt' does not exist: give a .txt/.jsonl/.parquet/.csv "
-                     "file, a folder of them, 'shakespeare' or 'hf:<dataset>'$"),
+                     "file, a folder of them, 'shakespeare', 'copies' or 'hf:<dataset>'$"),
     "empty file": (lambda p: str(write(p / "e.txt", "")), {}, "is empty"),
     "not utf-8": (lambda p: _bytes(p / "l.txt", b"hello\n" * 10 + b"caf\xe9\n"), {}, r"not UTF-8 .*offset 63"),
     "binary": (lambda p: _bytes(p / "b.txt", b"ab\x00\x01" * 10), {}, r"looks binary \(a NUL byte at offset 2\)"),

@@ -486,7 +486,7 @@ def test_the_timeline_is_the_models_own_numbers_at_each_snapshot(trained_run, tm
     from common.run_dir import RunDir
     from data import fixed_windows
     from data.prepare import validation_tokens
-    from inspection.head_scores import copy_test, head_scores
+    from inspection.head_scores import head_scores, induction_probe
 
     out = tmp_path / "page.html"
     assert explore.main(["--checkpoint", str(trained_run), "--prompt", "MACBETH:\nSo foul", "--out", str(out)]) == 0
@@ -513,7 +513,7 @@ def test_the_timeline_is_the_models_own_numbers_at_each_snapshot(trained_run, tm
         assert timeline["loss"][s] == pytest.approx(loss, abs=1e-5)
         assert timeline["samples"][s] == tokenizer.decode(sample[0, len(ids):].tolist())
         scores = head_scores(snapshot, torch.from_numpy(val[:32].astype("int64"))[None],
-                             copy_test(tokenizer, model.config.vocab_size, 32))
+                             induction_probe(tokenizer, model.config.vocab_size, 32))
         for kind in ("previous_token", "induction"):
             torch.testing.assert_close(torch.tensor(timeline["scores"][kind][s]), scores[kind], atol=1e-6, rtol=0)
     assert timeline["loss"][-1] < timeline["loss"][0]

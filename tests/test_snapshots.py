@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 import train
 from common.run_dir import RunDir
 from conftest import ROOT, make_trainer
-from inspection.head_scores import copy_test, head_scores, induction_scores, previous_token_scores, repeated_tokens
+from inspection.head_scores import (head_scores, induction_probe, induction_scores, induction_targets,
+                                    previous_token_scores, uniform_scores)
 from model import GPT, GPTConfig
 from training.snapshots import Snapshots, scheduled
 
@@ -101,26 +102,45 @@ def test_head_scores_of_hand_built_maps():
     induction[torch.arange(n, T), torch.arange(1, n + 1)] = 1  # the token after the earlier occurrence
     uniform = torch.ones(T, T).tril()
     uniform /= uniform.sum(-1, keepdim=True)  # each query spreads its weight over the keys it may see
-    scores = lambda maps: (previous_token_scores(maps).item(), induction_scores(maps).item())  # noqa: E731
+    probe = torch.tensor([3, 1, 4, 5, 9, 3, 1, 4, 5, 9])  # five distinct tokens, twice
+    scores = lambda maps: (previous_token_scores(maps).item(), induction_scores(maps, probe).item())  # noqa: E731
     assert scores(previous) == (1.0, 0.0) and scores(induction) == (0.0, 1.0)
-    assert scores(uniform) == pytest.approx((sum(1 / (t + 1) for t in range(1, T)) / (T - 1),
-                                             sum(1 / (t + 1) for t in range(n, T)) / n))
-    assert torch.equal(repeated_tokens(50, 8, never=(3,), seed=1)[0, :8], repeated_tokens(50, 8, never=(3,), seed=1)[0, 8:])
-    assert 3 not in repeated_tokens(5, 200, never=(3,))
+    expected = (sum(1 / (t + 1) for t in range(1, T)) / (T - 1), sum(1 / (t + 1) for t in range(n, T)) / n)
+    assert scores(uniform) == pytest.approx(expected)
+    assert tuple(uniform_scores(T, probe).values()) == pytest.approx(expected)
 
 
-def test_the_copy_test_draws_tokens_from_inside_a_line():
-    """No newline (where text starts afresh), no special token, nothing never generated."""
+def test_a_token_that_recurs_in_the_probe_splits_nothing_from_a_perfect_induction_head():
+    """With fewer tokens than the probe needs, a token recurs: every key after an earlier
+    occurrence of the query's token is a target, and a head that spreads its weight over
+    them scores 1 (counted on key t - n + 1 alone it would score less)."""
+    probe = torch.tensor([7, 2, 7, 5, 7, 2, 7, 5])  # 7 twice in each copy
+    targets = induction_targets(probe)
+    assert targets[0].nonzero().flatten().tolist() == [1, 3]  # query 4 (a 7): after each earlier 7
+    assert targets[1].nonzero().flatten().tolist() == [2]  # query 5 (a 2): after the 2 at 1
+    assert targets[2].nonzero().flatten().tolist() == [1, 3, 5]  # query 6 (a 7): after the 7s at 0, 2 and 4
+    perfect = torch.zeros(8, 8)
+    perfect[4:] = targets.float() / targets.sum(-1, keepdim=True)
+    perfect[:4, 0] = 1
+    assert induction_scores(perfect, probe).item() == pytest.approx(1.0)
+    assert perfect[4:].diagonal(offset=1).mean().item() == pytest.approx((1 / 2 + 1 + 1 / 3 + 1) / 4)  # the one key's
+
+
+def test_the_probe_draws_distinct_tokens_from_inside_a_line():
+    """No newline (where text starts afresh), no special token, nothing never generated; each
+    token once in each copy where the tokenizer has enough of them."""
     from data.tokenizer import train_tokenizer
 
     char = train_tokenizer("char", ["ab cd\nef gh\n" * 20], 0)
-    ids = copy_test(char, char.get_vocab_size(), 64)[0]
+    ids = induction_probe(char, char.get_vocab_size(), 64)[0]
     assert ids.shape == (64,) and torch.equal(ids[:32], ids[32:])
     assert "\n" not in char.decode(ids.tolist()) and char.token_to_id("<unk>") not in ids
-    assert copy_test(char, char.get_vocab_size(), 500).shape == (1, 128)  # at most 64 tokens, twice
+    assert induction_probe(char, char.get_vocab_size(), 500).shape == (1, 128)  # at most 64 tokens, twice
     bpe = train_tokenizer("bpe", ["hello world\nthe end\n" * 50], 300)
-    text = bpe.decode(copy_test(bpe, bpe.get_vocab_size(), 64)[0].tolist(), skip_special_tokens=False)
+    probe = induction_probe(bpe, bpe.get_vocab_size(), 64)[0]
+    text = bpe.decode(probe.tolist(), skip_special_tokens=False)
     assert "\n" not in text and "<|endoftext|>" not in text
+    assert len(set(probe[:32].tolist())) == 32  # 300 tokens to draw from: no repeat inside a copy
 
 
 def test_a_head_that_cannot_tell_keys_apart_scores_what_uniform_attention_scores():
@@ -132,8 +152,9 @@ def test_a_head_that_cannot_tell_keys_apart_scores_what_uniform_attention_scores
         model.transformer.h[1].attn.c_attn.weight[8:16] = 0  # layer 1, head 1: W_Q's rows of that head
         model.transformer.h[1].attn.c_attn.bias[8:16] = 0
         model.transformer.h[1].attn.c_attn.weight[0:8] *= 300  # and head 0 with sharp preferences
-    text, repeated = torch.randint(30, (1, 12)), repeated_tokens(30, 6)
-    scores = head_scores(model, text, repeated)
+    text = torch.randint(30, (1, 12))
+    probe = torch.randperm(30)[:6].repeat(2)[None]
+    scores = head_scores(model, text, probe)
     assert scores["previous_token"].shape == scores["induction"].shape == (2, 2)
     assert scores["previous_token"][1, 1].item() == pytest.approx(sum(1 / (t + 1) for t in range(1, 12)) / 11, abs=1e-6)
     assert scores["induction"][1, 1].item() == pytest.approx(sum(1 / (t + 1) for t in range(6, 12)) / 6, abs=1e-6)

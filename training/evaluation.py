@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from inspection.head_scores import copy_test, head_scores
+from inspection.head_scores import head_scores, induction_probe
 from common.device import autocast
 from data.batches import IGNORE, evaluation_rows
 from data.tokenizer import encode_or_start, suppressed_ids
@@ -33,7 +33,7 @@ class Evaluator:
         self.val = evaluation_rows(run.data, "val", block_size, count, settings.seed)
         self.train = evaluation_rows(run.data, "train", block_size, count, settings.seed)
         self.attention_ids = torch.from_numpy(run.data.val[:min(block_size, 128)].astype(np.int64))[None].to(device)
-        self.repeated_ids = copy_test(run.data.tokenizer, run.model_config.vocab_size, block_size).to(device)
+        self.probe = induction_probe(run.data.tokenizer, run.model_config.vocab_size, block_size).to(device)
         self.tokenizer = run.data.tokenizer
         self.batch_size = settings.batch_size
         self.dist = dist
@@ -91,7 +91,7 @@ class Evaluator:
         previous-token and induction scores (Scalars; inspection/head_scores.py), from the
         model's own forward pass."""
         if self.dist.is_main:
-            scores = head_scores(model, self.attention_ids, self.repeated_ids)
+            scores = head_scores(model, self.attention_ids, self.probe)
             log.attention(it, scores["maps"])
             log.head_scores(it, scores["previous_token"], scores["induction"])
 
