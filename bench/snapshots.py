@@ -27,7 +27,7 @@ from bench.learning import quick_corpus
 from training.config import load_config
 from training.logger import RunLogger
 from training.preparation import prepare_run
-from training.snapshots import scheduled
+from training.snapshots import spacing
 from training.trainer import Trainer
 
 
@@ -61,16 +61,19 @@ def main() -> None:
         snapshot = statistics.median(timed(trainer.save_snapshot) for _ in range(rounds))
         size = trainer.run_dir.snapshot_path(trainer.iteration).stat().st_size
     n = args.iterations
-    kept = sum(1 for step in range(n + 1) if scheduled(step) or step == n)
-    measured = kept + n // cfg.train.eval_interval
-    share = (kept * snapshot + measured * heads) / (n * iteration)
+    snapshots = trainer.snapshots
+    taken = [step for step in range(n + 1) if snapshots.due(step, n)]  # each written once (the grid thins as it goes)
+    kept = [step for step in taken if step in (0, n) or step % spacing(n, snapshots.every, snapshots.limit) == 0]
+    measured = len(taken) + n // cfg.train.eval_interval
+    share = (len(taken) * snapshot + measured * heads) / (n * iteration)
     result = {"iterations": n, "iteration_ms": 1000 * iteration, "snapshot_ms": 1000 * snapshot,
-              "heads_ms": 1000 * heads, "snapshots": kept, "head_measurements": measured,
-              "snapshot_mb": size / 1e6, "disk_mb": kept * size / 1e6, "share_of_training": share}
-    print(table(["iterations", "iteration (ms)", "snapshot (ms)", "heads measured (ms)", "snapshots",
+              "heads_ms": 1000 * heads, "snapshots": len(kept), "snapshots_taken": len(taken),
+              "head_measurements": measured, "snapshot_mb": size / 1e6, "disk_mb": len(kept) * size / 1e6,
+              "share_of_training": share}
+    print(table(["iterations", "iteration (ms)", "snapshot (ms)", "heads measured (ms)", "snapshots taken / kept",
                  "head measurements", "disk (MB)", "share of the run's time"],
-                [[n, result["iteration_ms"], result["snapshot_ms"], result["heads_ms"], kept, measured,
-                  result["disk_mb"], f"{share:.2%}"]]))
+                [[n, result["iteration_ms"], result["snapshot_ms"], result["heads_ms"], f"{len(taken)} / {len(kept)}",
+                  measured, result["disk_mb"], f"{share:.2%}"]]))
     path = save("snapshots", {"machine": machine(torch.get_num_threads()), "results": [result]}, args.out)
     print(f"saved {path}")
 

@@ -466,7 +466,7 @@ def test_explore_serve_hands_the_server_the_run_and_its_initial_model(tmp_path, 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, corpus):
-    """A micro run trained for 20 iterations, with its snapshots (0, 1, 2, 5, 10, 20)."""
+    """A micro run trained for 20 iterations, with its snapshots (0, 4, 8, 12, 16, 20)."""
     import train
 
     tmp = tmp_path_factory.mktemp("timeline")
@@ -474,7 +474,7 @@ def trained_run(tmp_path_factory, corpus):
                  "data.tokenizer=char", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
                  "train.batch_size=8", "train.max_iters=20", "train.eval_interval=10", "train.eval_iters=2",
                  "train.warmup_iters=5", "train.sample_tokens=0", "train.dtype=float32", "train.threads=1",
-                 "train.max_minutes=null", "train.ema=0", "train.snapshots=16"]
+                 "train.max_minutes=null", "train.ema=0", "train.snapshots=16", "train.snapshot_every=4"]
     assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *overrides]) == 0
     return tmp / "run"
 
@@ -493,7 +493,7 @@ def test_the_timeline_is_the_models_own_numbers_at_each_snapshot(trained_run, tm
     data = embedded(out.read_text(encoding="utf-8"))
     timeline = data["timeline"]
     run = RunDir(trained_run)
-    assert timeline["steps"] == list(run.snapshot_paths()) == [0, 1, 2, 5, 10, 20]
+    assert timeline["steps"] == list(run.snapshot_paths()) == [0, 4, 8, 12, 16, 20]
     model, tokenizer = run.load_model()
     ids = [token["id"] for token in data["tokens"]]
     maps = as_tensor(timeline["maps"])  # [steps, n_layer, H, T, T]

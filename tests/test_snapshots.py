@@ -1,4 +1,4 @@
-"""Watching a model form: snapshots at a fixed schedule of steps (training/snapshots.py),
+"""Watching a model form: snapshots on an even grid of steps that thins itself (training/snapshots.py),
 and each head's previous-token and induction scores (inspection/head_scores.py), in the
 run folder and in TensorBoard."""
 
@@ -15,14 +15,30 @@ from conftest import ROOT, make_trainer
 from inspection.head_scores import (head_scores, induction_probe, induction_scores, induction_targets,
                                     previous_token_scores, uniform_scores)
 from model import GPT, GPTConfig
-from training.snapshots import Snapshots, scheduled
+from training.snapshots import Snapshots, spacing
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 
 
-def test_the_schedule_is_log_spaced_and_the_same_for_any_length():
-    assert [step for step in range(0, 5001) if scheduled(step)] == [0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000,
-                                                                  2000, 5000]
+def kept_by(last: int, every: int, limit: int) -> list[int]:
+    """The steps a run of `last` steps keeps, by the rule alone: each due step saved, the
+    grid thinned after each save."""
+    kept = []
+    for step in range(last + 1):
+        if step == 0 or step == last or step % spacing(step, every, limit) == 0:
+            kept = [k for k in kept if k == 0 or k % spacing(step, every, limit) == 0] + [step]
+    return kept
+
+
+def test_the_grid_thins_itself_and_depends_on_the_step_reached_alone():
+    assert kept_by(100, 10, 16) == list(range(0, 101, 10))  # room for all: every 10
+    assert kept_by(1800, 10, 16) == [0, *range(160, 1800, 160), 1800]  # the quick start's length: evenly spread
+    assert all(len(kept_by(last, 3, 5)) <= 5 for last in range(1, 300)) and len(kept_by(5000, 25, 64)) <= 64
+    assert kept_by(1000, 25, 64) == list(range(0, 1001, 25))  # the induction lesson: every 25 steps
+    for longer in (1300, 1800, 5000):  # where the run will end changes nothing about the steps kept so far
+        before = [k for k in kept_by(longer, 10, 16) if k < 1000]
+        assert set(before) <= set(kept_by(999, 10, 16))
+    assert spacing(1, 10, 16) == spacing(150, 10, 16) == 10 and spacing(151, 10, 16) == spacing(300, 10, 16) == 20
 
 
 def snapshot_steps(run) -> list[int]:
@@ -32,16 +48,17 @@ def snapshot_steps(run) -> list[int]:
 def test_a_run_keeps_its_model_at_the_scheduled_steps_and_its_last(tmp_path, micro):
     """Step 0 is the model the run started from, parameter for parameter; the last is the
     saved model, byte for byte; with train.ema each is the average the run evaluates."""
-    assert train.main(["--config", TINY, *micro("train.max_iters=30", "train.ema=0.9", "train.snapshots=16")]) == 0
+    assert train.main(["--config", TINY, *micro("train.max_iters=30", "train.ema=0.9", "train.snapshots=16",
+                                                "train.snapshot_every=5")]) == 0
     run = tmp_path / "run"
-    assert snapshot_steps(run) == [0, 1, 2, 5, 10, 20, 30]
+    assert snapshot_steps(run) == [0, 5, 10, 15, 20, 25, 30]
     paths = RunDir(run).snapshot_paths()
     assert paths[30].read_bytes() == (run / "model.safetensors").read_bytes()
     model, _ = RunDir(run).load_model()
     initial = GPT.initialised(model.config, 1337).state_dict()
     first = RunDir(run).load_snapshot(0, model).state_dict()
     assert all(torch.equal(initial[name], first[name]) for name in initial)
-    assert not torch.equal(load_file(paths[1])["lm_head.weight"], load_file(paths[0])["lm_head.weight"])
+    assert not torch.equal(load_file(paths[5])["lm_head.weight"], load_file(paths[0])["lm_head.weight"])
 
 
 def test_a_run_from_other_weights_starts_its_snapshots_with_them(tmp_path, micro):
@@ -53,9 +70,10 @@ def test_a_run_from_other_weights_starts_its_snapshots_with_them(tmp_path, micro
     assert base.keys() == start.keys() and all(torch.equal(base[name], start[name]) for name in base)
 
 
-def test_a_cap_keeps_the_first_steps_and_the_last(tmp_path, micro):
-    assert train.main(["--config", TINY, *micro("train.max_iters=30", "train.snapshots=3")]) == 0
-    assert snapshot_steps(tmp_path / "run") == [0, 1, 30]
+def test_a_cap_thins_the_grid_and_keeps_the_first_step_and_the_last(tmp_path, micro):
+    settings = ("train.max_iters=30", "train.snapshots=4", "train.snapshot_every=5")
+    assert train.main(["--config", TINY, *micro(*settings)]) == 0
+    assert snapshot_steps(tmp_path / "run") == [0, 10, 20, 30] == kept_by(30, 5, 4)
     assert train.main(["--config", TINY, *micro("train.max_iters=30", "train.snapshots=0", out="none")]) == 0
     assert snapshot_steps(tmp_path / "none") == []
 
@@ -65,31 +83,33 @@ def test_by_default_only_small_models_keep_snapshots(tmp_path):
     small = GPT(GPTConfig(vocab_size=100, block_size=16, n_layer=1, n_head=2, n_embd=32))
     with torch.device("meta"):
         large = GPT(GPTConfig(vocab_size=50_000, block_size=64, n_layer=2, n_head=2, n_embd=128))  # 6.7 M
-    assert Snapshots.for_run(run, None, small, True).limit == 16 and Snapshots.for_run(run, None, large, True).limit == 0
-    assert Snapshots.for_run(run, 5, large, True).limit == 5 and Snapshots.for_run(run, 0, small, True).limit == 0
+    middling = GPT(GPTConfig(vocab_size=512, block_size=64, n_layer=4, n_head=4, n_embd=128))  # the quick start's size
+    limits = [Snapshots.for_run(run, None, 10, model, True).limit for model in (small, middling, large)]
+    assert limits == [64, 64 * 2**20 // (4 * middling.num_parameters()), 0] and 16 <= limits[1] < 64
+    assert Snapshots.for_run(run, 5, 10, large, True).limit == 5 and Snapshots.for_run(run, 0, 10, small, True).limit == 0
 
 
 def test_snapshots_survive_a_resume_and_fresh_removes_them(tmp_path, micro, monkeypatch):
     """A run stopped at 7 and resumed keeps its snapshots up to 7; one written after its
     checkpoint by a process that was then killed (a 10 with other weights here) is taken
     again; every snapshot ends equal to those of a run never stopped."""
-    settings = ["train.max_iters=20", "train.checkpoint_interval=5", "model.dropout=0.1", "train.snapshots=16",
-                "train.sample_tokens=0"]
+    settings = ["train.max_iters=20", "train.checkpoint_interval=5", "model.dropout=0.1", "train.snapshots=5",
+                "train.snapshot_every=2", "train.sample_tokens=0"]
     assert train.main(["--config", TINY, *micro(*settings, out="straight")]) == 0
     stopped = make_trainer(micro(*settings, out="stopped"))
     monkeypatch.setattr(stopped.losses, "add", lambda it, loss, norm: (
         type(stopped.losses).add(stopped.losses, it, loss, norm), it == 7 and signal.raise_signal(signal.SIGINT)))
     assert stopped.fit() == 128 + signal.SIGINT
     run = RunDir(tmp_path / "stopped")
-    assert list(run.snapshot_paths()) == [0, 1, 2, 5]
-    run.snapshot_path(10).write_bytes(run.snapshot_path(5).read_bytes())  # as if left by a killed process
+    assert list(run.snapshot_paths()) == [0, 2, 4, 6]  # (at 7, the grid of 2 still holds them)
+    run.snapshot_path(8).write_bytes(run.snapshot_path(6).read_bytes())  # as if left by a killed process
     monkeypatch.undo()
     assert train.main(["--config", TINY, *micro(*settings, out="stopped")]) == 0
     straight = RunDir(tmp_path / "straight").snapshot_paths()
-    assert list(straight) == list(run.snapshot_paths()) == [0, 1, 2, 5, 10, 20]
+    assert list(straight) == list(run.snapshot_paths()) == kept_by(20, 2, 5) == [0, 8, 16, 20]
     assert all(path.read_bytes() == run.snapshot_path(step).read_bytes() for step, path in straight.items())
     assert train.main(["--config", TINY, *micro(*settings, "train.max_iters=2", out="stopped"), "--fresh"]) == 0
-    assert list(run.snapshot_paths()) == [0, 1, 2]
+    assert list(run.snapshot_paths()) == [0, 2]
 
 
 def test_head_scores_of_hand_built_maps():
@@ -164,16 +184,16 @@ def test_a_head_that_cannot_tell_keys_apart_scores_what_uniform_attention_scores
 def test_tensorboard_shows_every_heads_scores_at_the_snapshots_and_evaluations(tmp_path, micro):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    assert train.main(["--config", TINY, *micro("train.max_iters=30", "train.snapshots=16")]) == 0
+    assert train.main(["--config", TINY, *micro("train.max_iters=30", "train.snapshots=16", "train.snapshot_every=4")]) == 0
     events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
     events.Reload()
     tags = events.Tags()["scalars"]
     for kind in ("previous_token", "induction"):
         assert {f"heads/{kind}/layer{layer}_head{head}" for layer in (0, 1) for head in (0, 1)} <= set(tags)
         steps = [e.step for e in events.Scalars(f"heads/{kind}/layer1_head0")]
-        assert steps == [0, 1, 2, 5, 10, 20, 30]  # the snapshots' steps and the evaluations (10, 20, 30)
+        assert steps == [0, 4, 8, 10, 12, 16, 20, 24, 28, 30]  # the snapshots' steps and the evaluations (10, 20, 30)
         assert all(0 <= e.value <= 1 for e in events.Scalars(f"heads/{kind}/layer1_head0"))
-    assert [i.step for i in events.Images("attention/layer_0")] == [0, 1, 2, 5, 10, 20, 30]
+    assert [i.step for i in events.Images("attention/layer_0")] == [0, 4, 8, 10, 12, 16, 20, 24, 28, 30]
     assert "custom_scalars__config__" in events.Tags()["tensors"]
     first = events.Scalars("heads/previous_token/layer0_head0")[0].value
     assert 0 < first < 1 and math.isfinite(first)

@@ -60,7 +60,8 @@ class TrainConfig:
     sample_tokens: int = 200  # generated at each evaluation (0: none)
     sample_prompt: str = "\n"
     snapshots: int | None = None  # keep at most this many snapshots of the model as it forms (0: none);
-    # unset: 16 for a model of up to SNAPSHOT_PARAMETERS parameters (16 MB a snapshot), none for a larger one
+    # unset: 16 to 64 (64 MB of them) for a model of up to 4 M parameters, none for a larger one (training/snapshots.py)
+    snapshot_every: int = 10  # a snapshot every this many steps, the spacing doubled whenever there would be too many
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto, float32, bfloat16, float16 (autocast)
     compile: bool = False
@@ -98,6 +99,7 @@ class TrainConfig:
             ("log_interval", self.log_interval >= 1, "must be at least 1"),
             ("sample_tokens", self.sample_tokens >= 0, "must be 0 or more"),
             ("snapshots", self.snapshots is None or self.snapshots >= 0, "must be 0 (none) or more, or unset"),
+            ("snapshot_every", self.snapshot_every >= 1, "must be at least 1"),
             ("dtype", self.dtype in ("auto", *DTYPES), f"must be one of auto, {', '.join(DTYPES)}"),
             ("threads", self.threads >= 0, "must be 0 (torch's default) or more"),
         ]

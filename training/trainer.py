@@ -106,7 +106,8 @@ class Trainer:
         self.schedule = Schedule(settings, settings.max_iters)
         self.average = WeightAverage(self.model, settings.ema) if settings.ema else None
         self.evaluator = Evaluator(run, self.grad_accum, dist, device, dtype)
-        self.snapshots = Snapshots.for_run(self.run_dir, settings.snapshots, self.model, dist.is_main)
+        self.snapshots = Snapshots.for_run(self.run_dir, settings.snapshots, settings.snapshot_every, self.model,
+                                           dist.is_main)
         self.losses = StepLosses()
         self.threads = AdaptiveThreads(run.adapt_threads, self.clock)
         self.iteration = 0  # optimizer steps taken
