@@ -1,12 +1,16 @@
-"""Follow one token through your model: python explore.py --prompt "ROMEO:"
+"""Follow one token through your model: python explore.py [--checkpoint out/tiny] [--prompt TEXT]
 
-Writes a self-contained HTML page (default explorer.html) for a checkpoint and a prompt:
+Writes a self-contained HTML page (default: explorer.html in the run folder) for a
+checkpoint and a prompt (default: the start of the run's validation text):
 for the token you pick, its embedding, where its q, k and v come from, the five steps of
 attention in every layer and head, the rest of each block, what each layer would predict
 (the logit lens), and the prediction, with switches to run experiments (no scaling, no
 causal mask, a head switched off), all with the model's own numbers. A second page beside
 it (explorer.init.html) shows the same prompt through the run's model at initialisation;
-a button switches between them. Both open from file:// with no network. With --serve,
+a button switches between them. Both open from file:// with no network. Where the run kept
+snapshots (train.snapshots), a slider walks the model through its training: for a small
+model every panel follows it (the page carries every snapshot's weights), for a larger one
+the maps, prediction, logit lens and each token's loss of the example text. With --serve,
 the same page is served on 127.0.0.1 for prompts typed in the browser, which the model
 can continue token by token.
 Exit codes: 0 ok, 2 bad input.
@@ -21,11 +25,12 @@ from pathlib import Path
 from common.cli import OneLineParser, UserError, check_output_folder, locale_language, positive, run_main
 from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import thread_help, use_threads
-from explorer.data import MAX_TOKENS, initial_model, page_model, prompt_data, run_facts
+from explorer.data import (MAX_TOKENS, carries_snapshots, default_prompt, initial_model, page_model, prompt_data,
+                           run_facts)
 from explorer.page import render
 from model.files import write_atomic
 
-DEFAULT_OUT = Path("explorer.html")
+PAGE_NAME = "explorer.html"  # written into the run folder unless --out says otherwise
 PAGE_CANNOT = {"too_large": "the model has {count:,} parameters, more than the {limit:,} a page carries",
                "tokenizer": "the page cannot run its tokenizer"}  # explorer.data.page_model's reasons
 
@@ -72,11 +77,12 @@ def write_page(path: Path, html: str) -> None:
 def parse_args(argv):
     p = OneLineParser(prog="explore.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_RUN, help=f"run directory (default {DEFAULT_RUN})")
-    p.add_argument("--prompt", help="the text to look at (its last --max-tokens tokens)")
+    p.add_argument("--prompt", help="the text to look at (its last --max-tokens tokens; default: the start of the "
+                                    "run's validation text)")
     p.add_argument("--prompt-file", type=Path, help="read the text from a UTF-8 file instead (a sample of generate.py)")
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
                    help=f"at most this many tokens, from the end (default {MAX_TOKENS})")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the HTML file to write (default {DEFAULT_OUT})")
+    p.add_argument("--out", type=Path, help=f"the HTML file to write (default: {PAGE_NAME} in the run folder)")
     p.add_argument("--lang", choices=["en", "zh"], help="the page's starting language (default: from the locale)")
     p.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 instead of writing a file")
     p.add_argument("--port", type=int, default=8000, help="port for --serve (default 8000; 0 picks a free one)")
@@ -89,8 +95,6 @@ def parse_args(argv):
         p.error(f"--port={args.port}: must be between 0 and 65535")
     if args.prompt is not None and args.prompt_file is not None:
         p.error("give --prompt or --prompt-file, not both")
-    if not args.serve and args.prompt is None and args.prompt_file is None:
-        p.error("give --prompt TEXT or --prompt-file FILE (or --serve to type prompts in the browser)")
     return args
 
 
@@ -117,17 +121,25 @@ def command(args) -> int:
         model, tokenizer = run.load_model()
         return serve(model.eval(), tokenizer, args.port, lang, prompt or "", args.max_tokens,
                      lambda: initial(model, args.checkpoint), run_facts(run.summary()))
-    check_out(args.out)
+    if args.out is not None:
+        check_out(args.out)  # (before any work)
     model, tokenizer = run.load_model()
-    data = prompt_data(model.eval(), tokenizer, prompt, args.max_tokens, run=run)
+    out = args.out if args.out is not None else run.path / PAGE_NAME
+    check_out(out)
+    if prompt is None:
+        prompt = default_prompt(run, tokenizer, args.max_tokens)
+        if prompt is None:
+            raise UserError(f"{run.path} has no validation text to show; give --prompt TEXT or --prompt-file FILE")
+    carried = carries_snapshots(model, len(run.snapshot_paths()))
+    data = prompt_data(model.eval(), tokenizer, prompt, args.max_tokens, run=run, carry_weights=carried)
     init_model, why = initial(model, args.checkpoint)
-    other = counterpart_of(args.out)
+    other = counterpart_of(out)
     page = functools.partial(render, lang=lang, prompt=prompt, max_tokens=args.max_tokens)
     runnable, why_not = page_model(model, tokenizer)
     html = page(data, counterpart=other.name if init_model is not None else None, model=runnable, why_not=why_not)
-    write_page(args.out, html)
+    write_page(out, html)
     tokens = len(data["tokens"])
-    print(f"wrote {args.out} ({len(html.encode('utf-8')) / 1e6:.2f} MB): {tokens} token{'s' if tokens != 1 else ''}, "
+    print(f"wrote {out} ({len(html.encode('utf-8')) / 1e6:.2f} MB): {tokens} token{'s' if tokens != 1 else ''}, "
           f"{model.config.n_layer} layers × {model.config.n_head} heads; open it in a browser"
           + ("" if runnable is None else ", and type any text into it: it runs the model itself"))
     if why_not is not None:
@@ -136,7 +148,7 @@ def command(args) -> int:
     if init_model is None:
         print(f"note: no page of the model at initialisation: {why}", file=sys.stderr)
         return 0
-    init_html = page(prompt_data(init_model, tokenizer, prompt, args.max_tokens, "init"), counterpart=args.out.name,
+    init_html = page(prompt_data(init_model, tokenizer, prompt, args.max_tokens, "init"), counterpart=out.name,
                      model=runnable and page_model(init_model, tokenizer)[0])
     write_page(other, init_html)
     print(f"wrote {other} ({len(init_html.encode('utf-8')) / 1e6:.2f} MB): the same prompt through the model at "

@@ -9,7 +9,7 @@ build it, the milliseconds from opening the file to the first complete page (the
 script writes that moment into data-ready), median of --rounds loads in headless
 Chromium, and the milliseconds the page takes to redraw when the timeline's slider moves
 to each snapshot (median and slowest). Then, in the page: one 64-token pass with every
-intermediate the panels show (data.js's pageDataOf, median of 9 after a first), the same
+intermediate the panels show (data.js's pageData, median of 9 after a first), the same
 with every panel drawn, the continuation's tokens per second (64 tokens, greedy, KV
 cache), every head switched off (one pass each), and the largest distance of the page's
 logits from torch's in float64.
@@ -57,17 +57,17 @@ SLIDE = """() => {
 
 # the page's own pass on the prompt's last 64 tokens, as typing runs it
 IN_PAGE = """(prompt) => {
-  const ids = TOKENIZER.encode(prompt).slice(-64);
+  const ids = Page.TOKENIZER.encode(prompt).slice(-64);
   const time = (f) => { const start = performance.now(); f(); return performance.now() - start; };
-  time(() => pageDataOf(MODEL, TOKENIZER, ids, 0, EXAMPLE));  // the first: the JIT compiles
-  const passes = Array.from({ length: 9 }, () => time(() => pageDataOf(MODEL, TOKENIZER, ids, 0, EXAMPLE)));
+  time(() => PageData.pageData(Page.MODEL, Page.TOKENIZER, ids, 0, Page.EXAMPLE));  // the first: the JIT compiles
+  const passes = Array.from({ length: 9 }, () => time(() => PageData.pageData(Page.MODEL, Page.TOKENIZER, ids, 0, Page.EXAMPLE)));
   document.getElementById("prompt").value = prompt;
-  const drawn = time(() => { showTyped(); document.body.getBoundingClientRect(); });
+  const drawn = time(() => { document.getElementById("show").click(); document.body.getBoundingClientRect(); });
   const greedy = { temperature: 0, topK: null, topP: null, suppress: [] };
   let count = 0;
-  const generating = time(() => { for (const _ of generate(MODEL, TOKENIZER.encode("ROMEO:"), 64, greedy)) count++; });
+  const generating = time(() => { for (const _ of Model.generate(Page.MODEL, Page.TOKENIZER.encode("ROMEO:"), 64, greedy)) count++; });
   return { ids, pass_ms: passes.sort((a, b) => a - b)[4], drawn_ms: drawn, tokens_per_second: count / (generating / 1000),
-    ablation_ms: time(() => ablationOf(MODEL, ids)), logits: Array.from(forward(MODEL, ids).logits) };
+    ablation_ms: time(() => PageData.ablated(Page.MODEL, ids)), logits: Array.from(Model.forward(Page.MODEL, ids).logits) };
 }"""
 
 

@@ -1,11 +1,14 @@
-"""A model and a prompt -> the explorer page's data (version 2), from the model's own passes.
+"""A model and a prompt -> the explorer page's data (version 3), from the model's own passes.
 
 Nothing here computes the model: `model.trace(idx)` hands back its Trace
 (model/trace.py): the embedding's pieces, every layer's stream, norms, q, k, v, attention
 weights, heads, attention and feed-forward outputs, and ln_f. This module names them and
-packs them; what it adds is read off the model too: the logit lens (the model's own ln_f
-and LM head applied to each layer's output), and the heads switched off one at a time
-(the model's own forward pass with a head_mask). The schema is in docs/explorer.md.
+packs them; what it adds is read off the model too: each token's loss, the logit lens (the
+model's own ln_f and LM head applied to each layer's output), and the heads switched off
+one at a time (the model's own forward pass with a head_mask). The schema is in
+docs/explorer.md. The page's data.js makes the same data from its own forward pass, with
+the same names (page_data ↔ pageData, ablated, logit_lens ↔ logitLens, token_losses ↔
+tokenLosses).
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from data.prepare import validation_tokens
 from data.token_text import token_text, token_views
 from data.tokenizer import suppressed_ids
 from inspection.attention_maps import VIRIDIS
-from inspection.head_scores import head_scores, induction_probe
+from inspection.head_scores import head_scores, induction_probe, uniform_scores
 from model import GPT, evaluating
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 TOP_TOKENS = 100  # the likeliest next tokens whose text the page can show
 MAX_TOKENS = 64  # the prompt's tokens a page shows by default (the file grows with their square)
 TOP_UNITS = 8  # the feed-forward network's largest hidden units kept per position
@@ -43,11 +46,11 @@ PREDICTION_TOKENS = 20  # the likeliest next tokens the timeline keeps for each 
 MAX_WEIGHT_VALUES = 4_000_000  # W_Q, W_K, W_V are embedded (for q's sum of products) up to this many numbers
 
 
-def array(t: torch.Tensor) -> dict:
-    """A tensor as the page's arrays: float32, little-endian, base64 (exact, and a third of
-    the size of JSON numbers)."""
-    values = t.detach().float().cpu().numpy().astype("<f4")
-    return {"dtype": "float32", "shape": list(values.shape), "base64": base64.b64encode(values.tobytes()).decode()}
+def array(t: torch.Tensor, dtype: str = "float32") -> dict:
+    """A tensor as the page's arrays: float32 (or float16, half the size, for the weights of
+    a run's snapshots), little-endian, base64 (exact, and a third of the size of JSON numbers)."""
+    values = t.detach().float().cpu().numpy().astype("<f4" if dtype == "float32" else "<f2")
+    return {"dtype": dtype, "shape": list(values.shape), "base64": base64.b64encode(values.tobytes()).decode()}
 
 
 def top(values: torch.Tensor, k: int) -> dict:
@@ -68,15 +71,13 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
     with evaluating(model):
         trace = model.trace(torch.tensor([ids], device=device))
         logits = trace.logits  # [1, T, vocab_size]
-        lens = [torch.softmax(model.lm_head(model.transformer.ln_f(layer.residual_out[0])).float(), -1)
-                for layer in trace.layers]  # [T, V] per layer: what each layer's output would predict
         ablation = ablated(model, ids)
     last = logits[0, -1].float().cpu()  # [vocab_size]
     suppressed = list(suppressed_ids(tokenizer))
-    lens_top = [top(p, LENS_TOKENS) for p in lens]
+    lens_top = logit_lens(model, trace)
     shown = {*last.topk(min(TOP_TOKENS, last.numel())).indices.tolist(), *suppressed,
              *(i for t in lens_top for row in t["ids"] for i in row), *(i for layer in ablation for h in layer for i in h["ids"])}
-    if timeline is not None:
+    if timeline is not None and timeline["weights"] is None:  # (the example's own, at each step)
         shown |= {*(i for p in timeline["prediction"] for i in p["ids"]),
                   *(i for lens in timeline["lens"] for t in lens for row in t["ids"] for i in row)}
     weights_size = (c.n_embd + 2 * c.n_kv_head * c.head_size) * c.n_embd * c.n_layer
@@ -91,6 +92,7 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
                    for i, layer in enumerate(trace.layers)],
         "ln_f": array(trace.ln_f[0]),
         "prediction": {"logits": array(last), "suppressed": suppressed},
+        "losses": token_losses(logits[0], ids),
         "ablation": ablation,
         "texts": {str(i): token_text(tokenizer, i) for i in sorted(shown)},
         "left_out": [] if weights_size <= MAX_WEIGHT_VALUES else ["c_attn"],
@@ -100,10 +102,25 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
     }
 
 
-def prompt_data(model: GPT, tokenizer, prompt: str, max_tokens: int, which: str = "trained", run=None) -> dict:
+def token_losses(logits: torch.Tensor, ids: list[int]) -> list[float]:
+    """Each token's loss, −log p(token | the tokens before it), from logits [T, V]: T − 1
+    numbers (the first token has nothing before it)."""
+    targets = torch.tensor([ids[1:]], dtype=torch.long, device=logits.device)
+    return GPT.loss(logits[None, :-1], targets, reduction="none")[0].tolist()
+
+
+def logit_lens(model: GPT, trace) -> list[dict]:
+    """What each layer's output x would predict, softmax(lm_head(ln_f(x))), at each position:
+    its LENS_TOKENS likeliest tokens, per layer (for the last layer, the model's own)."""
+    return [top(torch.softmax(model.lm_head(model.transformer.ln_f(layer.residual_out[0])).float(), -1), LENS_TOKENS)
+            for layer in trace.layers]
+
+
+def prompt_data(model: GPT, tokenizer, prompt: str, max_tokens: int, which: str = "trained", run=None,
+                carry_weights: bool = False) -> dict:
     """The page's data for a prompt (its last max_tokens tokens, at most block_size); with
-    the run's snapshots (run: its common.run_dir.RunDir), the prompt through the model as
-    it formed too (the timeline)."""
+    the run's snapshots (run: its common.run_dir.RunDir), the model as it formed too (the
+    timeline; carry_weights: with every snapshot's weights, for the page to run)."""
     if not prompt:
         raise UserError("the prompt is empty; give some text, e.g. --prompt \"ROMEO:\"")
     limit = min(max_tokens, model.config.block_size)
@@ -111,21 +128,64 @@ def prompt_data(model: GPT, tokenizer, prompt: str, max_tokens: int, which: str 
     timeline = None
     if run is not None and len(run.snapshot_paths()) > 1:
         snapshots = {step: functools.partial(run.load_snapshot, step) for step in run.snapshot_paths()}
+        windows, seed, own = evaluation_windows(run)
         with tempfile.TemporaryDirectory(prefix="explore-", ignore_cleanup_errors=True) as scratch:
-            timeline = timeline_data(model, tokenizer, snapshots, ids, validation_text(run, tokenizer, Path(scratch)))
+            timeline = timeline_data(model, tokenizer, snapshots, ids, validation_text(run, tokenizer, Path(scratch)),
+                                     windows, seed, carry_weights)
+        timeline["loss_is_runs"] = own
     return page_data(model, tokenizer, ids, truncated=len(tokenizer.encode(prompt).ids) - len(ids), which=which,
                      timeline=timeline, run=None if run is None else run_facts(run.summary()))
 
 
-def validation_text(run, tokenizer, scratch: Path):
-    """The run's validation tokens (for the timeline's losses and head scores), or None
-    where its data cannot be found any more (said on stderr)."""
+def evaluation_windows(run) -> tuple[int, int, bool]:
+    """(how many validation windows, their seed, whether they are the run's own): those the run's own evaluations scored
+    (training/evaluation.py: train.eval_windows, or eval_iters × the global batch; train.seed),
+    where there are at most MAX_RUN_WINDOWS of them, so that the loss the page shows at a
+    step is the run's figure; else TIMELINE_WINDOWS of them, and the page says how many."""
+    train = run.run_config().get("train") or {}
+    settings = {key: train.get(key) for key in ("eval_windows", "eval_iters", "batch_size", "grad_accum", "seed")}
+    if not all(isinstance(settings[key], int) for key in ("eval_iters", "batch_size", "grad_accum", "seed")):
+        return TIMELINE_WINDOWS, 0, False
+    count = settings["eval_windows"] or settings["eval_iters"] * settings["batch_size"] * settings["grad_accum"]
+    own = count <= MAX_RUN_WINDOWS  # (for a run of one process: more processes score more windows)
+    return (count if own else TIMELINE_WINDOWS), settings["seed"], own
+
+
+def default_prompt(run, tokenizer, max_tokens: int, starts: int = 100) -> str | None:
+    """The page's text when none is given: whole lines of the run's validation text, those
+    among its first `starts` lines that fill max_tokens best (a line cut in two hides what
+    it was saying, and the lesson's second copy with it); or its first max_tokens tokens
+    where no line fits. None where that text cannot be read."""
+    with tempfile.TemporaryDirectory(prefix="explore-", ignore_cleanup_errors=True) as scratch:
+        val = validation_text(run, tokenizer, Path(scratch), say=False)
+    if val is None:
+        return None
+    lines = tokenizer.decode(val[:max_tokens * starts].tolist()).split("\n")[:-1]
+    sizes = [len(tokenizer.encode(line + "\n").ids) for line in lines]
+    best, best_size = None, 0
+    for start in range(min(starts, len(lines))):
+        size = end = 0
+        for end in range(start, len(lines)):
+            if size + sizes[end] > max_tokens:
+                break
+            size += sizes[end]
+        else:
+            end = len(lines)
+        if size > best_size:
+            best, best_size = "\n".join(lines[start:end]) + "\n", size
+    return best if best is not None else tokenizer.decode(val[:max_tokens].tolist())
+
+
+def validation_text(run, tokenizer, scratch: Path, say: bool = True):
+    """The run's validation tokens (for the timeline's losses and head scores, and the page's
+    default text), or None where its data cannot be found any more (said on stderr, with say)."""
     try:
         tokens, _, _ = validation_tokens(run.data_config(), tokenizer, scratch)
         return np.array(tokens)  # (a copy: the scratch folder goes)
     except (UserError, DataError) as e:
-        print(f"note: the timeline shows no validation loss: the run's validation text cannot be read ({e})",
-              file=sys.stderr)
+        if say:
+            print(f"note: the timeline shows no validation loss: the run's validation text cannot be read ({e})",
+                  file=sys.stderr)
         return None
 
 
@@ -157,10 +217,7 @@ def page_model(model: GPT, tokenizer) -> tuple[dict | None, dict | None]:
     spec = page_tokenizer(tokenizer)
     if spec is None:
         return None, {"code": "tokenizer", "values": {}}
-    state = model.state_dict()
-    if model.config.tie_embeddings:
-        del state["lm_head.weight"]  # the page reads transformer.wte.weight for both
-    return {"config": page_config(model), "weights": {name: array(t) for name, t in state.items()}, "tokenizer": spec,
+    return {"config": page_config(model), "weights": page_weights(model), "tokenizer": spec,
             "suppressed": list(suppressed_ids(tokenizer)), "parameters": count,
             "limits": {"top_units": TOP_UNITS, "lens_tokens": LENS_TOKENS, "ablation_tokens": ABLATION_TOKENS}}, None
 
@@ -224,8 +281,9 @@ def layer_data(model: GPT, layer, index: int, lens: dict, with_weights: bool) ->
 
 def ablated(model: GPT, ids: list[int]) -> list[list[dict]]:
     """For every layer and head, the next-token distribution after the prompt with that
-    head switched off (the model's own pass, head_mask): its likeliest tokens, and its KL
-    divergence from the model's distribution, KL(p ‖ p_off) = Σ p log(p / p_off); and,
+    head switched off (the model's own pass, head_mask): its likeliest tokens, its KL
+    divergence from the model's distribution, KL(p ‖ p_off) = Σ p log(p / p_off), and each
+    token's loss with it off (token_losses); and,
     up to MAX_ABLATION_LOGITS in all, its logits, so that the page samples from them with
     the temperature, top-k and top-p the learner sets (else "logits" is None and the page
     says that the column is at temperature 1)."""
@@ -236,60 +294,104 @@ def ablated(model: GPT, ids: list[int]) -> list[list[dict]]:
         masks[row].view(-1)[row - 1] = 0.0
     idx = torch.tensor([ids], device=device).expand(len(masks), -1)
     logits = model.trace(idx, head_mask=masks).logits  # [1 + L·H, T, vocab_size]
+    losses = GPT.loss(logits[:, :-1], idx[:, 1:], reduction="none")  # [1 + L·H, T - 1]: each token's
     logp = torch.log_softmax(logits[:, -1].float(), -1)  # [1 + L·H, V]
     kl = (logp[0].exp() * (logp[0] - logp[1:])).sum(-1)  # [L·H]
     best = logp[1:].exp().topk(min(ABLATION_TOKENS, logp.size(-1)), dim=-1)
     with_logits = len(kl) * logits.size(-1) <= MAX_ABLATION_LOGITS  # (L·H·V)
     heads = [{"ids": best.indices[i].tolist(), "probs": best.values[i].tolist(), "kl": kl[i].item(),
-              "logits": array(logits[1 + i, -1]) if with_logits else None}
+              "logits": array(logits[1 + i, -1]) if with_logits else None, "losses": losses[1 + i].tolist()}
              for i in range(len(kl))]
     return [heads[layer * c.n_head:(layer + 1) * c.n_head] for layer in range(c.n_layer)]
 
 
 TIMELINE_TOKENS = 60  # the sample each snapshot continues the prompt with
-TIMELINE_WINDOWS = 32  # validation windows each snapshot's loss is the mean over
+TIMELINE_WINDOWS = 32  # validation windows each snapshot's loss is the mean over, where the run's own are too many
+MAX_RUN_WINDOWS = 512  # up to this many, the run's own evaluation windows (its figure, step for step)
 TIMELINE_SEED = 0  # one generator seed for every snapshot's sample: what changes is the model
+MAX_SNAPSHOT_BYTES = 6_000_000  # the snapshots' weights travel in the page (float16) up to this many bytes in all
+
+
+def carries_snapshots(model: GPT, count: int) -> bool:
+    """Whether a page carries the weights of `count` snapshots of `model` (in float16), so
+    that every panel follows the slider for any text; above MAX_SNAPSHOT_BYTES the timeline
+    holds the example text's maps, predictions, lenses and losses instead."""
+    return count * model.num_parameters() * 2 <= MAX_SNAPSHOT_BYTES and model.num_parameters() <= MAX_PAGE_PARAMETERS
+
+
+def page_weights(model: GPT, dtype: str = "float32") -> dict:
+    """The model's weights as model.state_dict() names them, for the page to run it (a tied
+    LM head once, as the embedding)."""
+    state = model.state_dict()
+    if model.config.tie_embeddings:
+        del state["lm_head.weight"]  # the page reads transformer.wte.weight for both
+    return {name: array(t, dtype) for name, t in state.items()}
 
 
 @torch.no_grad()
 def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GPT]], ids: list[int],
-                  val: np.ndarray | None) -> dict:
-    """The prompt `ids` through the model at each snapshot (step: a function that loads its
-    weights into a model): its validation loss (over fixed windows of `val`, when the run's
-    validation tokens are at hand), every head's attention map, the prediction after the
-    prompt, the logit lens, a sample continuing the prompt (one seed for all), and every
-    head's previous-token and induction scores (on the validation text and on repeated
-    random tokens, as TensorBoard's)."""
+                  val: np.ndarray | None, windows: int = TIMELINE_WINDOWS, seed: int = 0,
+                  carry_weights: bool = False) -> dict:
+    """The model at each snapshot (step: a function that loads its weights into a model): its
+    validation loss (over `windows` fixed windows of `val` drawn with `seed`, the run's own
+    where they are few enough; None without the run's validation text), every head's
+    previous-token and induction scores (on the validation text and the induction probe, as
+    TensorBoard's), and a sample continuing the prompt `ids` (one seed for all). With
+    carry_weights, every snapshot's weights in float16 (the last one's None: it is the page's
+    model), from which the page computes every panel at any step for any text; without, the
+    prompt's own maps, prediction, logit lens and each token's loss at each step."""
     c = model.config
     device = model.lm_head.weight.device
     prompt = torch.tensor([ids], device=device)
-    windows = fixed_windows(val, c.block_size, TIMELINE_WINDOWS, 0, "val") if val is not None else None
+    scored = fixed_windows(val, c.block_size, windows, seed, "val") if val is not None else None
     probe = induction_probe(tokenizer, c.vocab_size, c.block_size).to(device)
     text = torch.from_numpy(np.asarray(val[:min(c.block_size, 128)], dtype=np.int64))[None].to(device) \
         if val is not None else probe[:, :probe.size(1) // 2]  # (without the run's text: the random tokens)
     never = suppressed_ids(tokenizer)
-    steps, losses, maps, predictions, lenses, samples, previous, induction = [], [], [], [], [], [], [], []
-    for step, load in snapshots.items():
+    steps, losses, samples, previous, induction, weights = [], [], [], [], [], []
+    maps, predictions, lenses, prompt_losses = [], [], [], []
+    for number, (step, load) in enumerate(snapshots.items()):
         snapshot = load(copy.deepcopy(model)).eval()
-        trace = snapshot.trace(prompt)
-        last = torch.softmax(trace.logits[0, -1].float(), -1)
-        last[list(never)] = 0.0
         steps.append(step)
-        losses.append(None if windows is None else GPT.loss(snapshot(windows[0].to(device))[0], windows[1].to(device)).item())
-        maps.append(trace.weights[:, 0].float())  # [n_layer, H, T, T]
-        predictions.append(top(last, PREDICTION_TOKENS))
-        lenses.append([top(torch.softmax(snapshot.lm_head(snapshot.transformer.ln_f(layer.residual_out[0])).float(), -1),
-                           LENS_TOKENS) for layer in trace.layers])
+        losses.append(None if scored is None else validation_loss(snapshot, scored))
         generator = torch.Generator(device=device).manual_seed(TIMELINE_SEED)
         out = snapshot.generate(prompt, TIMELINE_TOKENS, temperature=0.8, generator=generator, suppress_tokens=never)
         samples.append(tokenizer.decode(out[0, len(ids):].tolist()))
         scores = head_scores(snapshot, text, probe)
         previous.append(scores["previous_token"].tolist())
         induction.append(scores["induction"].tolist())
-    return {"steps": steps, "loss": losses, "maps": array(torch.stack(maps)), "prediction": predictions,
-            "lens": lenses, "samples": samples, "sample_tokens": TIMELINE_TOKENS, "sample_seed": TIMELINE_SEED,
+        if carry_weights:
+            weights.append(page_weights(snapshot, "float16") if number < len(snapshots) - 1 else None)
+            continue
+        trace = snapshot.trace(prompt)
+        last = torch.softmax(trace.logits[0, -1].float(), -1)
+        last[list(never)] = 0.0
+        maps.append(trace.weights[:, 0].float())  # [n_layer, H, T, T]
+        predictions.append(top(last, PREDICTION_TOKENS))
+        lenses.append(logit_lens(snapshot, trace))
+        prompt_losses.append(token_losses(trace.logits[0], ids))
+    data = {"steps": steps, "loss": losses, "loss_windows": windows, "loss_is_runs": False,
+            "sample_prompt": tokenizer.decode(ids), "samples": samples,
+            "sample_tokens": TIMELINE_TOKENS, "sample_seed": TIMELINE_SEED,
             "scores": {"previous_token": previous, "induction": induction},
+            "uniform": uniform_scores(text.size(1), probe[0].cpu()),
             "scores_text": "val" if val is not None else "random"}
+    if carry_weights:
+        return {**data, "weights": weights}
+    return {**data, "weights": None, "maps": array(torch.stack(maps)), "prediction": predictions, "lens": lenses,
+            "losses": prompt_losses}
+
+
+def validation_loss(model: GPT, windows: tuple[torch.Tensor, torch.Tensor], batch_size: int = 32) -> float:
+    """The mean loss over fixed windows x, y [N, T], summed batch by batch as the run's
+    evaluation sums it (training/evaluation.py), so that the figure is the run's own."""
+    device = model.lm_head.weight.device
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    x, y = windows
+    for start in range(0, len(x), batch_size):
+        logits, _ = model(x[start:start + batch_size].to(device))
+        total += model.loss(logits, y[start:start + batch_size].to(device), reduction="sum").double()
+    return total.item() / y.numel()
 
 
 def initial_model(model: GPT, seed: int) -> GPT:

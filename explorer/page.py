@@ -12,7 +12,9 @@ from inspection.words import word_table
 from .data import MAX_TOKENS, to_json
 
 PAGE = Path(__file__).resolve().parent / "page"
-SCRIPTS = ("numbers.js", "tokenizer.js", "model.js", "data.js", "explorer.js")  # each uses only those before it
+SCRIPTS = ("numbers.js", "tokenizer.js", "model.js", "data.js",  # the arithmetic, the tokenizer, the model, its data
+           "page.js", "view.js", "timeline.js", "overview.js", "attention.js", "output.js",  # the page and its panels
+           "explorer.js")  # each is one namespace, and uses only those before it
 
 
 def strings() -> dict[str, dict[str, str]]:

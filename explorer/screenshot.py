@@ -53,7 +53,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     with chromium_page() as page:
         page.goto(args.page.resolve().as_uri())
-        page.click(f'canvas.thumb[data-layer="{args.layer}"][data-head="{args.head}"]')
+        page.click(f'#grid canvas.thumb[data-layer="{args.layer}"][data-head="{args.head}"]')
         if args.query is not None:
             page.click(f'.token[data-index="{args.query}"]')
         if args.key is not None:
@@ -66,7 +66,7 @@ def main(argv=None) -> None:
             layer, head = args.ablate.split(",")
             page.click(f'.ablate[data-layer="{layer}"][data-head="{head}"]')
         if args.step is not None:
-            steps = page.evaluate("DATA.timeline ? DATA.timeline.steps : []")
+            steps = page.evaluate("Page.data.timeline ? Page.data.timeline.steps : []")
             if args.step not in steps:
                 raise SystemExit(f"--step {args.step}: the page's snapshots are at steps {steps}")
             page.eval_on_selector("#timeline-step", "(slider, k) => { slider.value = String(k); "

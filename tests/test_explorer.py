@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import explore
+import explorer.data
 import model.attention
 from conftest import ROOT
 from data.tokenizer import train_tokenizer
@@ -150,7 +151,7 @@ def test_the_data_are_the_models_own_numbers(tmp_path, pos_encoding):
     lens = torch.softmax(logits[0].float(), -1).topk(5)
     assert last["lens"]["ids"] == lens.indices.tolist()  # the last layer's lens is the model's own prediction
     torch.testing.assert_close(torch.tensor(last["lens"]["probs"]), lens.values, atol=1e-6, rtol=0)
-    assert [t["id"] for t in data["tokens"]] == ids and data["version"] == 2 and data["model"] == "trained"
+    assert [t["id"] for t in data["tokens"]] == ids and data["version"] == 3 and data["model"] == "trained"
     assert data["config"]["head_size"] == C // gpt.config.n_head
 
 
@@ -346,7 +347,7 @@ def test_explore_writes_the_page_of_the_model_at_initialisation_beside_it(tmp_pa
     (["--prompt", "R", "--out", "{tmp}"], "is a folder"),
     (["--prompt", "R", "--out", "{tmp}/page.txt"], "must end in .html"),
     (["--prompt", "R", "--max-tokens", "0"], "--max-tokens=0: must be at least 1 (see python explore.py --help)"),
-    ([], "give --prompt TEXT"),
+    ([], "has no validation text to show; give --prompt TEXT"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(run, tmp_path, capsys, args, message):
     (tmp_path / "page.html").write_text("an earlier page")
@@ -383,7 +384,8 @@ def test_every_string_exists_in_both_languages():
     # one numbering: the code's indices, as labels, in both languages (层 0 / layer 0), never an ordinal from 1
     assert table["zh"]["layerHead"] == "层 {layer}、头 {head}" and table["en"]["layerHead"] == "layer {layer}, head {head}"
     assert not [key for key, text in table["zh"].items() if re.search(r"第 \{(query|key|layer|head|position|next|kv|first|last|i)\}", text)]
-    script = (ROOT / "explorer" / "page" / "explorer.js").read_text() + (ROOT / "explorer" / "page" / "template.html").read_text()
+    page = ROOT / "explorer" / "page"
+    script = "".join(path.read_text() for path in sorted(page.glob("*.js"))) + (page / "template.html").read_text()
     called = set(re.findall(r'\bt\("(\w+)"', script)) | set(re.findall(r'data-i18n="(\w+)"', script))
     assert called <= table["en"].keys()  # no label without its strings
     made = re.findall(r"\bt\(`(\w*)\$\{\w+(?:\.\w+)?\}(\w*)`", script)  # t(`cut_${cut}`): a family of keys
@@ -479,26 +481,29 @@ def trained_run(tmp_path_factory, corpus):
     return tmp / "run"
 
 
-def test_the_timeline_is_the_models_own_numbers_at_each_snapshot(trained_run, tmp_path):
-    """Every number the timeline shows for a step is the forward pass of that step's
-    snapshot: the attention maps, the prediction, the loss on fixed validation windows,
-    the sample (one seed for every step) and the head scores."""
+def test_the_timeline_is_the_models_own_numbers_at_each_snapshot(trained_run, tmp_path, monkeypatch):
+    """A model too large for its page to carry every snapshot (here: the limit set to 0):
+    every number the timeline shows for a step is the forward pass of that step's snapshot:
+    the attention maps, the prediction, each token's loss, the sample (one seed for every
+    step), the head scores, and the loss on the run's own evaluation windows."""
     from common.run_dir import RunDir
     from data import fixed_windows
     from data.prepare import validation_tokens
     from inspection.head_scores import head_scores, induction_probe
 
+    monkeypatch.setattr(explorer.data, "MAX_SNAPSHOT_BYTES", 0)
     out = tmp_path / "page.html"
     assert explore.main(["--checkpoint", str(trained_run), "--prompt", "MACBETH:\nSo foul", "--out", str(out)]) == 0
     data = embedded(out.read_text(encoding="utf-8"))
     timeline = data["timeline"]
     run = RunDir(trained_run)
-    assert timeline["steps"] == list(run.snapshot_paths()) == [0, 4, 8, 12, 16, 20]
+    assert timeline["steps"] == list(run.snapshot_paths()) == [0, 4, 8, 12, 16, 20] and timeline["weights"] is None
     model, tokenizer = run.load_model()
     ids = [token["id"] for token in data["tokens"]]
     maps = as_tensor(timeline["maps"])  # [steps, n_layer, H, T, T]
     val, _, _ = validation_tokens(run.data_config(), tokenizer, tmp_path)
-    x, y = fixed_windows(val, 32, 32, 0, "val")
+    x, y = fixed_windows(val, 32, 16, 1337, "val")  # the run's: eval_iters 2 × batch 8, train.seed
+    assert timeline["loss_windows"] == 16 and timeline["loss_is_runs"]
     for s in (0, 3, 5):
         snapshot = run.load_snapshot(timeline["steps"][s], GPT.from_pretrained(trained_run)).eval()
         with torch.no_grad():
@@ -510,15 +515,46 @@ def test_the_timeline_is_the_models_own_numbers_at_each_snapshot(trained_run, tm
         probs = torch.softmax(trace.logits[0, -1], -1)
         probs[tokenizer.token_to_id("<unk>")] = 0  # never generated (data.tokenizer.suppressed_ids)
         assert timeline["prediction"][s]["ids"] == probs.topk(20).indices.tolist()
+        each = torch.nn.functional.cross_entropy(trace.logits[0, :-1], torch.tensor(ids[1:]), reduction="none")
+        assert timeline["losses"][s] == pytest.approx(each.tolist(), abs=1e-5)
         assert timeline["loss"][s] == pytest.approx(loss, abs=1e-5)
         assert timeline["samples"][s] == tokenizer.decode(sample[0, len(ids):].tolist())
         scores = head_scores(snapshot, torch.from_numpy(val[:32].astype("int64"))[None],
                              induction_probe(tokenizer, model.config.vocab_size, 32))
         for kind in ("previous_token", "induction"):
             torch.testing.assert_close(torch.tensor(timeline["scores"][kind][s]), scores[kind], atol=1e-6, rtol=0)
-    assert timeline["loss"][-1] < timeline["loss"][0]
+    assert timeline["loss"][-1] == pytest.approx(run.summary()["val_loss"], rel=1e-6)  # one figure: the run's
     trained = data["layers"][1]["heads"][0]["weights"]  # the last snapshot is the trained model
     torch.testing.assert_close(maps[-1, 1, 0], as_tensor(trained), atol=1e-6, rtol=0)
+
+
+def test_a_small_model_s_page_carries_every_snapshot_s_weights(trained_run, tmp_path):
+    """Where they fit, the snapshots' weights travel in the page, in float16 (the last one's
+    are the page's own model), with the run's loss and the head scores at each step and
+    what even attention scores; no precomputed maps."""
+    from common.run_dir import RunDir
+
+    out = tmp_path / "page.html"
+    assert explore.main(["--checkpoint", str(trained_run), "--prompt", "MACBETH:\nSo foul", "--out", str(out)]) == 0
+    timeline = embedded(out.read_text(encoding="utf-8"))["timeline"]
+    run = RunDir(trained_run)
+    assert len(timeline["weights"]) == 6 and timeline["weights"][-1] is None and "maps" not in timeline
+    for s in (0, 3):
+        snapshot = run.load_snapshot(timeline["steps"][s], GPT.from_pretrained(trained_run)).state_dict()
+        carried = timeline["weights"][s]
+        assert set(carried) == set(snapshot) - {"lm_head.weight"}  # (tied: the embedding's)
+        for name, tensor in snapshot.items():
+            if name in carried:
+                assert carried[name]["dtype"] == "float16"
+                assert np.array_equal(decoded_half(carried[name]), tensor.half().numpy())
+    assert timeline["uniform"]["previous_token"] == pytest.approx(sum(1 / (t + 1) for t in range(1, 32)) / 31)
+    assert timeline["loss"][-1] == pytest.approx(run.summary()["val_loss"], rel=1e-6)
+
+
+def decoded_half(a: dict) -> np.ndarray:
+    import base64
+
+    return np.frombuffer(base64.b64decode(a["base64"]), dtype="<f2").reshape(a["shape"])
 
 
 def test_a_run_without_snapshots_has_no_timeline(run, tmp_path):

@@ -126,7 +126,7 @@ def test_the_file_page_loads_nothing_and_shows_the_five_steps(pages, open_page):
     T = len(data["tokens"])
     assert f"query {(T - 1) // 2} " in page.text("#steps-title")  # it opens on the middle token
     page.page.click('.token[data-index="5"]')
-    page.page.click('canvas.thumb[data-layer="1"][data-head="1"]')
+    page.page.click('#grid canvas.thumb[data-layer="1"][data-head="1"]')
     page.page.click('#steps td[data-step="1"][data-key="3"]')
     head = data["layers"][1]["heads"][1]
     q, k, v = (torch.tensor(array(head[n]), dtype=torch.float64) for n in ("q", "k", "v"))
@@ -174,7 +174,7 @@ def test_each_panel_shows_the_models_own_numbers_for_the_picked_token(pages, ope
     c = data["config"]
     page = open_page(path.as_uri())
     page.page.click('.token[data-index="5"]')
-    page.page.click('canvas.thumb[data-layer="1"][data-head="1"]')
+    page.page.click('#grid canvas.thumb[data-layer="1"][data-head="1"]')
     layer = data["layers"][1]
     assert shown(page, '#embedding [data-name="wte"]') == pytest.approx(array(data["embedding"]["token"])[5], abs=1e-6)
     assert shown(page, '#embedding [data-name="sum"]') == pytest.approx(array(data["layers"][0]["residual_in"])[5], abs=1e-6)
@@ -287,7 +287,7 @@ def test_the_model_switch_shows_the_model_at_initialisation_and_back(pages, open
     init = embedded((path.parent / "char.init.html").read_text(encoding="utf-8"))
     page = open_page(path.as_uri())
     page.page.click('.token[data-index="5"]')
-    page.page.click('canvas.thumb[data-layer="1"][data-head="0"]')
+    page.page.click('#grid canvas.thumb[data-layer="1"][data-head="0"]')
     page.page.click("#lang")
     assert page.text("#model-state") == "训练后的模型"
     page.page.click("#model-switch")
@@ -313,7 +313,7 @@ def test_a_llama_style_block_shows_its_shared_keys_and_gated_network(tmp_path, o
     data = embedded(out.read_text(encoding="utf-8"))
     page = open_page(out.as_uri())
     page.page.click('.token[data-index="4"]')
-    page.page.click('canvas.thumb[data-layer="0"][data-head="1"]')
+    page.page.click('#grid canvas.thumb[data-layer="0"][data-head="1"]')
     assert "key/value head 0 of 1, shared by query heads 0 to 1" in page.text("#shared-kv")
     head = data["layers"][0]["heads"][1]
     assert head["k"] == data["layers"][0]["heads"][0]["k"]
@@ -362,8 +362,8 @@ def test_the_chinese_page_uses_chinese_punctuation_and_no_negative_zero(pages, o
     full-width punctuation, no ASCII comma or colon beside a Chinese character; and no
     number is written "−0.000" in either language."""
     page = open_page(pages["char"][0].as_uri())
-    assert page.page.evaluate('t("tokensNote", { count: 1 })').startswith("1 token;")  # not "1 tokens"
-    assert page.page.evaluate('t("tokensNote", { count: 2 })').startswith("2 tokens;")
+    assert page.page.evaluate('Page.t("tokensNote", { count: 1 })').startswith("1 token;")  # not "1 tokens"
+    assert page.page.evaluate('Page.t("tokensNote", { count: 2 })').startswith("2 tokens;")
     page.page.click('.token[data-index="6"]')
     page.page.check("#no-scale")
     page.page.check("#no-mask")
@@ -375,7 +375,7 @@ def test_the_chinese_page_uses_chinese_punctuation_and_no_negative_zero(pages, o
             page.page.click("#lang")
     mixed = re.findall(r"[\u4e00-\u9fff][,;:!?]\s|[,;:!?] [\u4e00-\u9fff]", page.page.inner_text("body"))
     assert mixed == [] and "、" in page.text("#ablation-ranking") and page.errors == []
-    assert page.page.evaluate("fmt(-0.00001, 4)") == "0.0000" and page.page.evaluate("fmt(-0.5, 2)") == "−0.50"
+    assert page.page.evaluate("View.fmt(-0.00001, 4)") == "0.0000" and page.page.evaluate("View.fmt(-0.5, 2)") == "−0.50"
 
 
 def test_chinese_renders_without_replacement_characters(pages, open_page):
@@ -443,7 +443,7 @@ def test_a_map_of_the_whole_model_lights_the_panel_being_read(pages, open_page):
                                              "feed-forward network", "+", "final LayerNorm", "LM head", "probabilities"]
     assert all(page.page.query_selector(f"section#{panel}") for _, panel in pieces)
     assert "× 2 layers (now layer 0)" in page.text("#model-map")
-    page.page.click('canvas.thumb[data-layer="1"][data-head="0"]')
+    page.page.click('#grid canvas.thumb[data-layer="1"][data-head="0"]')
     assert "× 2 layers (now layer 1)" in page.text("#model-map")
     page.page.click('#model-map a[data-panel="block-panel"]')  # jump to the block: its four pieces light up
     expect(page.page.locator("#model-map a.current")).to_have_count(4)
@@ -485,7 +485,7 @@ def test_control_characters_are_drawn_as_visible_signs(pages, open_page):
     """A token of a control character (U+0017 in a logit lens) is drawn as its picture, as a
     space and a newline are; C1 controls and invisible format characters as escapes."""
     page = open_page(pages["char"][0].as_uri())
-    assert page.page.evaluate(r"visible('a\u0017b\u007f \n\t\u0085\u200b\u202e!')") == "a␗b␡␣↵⇥\\u{85}\\u{200b}\\u{202e}!"
+    assert page.page.evaluate(r"View.visible('a\u0017b\u007f \n\t\u0085\u200b\u202e!')") == "a␗b␡␣↵⇥\\u{85}\\u{200b}\\u{202e}!"
     lens = page.page.eval_on_selector_all("#lens .piece", "nodes => nodes.map(n => n.textContent)")
     assert lens and not any(re.search(r"[\x00-\x1f\x7f-\x9f]", piece) for piece in lens)
 

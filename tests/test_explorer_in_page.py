@@ -102,7 +102,7 @@ def page_file(models, tmp_path_factory):
 
 
 def js_logits(page, block: dict, ids: list[int], **options) -> torch.Tensor:
-    logits = page.page.evaluate("([m, ids, o]) => Array.from(forward(m, ids, o).logits)", [block, ids, options])
+    logits = page.page.evaluate("([m, ids, o]) => Array.from(Model.forward(m, ids, o).logits)", [block, ids, options])
     return torch.tensor(logits, dtype=torch.float64).view(len(ids), -1)
 
 
@@ -141,7 +141,7 @@ def test_the_pages_kv_cache_continues_as_the_model_does(name, models, page_file,
     page = open_page(page_file.as_uri())
     prompt = tokenizer.encode(TEXT).ids[:50]  # 50 + 24 tokens: the window of 64 slides
     greedy = {"temperature": 0, "topK": None, "topP": None, "suppress": []}
-    ours = page.page.evaluate("([m, ids, s]) => Array.from(generate(m, ids, 24, s))", [runnable(gpt, tokenizer), prompt, greedy])
+    ours = page.page.evaluate("([m, ids, s]) => Array.from(Model.generate(m, ids, 24, s))", [runnable(gpt, tokenizer), prompt, greedy])
     assert ours == gpt.generate(torch.tensor([prompt]), 24, temperature=0)[0, 50:].tolist()
 
 
@@ -176,9 +176,9 @@ def test_erf_is_exact_to_float32(page_file, open_page):
     and GELU's tanh form is GPT-2's."""
     page = open_page(page_file.as_uri())
     xs = [i / 500 for i in range(-3000, 3001)]
-    ours = page.page.evaluate("(xs) => xs.map(erf)", xs)
+    ours = page.page.evaluate("(xs) => xs.map(Model.erf)", xs)
     assert max(abs(a - math.erf(x)) for a, x in zip(ours, xs)) < 2e-8
-    tanh_form = page.page.evaluate("(xs) => xs.map(ACTIVATIONS.gelu_tanh)", xs)
+    tanh_form = page.page.evaluate("(xs) => xs.map(Model.ACTIVATIONS.gelu_tanh)", xs)
     reference = torch.nn.functional.gelu(torch.tensor(xs, dtype=torch.float64), approximate="tanh")
     assert torch.allclose(torch.tensor(tanh_form, dtype=torch.float64), reference, rtol=0, atol=1e-12)
 
@@ -277,7 +277,7 @@ def typed(page, text: str) -> dict:
     page.page.evaluate("() => { delete document.getElementById('status').dataset.ms; }")
     page.page.fill("#prompt", text)
     page.page.wait_for_selector("#status[data-ms]", state="attached")
-    return page.page.evaluate(f"() => ({PLAIN})(DATA)")
+    return page.page.evaluate(f"() => ({PLAIN})(Page.data)")
 
 
 @pytest.mark.parametrize("name, text", [("gpt2", "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?"),
@@ -320,7 +320,7 @@ def test_a_character_the_model_never_saw_is_refused_and_the_panels_stay(runs, op
     page.page.fill("#prompt", "ROMEO: €")
     expect(page.page.locator("#status")).to_contain_text("€")
     assert "never saw" in page.text("#status")
-    assert page.page.evaluate(f"() => ({PLAIN})(DATA.tokens)") == before["tokens"]
+    assert page.page.evaluate(f"() => ({PLAIN})(Page.data.tokens)") == before["tokens"]
 
 
 def test_continue_runs_the_model_token_by_token_in_the_page(models, runs, open_page):
@@ -346,7 +346,7 @@ def test_every_head_switched_off_on_request_is_explore_pys_ablation(models, runs
     assert page.page.is_visible("#ablate-all")
     page.page.click("#ablate-all")
     page.page.wait_for_selector("#ablate-all[data-ms]", state="attached")
-    ours = page.page.evaluate(f"() => ({PLAIN})(DATA.ablation)")
+    ours = page.page.evaluate(f"() => ({PLAIN})(Page.data.ablation)")
     with torch.no_grad():
         theirs = ablated(gpt, tokenizer.encode(text).ids)
     for layer_ours, layer_theirs in zip(ours, theirs, strict=True):
