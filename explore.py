@@ -26,7 +26,7 @@ from common.cli import OneLineParser, UserError, check_output_folder, locale_lan
 from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import thread_help, use_threads
 from explorer.data import (MAX_TOKENS, carries_snapshots, default_prompt, initial_model, page_model, prompt_data,
-                           run_facts)
+                           run_facts, run_timeline)
 from explorer.page import render
 from model.files import write_atomic
 
@@ -119,8 +119,9 @@ def command(args) -> int:
         from explorer.server import serve
 
         model, tokenizer = run.load_model()
-        return serve(model.eval(), tokenizer, args.port, lang, prompt or "", args.max_tokens,
-                     lambda: initial(model, args.checkpoint), run_facts(run.summary()))
+        timeline, snapshots = run_timeline(model.eval(), tokenizer, run)
+        return serve(model, tokenizer, args.port, lang, prompt or "", args.max_tokens,
+                     lambda: initial(model, args.checkpoint), run_facts(run.summary()), timeline, snapshots)
     if args.out is not None:
         check_out(args.out)  # (before any work)
     model, tokenizer = run.load_model()

@@ -77,7 +77,7 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
     lens_top = logit_lens(model, trace)
     shown = {*last.topk(min(TOP_TOKENS, last.numel())).indices.tolist(), *suppressed,
              *(i for t in lens_top for row in t["ids"] for i in row), *(i for layer in ablation for h in layer for i in h["ids"])}
-    if timeline is not None and timeline["weights"] is None:  # (the example's own, at each step)
+    if timeline is not None and "prediction" in timeline:  # (the example's own, at each step)
         shown |= {*(i for p in timeline["prediction"] for i in p["ids"]),
                   *(i for lens in timeline["lens"] for t in lens for row in t["ids"] for i in row)}
     weights_size = (c.n_embd + 2 * c.n_kv_head * c.head_size) * c.n_embd * c.n_layer
@@ -135,6 +135,21 @@ def prompt_data(model: GPT, tokenizer, prompt: str, max_tokens: int, which: str 
         timeline["loss_is_runs"] = own
     return page_data(model, tokenizer, ids, truncated=len(tokenizer.encode(prompt).ids) - len(ids), which=which,
                      timeline=timeline, run=None if run is None else run_facts(run.summary()))
+
+
+def run_timeline(model: GPT, tokenizer, run) -> tuple[dict | None, dict]:
+    """(the steps, losses and scores of the run's snapshots, or None without two of them;
+    {step: a function that loads that step's weights into a model}): what explore.py --serve
+    offers its page's slider."""
+    paths = run.snapshot_paths()
+    snapshots = {step: functools.partial(run.load_snapshot, step) for step in paths}
+    if len(paths) < 2:
+        return None, snapshots
+    windows, seed, own = evaluation_windows(run)
+    with tempfile.TemporaryDirectory(prefix="explore-", ignore_cleanup_errors=True) as scratch:
+        timeline = timeline_data(model, tokenizer, snapshots, None, validation_text(run, tokenizer, Path(scratch)),
+                                 windows, seed)
+    return {**timeline, "loss_is_runs": own}, snapshots
 
 
 def evaluation_windows(run) -> tuple[int, int, bool]:
@@ -329,7 +344,7 @@ def page_weights(model: GPT, dtype: str = "float32") -> dict:
 
 
 @torch.no_grad()
-def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GPT]], ids: list[int],
+def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GPT]], ids: list[int] | None,
                   val: np.ndarray | None, windows: int = TIMELINE_WINDOWS, seed: int = 0,
                   carry_weights: bool = False) -> dict:
     """The model at each snapshot (step: a function that loads its weights into a model): its
@@ -339,10 +354,12 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
     TensorBoard's), and a sample continuing the prompt `ids` (one seed for all). With
     carry_weights, every snapshot's weights in float16 (the last one's None: it is the page's
     model), from which the page computes every panel at any step for any text; without, the
-    prompt's own maps, prediction, logit lens and each token's loss at each step."""
+    prompt's own maps, prediction, logit lens and each token's loss at each step. ids None:
+    the steps, losses and scores alone (explore.py --serve computes each step's panels on
+    request)."""
     c = model.config
     device = model.lm_head.weight.device
-    prompt = torch.tensor([ids], device=device)
+    prompt = None if ids is None else torch.tensor([ids], device=device)
     scored = fixed_windows(val, c.block_size, windows, seed, "val") if val is not None else None
     probe = induction_probe(tokenizer, c.vocab_size, c.block_size).to(device)
     text = torch.from_numpy(np.asarray(val[:min(c.block_size, 128)], dtype=np.int64))[None].to(device) \
@@ -354,12 +371,14 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
         snapshot = load(copy.deepcopy(model)).eval()
         steps.append(step)
         losses.append(None if scored is None else validation_loss(snapshot, scored))
-        generator = torch.Generator(device=device).manual_seed(TIMELINE_SEED)
-        out = snapshot.generate(prompt, TIMELINE_TOKENS, temperature=0.8, generator=generator, suppress_tokens=never)
-        samples.append(tokenizer.decode(out[0, len(ids):].tolist()))
         scores = head_scores(snapshot, text, probe)
         previous.append(scores["previous_token"].tolist())
         induction.append(scores["induction"].tolist())
+        if prompt is None:
+            continue
+        generator = torch.Generator(device=device).manual_seed(TIMELINE_SEED)
+        out = snapshot.generate(prompt, TIMELINE_TOKENS, temperature=0.8, generator=generator, suppress_tokens=never)
+        samples.append(tokenizer.decode(out[0, len(ids):].tolist()))
         if carry_weights:
             weights.append(page_weights(snapshot, "float16") if number < len(snapshots) - 1 else None)
             continue
@@ -371,13 +390,13 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
         lenses.append(logit_lens(snapshot, trace))
         prompt_losses.append(token_losses(trace.logits[0], ids))
     data = {"steps": steps, "loss": losses, "loss_windows": windows, "loss_is_runs": False,
-            "sample_prompt": tokenizer.decode(ids), "samples": samples,
+            "sample_prompt": None if ids is None else tokenizer.decode(ids), "samples": samples if ids is not None else None,
             "sample_tokens": TIMELINE_TOKENS, "sample_seed": TIMELINE_SEED,
             "scores": {"previous_token": previous, "induction": induction},
             "uniform": uniform_scores(text.size(1), probe[0].cpu()),
             "scores_text": "val" if val is not None else "random"}
-    if carry_weights:
-        return {**data, "weights": weights}
+    if carry_weights or ids is None:
+        return {**data, "weights": weights if carry_weights else None}
     return {**data, "weights": None, "maps": array(torch.stack(maps)), "prediction": predictions, "lens": lenses,
             "losses": prompt_losses}
 
@@ -410,4 +429,5 @@ def to_json(data: dict) -> str:
 
 def decoded(a: dict) -> np.ndarray:
     """An array of the page's data back as numpy (for tests and other tools)."""
-    return np.frombuffer(base64.b64decode(a["base64"]), dtype="<f4").reshape(a["shape"])
+    dtype = "<f2" if a["dtype"] == "float16" else "<f4"
+    return np.frombuffer(base64.b64decode(a["base64"]), dtype=dtype).reshape(a["shape"])

@@ -1,8 +1,9 @@
 """explore.py --serve: the explorer page on 127.0.0.1, for prompts typed in the browser.
 
 It serves exactly three things: the page (GET /), a prompt's data (POST /api/explore)
-and one more token of the text with the new data (POST /api/next), for the trained model
-or ("model": "init") the run's model at initialisation. Nothing from the
+and one more token of the text with the new data (POST /api/next), for the trained model,
+the model of any step the run kept a snapshot of ("step": N: the page's slider), or
+("model": "init") the run's model at initialisation. Nothing from the
 disk, nothing a request names. It listens on the loopback address only and answers only
 requests whose Host header names that address and port (a web page elsewhere cannot
 reach it through DNS rebinding); it sends no CORS headers, so other sites' scripts
@@ -14,6 +15,7 @@ and the server goes on.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -53,7 +55,8 @@ class Explorer:
     """The models behind the page (the trained one, and on request the one at
     initialisation); one request uses them at a time."""
 
-    def __init__(self, model, tokenizer, lang: str, prompt: str, max_tokens: int, initial=None, run=None):
+    def __init__(self, model, tokenizer, lang: str, prompt: str, max_tokens: int, initial=None, run=None,
+                 timeline: dict | None = None, snapshots: dict | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.lang = lang
@@ -62,6 +65,9 @@ class Explorer:
         self.initial = initial  # () -> (the model at initialisation or None, why not)
         self.run = run  # the trained model's run in a few facts (explorer.data.run_facts)
         self.init_model = None
+        self.timeline = timeline  # the run's steps, losses and head scores (explorer.data.run_timeline), or None
+        self.snapshots = snapshots or {}  # {step: load that step's weights into a model}
+        self.stepped: tuple[int, object] | None = None  # the last snapshot asked for, kept: (step, model)
         self.lock = threading.Lock()
 
     def page(self) -> str:
@@ -69,8 +75,12 @@ class Explorer:
         return render(data, self.lang, server=True, prompt=self.prompt)
 
     def chosen(self, request: dict):
-        """(the model the request asks for, its name): "trained" (the default) or "init"."""
+        """(the model the request asks for, its name): "trained" (the default; with "step",
+        the model of that snapshot) or "init"."""
         which = request.get("model", "trained")
+        step = request.get("step")
+        if which == "trained" and step is not None:
+            return self.snapshot(step), which
         if which == "trained":
             return self.model, which
         if which != "init":
@@ -82,6 +92,16 @@ class Explorer:
                     raise BadRequest(404, "no_init", f"the model at initialisation cannot be made: {why}", init_from=why)
                 self.init_model = made
         return self.init_model, which
+
+    def snapshot(self, step) -> object:
+        """The model of snapshot `step` (one of the run's; the last asked for is kept)."""
+        if type(step) is not int or step not in self.snapshots:
+            raise BadRequest(400, "bad_step", f"step must be one of the run's snapshots: {sorted(self.snapshots)}",
+                             steps=", ".join(map(str, sorted(self.snapshots))))
+        with self.lock:
+            if self.stepped is None or self.stepped[0] != step:
+                self.stepped = (step, self.snapshots[step](copy.deepcopy(self.model)).eval())
+            return self.stepped[1]
 
     def explore(self, request: dict) -> dict:
         """{"prompt": text, or "ids", "model"} -> {"ids": its tokens, "data": the page's data}."""
@@ -140,7 +160,8 @@ class Explorer:
     def data(self, ids: list[int], model=None, which: str = "trained") -> dict:
         shown = ids[-min(self.max_tokens, self.model.config.block_size):]
         with self.lock:
-            return page_data(model or self.model, self.tokenizer, shown, len(ids) - len(shown), which, run=self.run)
+            return page_data(model or self.model, self.tokenizer, shown, len(ids) - len(shown), which,
+                             timeline=self.timeline if which == "trained" else None, run=self.run)
 
 
 def field(request: dict, name: str, kind: type):
@@ -258,10 +279,12 @@ class Server(ThreadingHTTPServer):
         self.hosts = [f"{HOST}:{port}", f"localhost:{port}"]
 
 
-def serve(model, tokenizer, port: int, lang: str, prompt: str, max_tokens: int, initial=None, run=None) -> int:
+def serve(model, tokenizer, port: int, lang: str, prompt: str, max_tokens: int, initial=None, run=None,
+          timeline: dict | None = None, snapshots: dict | None = None) -> int:
     """Serve until Ctrl-C; returns 0. initial: () -> (the model at initialisation or None,
-    why not); run: the trained model's run in a few facts."""
-    explorer = Explorer(model, tokenizer, lang, prompt, max_tokens, initial, run)
+    why not); run: the trained model's run in a few facts; timeline and snapshots: the
+    run's (explorer.data.run_timeline)."""
+    explorer = Explorer(model, tokenizer, lang, prompt, max_tokens, initial, run, timeline, snapshots)
     if prompt:
         try:
             explorer.explore({"prompt": prompt})

@@ -457,8 +457,9 @@ def test_explore_serve_hands_the_server_the_run_and_its_initial_model(tmp_path, 
     handed = {}
     monkeypatch.setattr(explorer.server, "serve", lambda *args: handed.setdefault("args", args) and 0)
     assert explore.main(["--serve", "--checkpoint", str(run), "--port", "0", "--lang", "zh", "--max-tokens", "9"]) == 0
-    model, tokenizer, port, lang, prompt, max_tokens, make_initial, run_facts = handed["args"]
+    model, tokenizer, port, lang, prompt, max_tokens, make_initial, run_facts, timeline, snapshots = handed["args"]
     assert (port, lang, prompt, max_tokens, model.training, run_facts) == (0, "zh", "", 9, False, None)  # (no summary)
+    assert timeline is None and snapshots == {}  # (no snapshots)
     init_model, why = make_initial()
     from explorer.data import initial_model
 

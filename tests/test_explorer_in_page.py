@@ -29,7 +29,7 @@ from data.tokenizer import train_tokenizer, unknown_characters
 from explorer.data import ablated, decoded, page_data, page_model
 from explorer.page import render
 from model import GPT, GPTConfig
-from test_explorer import HOSTILE, assert_same_page_data, embedded, embedded_model
+from test_explorer import HOSTILE, assert_same_page_data, embedded, embedded_model, trained_run  # noqa: F401
 from test_explorer_browser import browser, expect, open_page  # noqa: F401 (fixtures)
 
 try:
@@ -444,3 +444,55 @@ def test_a_broken_forward_pass_or_tokenizer_is_caught(mutant, models, tmp_path, 
             difference, tolerance = gap(page, gpt, tokenizer, tokenizer.encode(TEXT).ids[:64])
             caught.append(not difference <= tolerance)  # NaN counts as caught
     assert any(caught), mutant
+
+
+def rounded_snapshot(run, step: int) -> GPT:
+    """The model of snapshot `step` with its weights rounded to float16, as the page carries them."""
+    snapshot = run.load_snapshot(step, GPT.from_pretrained(run.path)).eval()
+    with torch.no_grad():
+        for p in snapshot.parameters():
+            p.copy_(p.half().float())
+    return snapshot
+
+
+def slide(page, index: int) -> dict:
+    """Move the timeline's slider to snapshot `index`: the page's data then."""
+    page.page.eval_on_selector("#timeline-step", "(slider, s) => { slider.value = String(s); "
+                               "slider.dispatchEvent(new Event('input')); }", index)
+    return page.page.evaluate(f"() => ({PLAIN})(Page.data)")
+
+
+SHOWN_AT_A_STEP = ("embedding", "layers", "ln_f", "prediction", "losses", "tokens", "config", "truncated")
+
+
+def test_the_slider_shows_each_snapshots_model_in_every_panel(trained_run, open_page, tmp_path):
+    """Where the page carries every snapshot (a small model), each step's data, for the
+    example and for a typed text, is torch's forward pass of that snapshot on the same
+    float16 weights: every panel follows the slider, and the last step is the trained model."""
+    from common.run_dir import RunDir
+
+    run = RunDir(trained_run)
+    out = tmp_path / "page.html"
+    assert explore.main(["--checkpoint", str(trained_run), "--prompt", "MACBETH:\nSo foul", "--out", str(out)]) == 0
+    page = open_page(out.as_uri())
+    steps = page.page.evaluate("Page.data.timeline.steps")
+    model, tokenizer = run.load_model()
+    for index in (0, 2):
+        ours = slide(page, index)
+        ids = [t["id"] for t in ours["tokens"]]
+        theirs = page_data(rounded_snapshot(run, steps[index]), tokenizer, ids)
+        assert_same_page_data({key: ours[key] for key in SHOWN_AT_A_STEP}, {key: theirs[key] for key in SHOWN_AT_A_STEP},
+                              skip=("c_attn",), atol=5e-5, rtol=1e-4, row_rtol=1e-5)
+        assert page.text("#timeline-readout").startswith(f"step {steps[index]} of 20")
+    ours = typed(page, "LADY MACBETH:\nThe raven himself is hoarse")  # (still at step 8)
+    theirs = page_data(rounded_snapshot(run, steps[2]), tokenizer, [t["id"] for t in ours["tokens"]], ours["truncated"])
+    assert_same_page_data({key: ours[key] for key in SHOWN_AT_A_STEP}, {key: theirs[key] for key in SHOWN_AT_A_STEP},
+                          skip=("c_attn",), atol=5e-5, rtol=1e-4, row_rtol=1e-5)
+    ours = slide(page, len(steps) - 1)  # the last step: the page's own model, float32
+    theirs = page_data(model.eval(), tokenizer, [t["id"] for t in ours["tokens"]], ours["truncated"])
+    assert_same_page_data({key: ours[key] for key in SHOWN_AT_A_STEP}, {key: theirs[key] for key in SHOWN_AT_A_STEP},
+                          skip=("c_attn",), atol=5e-5, rtol=1e-4, row_rtol=1e-5)
+    # a thumbnail of the timeline opens its head, at that step, in the panels below
+    page.page.click('#timeline-maps canvas[data-layer="1"][data-head="1"]')
+    assert page.page.evaluate("[Page.state.layer, Page.state.head]") == [1, 1]
+    assert page.text("#map-title") == page.page.evaluate('Page.t("mapTitle", { layer: 1, head: 1 })')

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from test_explorer import make_run
+from test_explorer import make_run, trained_run  # noqa: F401 (a fixture)
 
 
 def start_server(run: Path) -> tuple[subprocess.Popen, int]:
@@ -329,3 +329,28 @@ def test_serve_checks_its_prompt_before_listening_and_stops_on_ctrl_c(served_run
     assert serve(model, tokenizer, 0, "en", "ROMEO:", 8) == 0
     printed = capsys.readouterr()
     assert re.search(r"at http://127\.0\.0\.1:\d+/ \(Ctrl-C stops\)", printed.out) and "stopped" in printed.err
+
+
+def test_the_server_runs_the_model_of_any_snapshot(trained_run):
+    """--serve's slider: "step": N answers with the data of snapshot N (its own forward
+    pass, with the run's timeline), and a step the run has no snapshot of is a 400."""
+    from common.run_dir import RunDir
+    from explorer.data import page_data, run_timeline
+    from explorer.server import BadRequest, Explorer
+    from model import GPT
+    from test_explorer import assert_same_page_data
+
+    run = RunDir(trained_run)
+    model, tokenizer = run.load_model()
+    timeline, snapshots = run_timeline(model.eval(), tokenizer, run)
+    assert timeline["steps"] == [0, 4, 8, 12, 16, 20] and timeline["samples"] is None
+    explorer = Explorer(model, tokenizer, "en", "", 64, None, None, timeline, snapshots)
+    answer = explorer.explore({"prompt": "MACBETH:\nSo foul", "step": 8})
+    at_8 = run.load_snapshot(8, GPT.from_pretrained(trained_run)).eval()
+    expected = page_data(at_8, tokenizer, answer["ids"], timeline=timeline)
+    assert_same_page_data(answer["data"], expected, atol=1e-6, rtol=1e-6)
+    trained = explorer.explore({"prompt": "MACBETH:\nSo foul"})["data"]
+    assert trained["prediction"] != answer["data"]["prediction"]  # (another model: other numbers)
+    for step in (7, "8", True):
+        with pytest.raises(BadRequest, match="step must be one of the run's snapshots: \\[0, 4, 8, 12, 16, 20\\]"):
+            explorer.explore({"prompt": "MACBETH", "step": step})

@@ -102,6 +102,8 @@ const Timeline = (() => {
 
   function renderSample(s, step) {
     const tl = timeline();
+    $("timeline-sample-box").hidden = !tl.samples; // (--serve: the panels of each step come on request)
+    if (!tl.samples) return;
     const shown = Page.SETTINGS.server || Page.text.example;
     $("timeline-sample-title").textContent = t("timelineSampleTitle", { step, seed: tl.sample_seed });
     $("timeline-sample").textContent = tl.sample_prompt + tl.samples[s] + (shown ? "" : `\n(${t("sampleOfExample")})`);
