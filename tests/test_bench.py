@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 
 SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer", "elastic", "prepare", "snapshots",
-           "finetune"]
+           "finetune", "induction"]
 
 
 @pytest.mark.slow
