@@ -1,7 +1,9 @@
-"""The figures of docs/architecture.md, measured from the code with the standard library:
-non-blank lines per folder, the newcomer's path, and the import closure of each program
-(every project module it imports, directly or not, at any depth, lazy imports inside
-functions included).
+"""The figures of docs/architecture.md, measured from the code: non-blank lines per folder,
+the newcomer's path, the import closure of each program (every project module it imports,
+directly or not, at any depth, lazy imports inside functions included), the Trainer's
+attributes, and, traced while a micro run trains (sys.settrace), the project files and
+lines one iteration runs: a plain one, one that keeps a snapshot, one that evaluates and
+saves; and those a resume runs.
 
     python docs/layout_figures.py [ROOT]      # ROOT: a checkout (default: this one)
 """
@@ -9,8 +11,12 @@ functions included).
 from __future__ import annotations
 
 import ast
+import contextlib
+import dataclasses
+import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 PACKAGES = ("model", "data", "common", "inspection", "interop", "training", "explorer")
 PROGRAMS = ("train", "generate", "evaluate", "export", "explore")
@@ -62,6 +68,91 @@ def closure(root: Path, start: Path) -> set[Path]:
     return seen
 
 
+def trainer_attributes(root: Path) -> list[str]:
+    """The attributes Trainer's methods set on self."""
+    for node in ast.parse((root / "training" / "trainer.py").read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == "Trainer":
+            return sorted({n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                           and isinstance(n.value, ast.Name) and n.value.id == "self"})
+    return []
+
+
+def traced(root: Path, run, start: Callable[[object], bool]) -> dict[str, set]:
+    """Run `run()` under a tracer; each time `start(frame)` says so, a new stretch begins,
+    named by what start returned: {name: the (file, line) pairs of the project it ran}."""
+    import os
+
+    prefix = str(root) + os.sep
+    seen: dict[str, set] = {}
+    current = [None]
+
+    def tracer(frame, event, arg):
+        name = start(frame) if event == "call" else None
+        if name is not None:
+            current[0] = name if name else None
+        path = frame.f_code.co_filename
+        if current[0] is not None and path.startswith(prefix) and "site-packages" not in path and event in ("line", "call"):
+            seen.setdefault(current[0], set()).add((path[len(prefix):], frame.f_lineno))
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        run()
+    finally:
+        sys.settrace(None)
+    return seen
+
+
+def iteration_figures(root: Path) -> dict[str, tuple[int, int, int, int]]:
+    """(files, lines, files outside model/, lines outside model/) one iteration of a micro
+    run runs: a plain one (the fourth), one that keeps a snapshot (the fifth: step 5) and one
+    that evaluates and saves (the eighth); and those Trainer.resume and resume.check run."""
+    import tempfile
+
+    sys.path.insert(0, str(root))
+    import torch
+    from training.config import load_config
+    from training.preparation import prepare_run
+    from training.trainer import Trainer
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        text = Path(tmp) / "text.txt"
+        text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(400)))
+        cfg = load_config(root / "configs" / "tiny.yaml", [
+            f"data.source={text}", "data.tokenizer=char", f"out_dir={tmp}/run", "train.max_minutes=null",
+            "train.max_iters=8", "train.eval_interval=8", "train.eval_iters=1", "train.log_interval=100",
+            "train.sample_tokens=4", "model.block_size=16", "train.batch_size=2", f"data.cache_dir={tmp}/cache",
+            "train.threads=1", "train.snapshot_every=5"])
+        trainer = Trainer(prepare_run(cfg), torch.device("cpu"), torch.float32)
+        names = {3: "plain", 4: "snapshot", 7: "evaluation"}  # (0-based: the iteration that ends at step 5 is the 4th)
+        calls = [0]
+
+        def starts(frame):  # each iteration begins by setting its learning rate (Schedule.apply)
+            if frame.f_code.co_name == "apply" and frame.f_code.co_filename.endswith(str(Path("training", "optim.py"))):
+                calls[0] += 1
+                return names.get(calls[0] - 1, "")
+            return None
+
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+            seen = traced(root, trainer.fit, starts)
+            prepared = prepare_run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_iters=10)))
+            resuming = {"resume", "check"}
+
+            def resumes(frame):
+                code = frame.f_code
+                if code.co_name in resuming and "training" in code.co_filename:
+                    return "resume"
+                return None
+
+            seen |= traced(root, lambda: Trainer(prepared, torch.device("cpu"), torch.float32), resumes)
+    out = {}
+    for name, pairs in seen.items():
+        outside = {(f, n) for f, n in pairs if not f.startswith("model")}
+        out[name] = (len({f for f, _ in pairs}), len(pairs), len({f for f, _ in outside}), len(outside))
+    return out
+
+
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent).resolve()
     print("| folder | files | non-blank lines |\n|---|---|---|")
@@ -81,6 +172,11 @@ def main() -> None:
         folders = sorted({p.parent.name for p in files if p.parent != root})
         name = f"`{program}.py`" if program in PROGRAMS else program
         print(f"| {name} | {len(files)} | {sum(map(lines, files)):,} | {', '.join(folders)} |")
+    attributes = trainer_attributes(root)
+    print(f"\nTrainer's attributes: {len(attributes)} ({', '.join(attributes)})")
+    print("\n| traced | project files | lines | files outside model/ | lines outside model/ |\n|---|---|---|---|---|")
+    for name, figures in iteration_figures(root).items():
+        print(f"| {name} | " + " | ".join(f"{x:,}" for x in figures) + " |")
 
 
 if __name__ == "__main__":

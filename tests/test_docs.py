@@ -139,3 +139,28 @@ def test_the_figures_are_made_by_the_script(tmp_path):
     for page in ("docs/attention.md", "docs/attention.zh-CN.md"):  # and the code tour shows them
         text = (ROOT / page).read_text(encoding="utf-8")
         assert all(f"images/{n}" in text for n in ("qkv", "maps", "causal", "cache"))
+
+
+def test_the_architecture_page_names_every_module_and_only_those():
+    """docs/architecture.md's "One line per module": under each folder's heading, exactly the
+    modules (or the page's scripts) the folder holds; a module added, renamed or removed
+    without the page fails here."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    listed: dict[str, set[str]] = {}
+    folder = None
+    for line in text.splitlines():
+        heading = re.match(r"\*\*([a-z_/]+)/\*\*", line)
+        if heading:
+            folder = heading.group(1)
+            listed[folder] = set()
+        elif folder and line.startswith("- `"):
+            listed[folder].add(re.match(r"- `([\w.]+)`", line).group(1))
+        elif line.startswith("**The programs**") or line.startswith("## "):
+            folder = None
+    for name in ("model", "data", "lora", "common", "inspection", "interop", "training", "explorer"):
+        present = {p.name for p in (ROOT / name).glob("*.py") if p.name != "__init__.py"}
+        assert listed.get(name) == present, name
+    assert listed["explorer/page"] == {p.name for p in (ROOT / "explorer" / "page").glob("*.js")}
+    scripts = re.search(r'SCRIPTS = \((.*?)\)  # each is one namespace', (ROOT / "explorer" / "page.py").read_text(),
+                        re.S).group(1)
+    assert re.findall(r'"(\w+\.js)"', scripts) == [name for name in re.findall(r"^- `(\w+\.js)`", text, re.M)]
