@@ -4,7 +4,7 @@
 // the model, this reads off the same pass: each token's loss, the logit lens (the model's
 // own ln_f and LM head on each layer's output) and, on request, the heads switched off one
 // at a time (one more pass each). The names mirror data.py's: pageData ↔ page_data,
-// ablated ↔ ablated, logitLens ↔ logit_lens, tokenLosses ↔ token_losses.
+// ablated ↔ ablated, logitLens ↔ logit_lens, tokenLosses ↔ token_losses (the last two used here).
 const PageData = (() => {
   "use strict";
   const { tensor, lastRow, logSoftmax, largest } = Numbers;
@@ -111,5 +111,5 @@ const PageData = (() => {
     }));
   }
 
-  return { pageData, ablated, tokenLosses, logitLens };
+  return { pageData, ablated };
 })();

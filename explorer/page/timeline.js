@@ -206,5 +206,5 @@ const Timeline = (() => {
     return t("timelineBest", { ...values, step: timeline().steps[from] });
   }
 
-  return { timeline, carried, picked, pick, dataAt, tokenLosses, render };
+  return { timeline, picked, pick, dataAt, tokenLosses, render };
 })();

@@ -192,6 +192,6 @@ const View = (() => {
     }));
   }
 
-  return { el, $, count, fmt, visible, tokenLabel, index, axisLabel, textOf, vectorBox, vectorStrip, vectorRow, colour,
+  return { el, $, count, fmt, visible, tokenLabel, index, axisLabel, textOf, vectorBox, vectorRow, colour,
     drawMap, drawLabels, svg, lossColour, lineChart, legend };
 })();
