@@ -33,7 +33,7 @@ from tqdm import tqdm
 from common.cli import OneLineParser, positive, UserError, run_main
 from common.device import DTYPES, resolve_device, resolve_dtype
 from common.run_dir import RunDir
-from common.threads import AdaptiveThreads, thread_help, use_threads
+from common.threads import AdaptiveThreads, adaptable, set_threads, thread_help
 from data import DataError, unknown_characters
 from data.batches import IGNORE, conversation_rows
 from common.chat import replies, run_template
@@ -198,7 +198,8 @@ def evaluate_conversations(args, model, tokenizer, conversations, device) -> dic
 
 
 def evaluate(args) -> dict:
-    threads = AdaptiveThreads(use_threads("evaluate", args.threads))
+    set_threads("evaluate", args.threads)
+    threads = AdaptiveThreads(adaptable("evaluate", args.threads))
     device = resolve_device(args.device)
     model, tokenizer = RunDir(args.checkpoint).load_model(device)
     model = model.to(resolve_dtype(args.dtype, device, training=False)).eval()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from common.cli import OneLineParser, UserError, check_output_folder, locale_language, positive, run_main
 from common.run_dir import DEFAULT_RUN, RunDir
-from common.threads import thread_help, use_threads
+from common.threads import set_threads, thread_help
 from explorer.data import (MAX_TOKENS, carries_snapshots, default_prompt, initial_model, page_model, prompt_data,
                            run_facts, run_timeline)
 from explorer.page import render
@@ -111,7 +111,7 @@ def read_prompt(args) -> str | None:
 
 
 def command(args) -> int:
-    use_threads("explore", args.threads)
+    set_threads("explore", args.threads)
     lang = args.lang or locale_language()
     run = RunDir(args.checkpoint)
     prompt = read_prompt(args)

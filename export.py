@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common.cli import OneLineParser, UserError, check_output_folder, positive, run_main
 from common.run_dir import RunDir
-from common.threads import thread_help, use_threads
+from common.threads import set_threads, thread_help
 from interop.gguf import GGUF_TYPES, write_gguf
 from interop.hf import Unsupported, to_transformers
 from data.chat import turn_ends
@@ -189,7 +189,7 @@ def parse_args(argv):
 
 
 def command(args) -> int:
-    use_threads("export", args.threads)
+    set_threads("export", args.threads)
     export(args.checkpoint, args.out, args.gguf_type)
     return 0
 

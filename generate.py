@@ -23,7 +23,7 @@ from common.device import DTYPES, resolve_device, resolve_dtype
 from common.chat import Chat, run_template
 from common.prompt import encode_prompt, left_padded
 from common.run_dir import DEFAULT_RUN, RunDir
-from common.threads import thread_help, use_threads
+from common.threads import set_threads, thread_help
 from data.tokenizer import encode_or_start, end_of_text_ids, suppressed_ids
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
 from model import Sampling
@@ -278,7 +278,7 @@ def read_prompts(args) -> list[str]:
 
 def command(args) -> int:
     settings = Settings.from_args(args, stream=sys.stdout.isatty())  # (checked before any work)
-    use_threads("generate", args.threads)
+    set_threads("generate", args.threads)
     prompts = read_prompts(args)
     if args.chat and (prompts or args.show_attention is not None):
         raise UserError("--chat reads its messages from the input, one a line; give it no --prompt, --prompt-file "

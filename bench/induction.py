@@ -51,7 +51,7 @@ def copy_marks(text: str) -> np.ndarray:
     return np.asarray(marks)
 
 
-def scored_windows(ids: np.ndarray, marks: np.ndarray, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def lesson_windows(ids: np.ndarray, marks: np.ndarray, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x, y [WINDOWS, block] from fixed starts, and each target's part: 0 first copy, 1 a
     second copy whose first copy is inside the window (copyable), -1 anything else."""
     starts = torch.randint(len(ids) - block - 1, (WINDOWS,), generator=torch.Generator().manual_seed(0)).numpy()
@@ -89,7 +89,7 @@ def analyse(run: Path) -> dict:
     block = model.config.block_size
     _, val = copies.splits(run_dir.data_config().val_fraction)
     ids = np.asarray(tokenizer.encode(val).ids)
-    x, y, part = scored_windows(ids, copy_marks(val), block)
+    x, y, part = lesson_windows(ids, copy_marks(val), block)
     text = torch.from_numpy(ids[:block].astype(np.int64))[None]
     probe = induction_probe(tokenizer, model.config.vocab_size, block)
     steps, first, second, previous, induction = [], [], [], [], []

@@ -9,9 +9,10 @@ run as fast on one thread on a quiet machine, and far faster on a busy one, so t
 one. A training step runs 1.6 times as fast on two threads when the machine is quiet and
 faster on one when it is not, so evaluation, and training under a time budget, watch their
 own pace and take the count that is faster now (AdaptiveThreads). (A thread count changes
-the order of some sums, and so the last bits of the weights: a run of a fixed length keeps
-one count, so that a resumed run ends bit-identical to one never stopped; a run fitted to
-a time budget depends on the machine's speed anyway.) OpenMP's PASSIVE policy (sleep at once) helped
+the order of some sums, and so the last bits of the weights: a run of a fixed length
+chooses its count once, at its start, and keeps it, resumes included, so that a resumed run
+ends bit-identical to one never stopped; two fresh runs may choose differently, and then
+differ in the last bits. A run fitted to a time budget depends on the machine's speed anyway.) OpenMP's PASSIVE policy (sleep at once) helped
 two threads beside a busy process but cost a quiet training step 24% and two-thread
 decoding 2.2 times, so it is not set; a user's OMP_WAIT_POLICY is OpenMP's to read.
 
@@ -36,77 +37,125 @@ def thread_help(work: str) -> str:
              else f"{default})"))
 
 
-def use_threads(work: str, requested: int | None = None) -> bool:
-    """Set torch's intra-op threads for `work` by the rule above; True where the count is
-    the default's to adapt (then AdaptiveThreads may change it)."""
+def adaptable(work: str, requested: int | None = None) -> bool:
+    """Whether the thread count of `work` is the default's to adapt (AdaptiveThreads): the
+    user asked for no count (--threads, OMP_NUM_THREADS), the default adapts, and there is
+    more than one core."""
+    if requested is not None or os.environ.get("OMP_NUM_THREADS"):
+        return False
+    return DEFAULT_THREADS[work] == "adapt" and (os.cpu_count() or 1) > 1
+
+
+def set_threads(work: str, requested: int | None = None) -> None:
+    """Set torch's intra-op threads for `work` by the rule above."""
     import torch
 
     if requested is not None:
         torch.set_num_threads(requested)
-        return False
-    if os.environ.get("OMP_NUM_THREADS"):
-        return False  # (torch took it when it loaded)
-    default = DEFAULT_THREADS[work]
-    torch.set_num_threads(os.cpu_count() or 1 if default == "adapt" else default)
-    return default == "adapt" and (os.cpu_count() or 1) > 1
+    elif not os.environ.get("OMP_NUM_THREADS"):  # (else torch took it when it loaded)
+        default = DEFAULT_THREADS[work]
+        torch.set_num_threads(os.cpu_count() or 1 if default == "adapt" else default)
 
 
 class AdaptiveThreads:
     """Between one thread per core and one thread, the count that does the work faster now.
 
-    The caller says now and then how many units (iterations, batches) it has done; each
-    stretch between two updates is timed on the count it ran on. Now and then the other
-    count is tried for a stretch and the faster kept: soon after the start, then after
-    twice as many stretches each time the count in use wins again (up to LONGEST), and at
-    once when a stretch runs SLOWER times as slow as the one before it on the same count
-    (another program took the cores, or left them). Time the caller spends on other things
-    (evaluations) is left out with pause()."""
+    The caller says after each unit of work (an iteration, a few batches) how many units it
+    has done so far. The units run in stretches of STRETCH, each timed on the count it ran
+    on. Now and then the other count is tried: its first unit is timed, and if it ran SLOWER
+    times as slow as the count in use, the try ends at once (a clearly slower count costs
+    one unit); else TRY units are timed and the faster count kept. The first try comes after
+    FIRST units; each time the count in use wins again, the next comes twice as late (up to
+    LONGEST units): the more it loses, the rarer it is tried. When a stretch runs SLOWER
+    times as slow, or FASTER times as fast, as the count in use did when it was chosen
+    (another program took the cores, or left them), the next try comes at once. Time the caller spends on other
+    things (an evaluation) is left out with pause().
 
+    once: choose at the first try and keep that count (a run of fixed length: its resume
+    stays bit-identical with `chosen`, saved with the run's state); chosen: a count chosen
+    before, used as it is."""
+
+    STRETCH = 10
     SLOWER = 1.3
-    FIRST = 2  # stretches before the first try
-    LONGEST = 32  # stretches between tries, at most
+    FASTER = 1.15  # a stretch this many times as fast as the one before: the machine got quieter
+    TRY = 3
+    FIRST = 10
+    LONGEST = 1280
 
-    def __init__(self, enabled: bool, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, enabled: bool, clock: Callable[[], float] = time.perf_counter, once: bool = False,
+                 chosen: int | None = None):
         import torch
 
         self.torch = torch
         self.many = torch.get_num_threads()
-        self.enabled = enabled and self.many > 1
+        if chosen is not None:
+            torch.set_num_threads(chosen)
+        self.enabled = enabled and self.many > 1 and chosen is None
+        self.once = once
+        self.chosen = chosen
         self.clock = clock
         self.pace: dict[int, float] = {}  # seconds per unit, the last stretch on each count
+        self.reference: float | None = None  # the pace of the count in use when it was last chosen
         self.mark = clock()
         self.done: int | None = None  # units done at the last update (None: none yet)
-        self.trying: int | None = None  # the count the stretch now running tries, if any
+        self.stretch = [0, 0.0]  # units and seconds of the stretch being timed
+        self.trying: list[float] | None = None  # seconds per unit of the other count, while it is tried
         self.interval = self.FIRST
         self.countdown = self.FIRST
+        self.lost = 0.0  # seconds spent on a count that lost its try
 
     def pause(self) -> None:
         """What comes until the next update is not the work's (an evaluation, a checkpoint)."""
         self.mark = self.clock()
 
     def update(self, done: int) -> None:
-        """`done` units of the work are done so far (a running count); the stretch since
-        the last update decides."""
+        """`done` units of the work are done so far (a running count)."""
         now = self.clock()
         units = done - (self.done if self.done is not None else done)
+        seconds = now - self.mark
         self.done = done
+        self.mark = now
         if not self.enabled or units <= 0:
-            self.mark = now
             return
         current = self.torch.get_num_threads()
         other = 1 if current == self.many else self.many
-        pace = (now - self.mark) / units
-        before = self.pace.get(current)
-        self.pace[current] = pace
-        if self.trying is not None:  # this stretch tried `current` against `other`
-            self.trying = None
-            kept = other if self.pace[other] < pace else current
-            self.torch.set_num_threads(kept)
-            self.interval = self.FIRST if kept == current else min(2 * self.interval, self.LONGEST)
-            self.countdown = self.interval
+        if self.trying is not None:
+            self.end_of_try(current, other, seconds / units)
+            return
+        self.stretch = [self.stretch[0] + units, self.stretch[1] + seconds]
+        if self.stretch[0] >= self.STRETCH:
+            pace = self.stretch[1] / self.stretch[0]
+            self.pace[current] = pace
+            self.stretch = [0, 0.0]
+            if self.reference is None:
+                self.reference = pace
+            elif not self.reference / self.FASTER <= pace <= self.SLOWER * self.reference:
+                self.interval = self.FIRST  # the machine changed since the count was chosen: try the other now
+                self.countdown = 0
+        self.countdown -= units
+        if self.countdown <= 0 and current in self.pace:
+            self.torch.set_num_threads(other)
+            self.trying = []
+
+    def end_of_try(self, tried: int, before: int, pace: float) -> None:
+        """One more unit on the count being tried; end the try where it is clearly slower, or
+        after TRY units, keeping the faster count."""
+        self.trying.append(pace)
+        clearly_slower = pace > self.SLOWER * self.pace[before]
+        if not clearly_slower and len(self.trying) < self.TRY:
+            return
+        faster = not clearly_slower and sorted(self.trying)[len(self.trying) // 2] < self.pace[before]
+        if faster:
+            self.pace[tried] = sorted(self.trying)[len(self.trying) // 2]
+            self.interval = self.FIRST
         else:
-            self.countdown -= 1
-            if self.countdown <= 0 or (before is not None and pace > self.SLOWER * before):
-                self.torch.set_num_threads(other)
-                self.trying = other
-        self.mark = self.clock()
+            self.lost += sum(self.trying)
+            self.torch.set_num_threads(before)
+            self.interval = min(2 * self.interval, self.LONGEST)
+        self.countdown = self.interval
+        self.trying = None
+        self.stretch = [0, 0.0]
+        self.reference = self.pace[self.torch.get_num_threads()]
+        if self.once:
+            self.chosen = self.torch.get_num_threads()
+            self.enabled = False

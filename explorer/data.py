@@ -157,7 +157,12 @@ def evaluation_windows(run) -> tuple[int, int, bool]:
     (training/evaluation.py: train.eval_windows, or eval_iters × the global batch; train.seed),
     where there are at most MAX_RUN_WINDOWS of them, so that the loss the page shows at a
     step is the run's figure; else TIMELINE_WINDOWS of them, and the page says how many."""
-    train = run.run_config().get("train") or {}
+    try:
+        train = run.run_config().get("train") or {}
+    except UserError:  # (config.yaml cannot be read: the loss is then measured on windows of its own)
+        train = {}
+    if not isinstance(train, dict):
+        train = {}
     settings = {key: train.get(key) for key in ("eval_windows", "eval_iters", "batch_size", "grad_accum", "seed")}
     if not all(isinstance(settings[key], int) for key in ("eval_iters", "batch_size", "grad_accum", "seed")):
         return TIMELINE_WINDOWS, 0, False

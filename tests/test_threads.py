@@ -78,10 +78,11 @@ class Clock:
 
 
 def test_training_takes_one_thread_while_another_program_makes_it_faster(monkeypatch):
-    """Two threads, 1 s an iteration, one 1.6 s; beside a busy neighbour two take 3 s and
-    one 2 s. Each phase of 100 stretches runs mostly on the faster count: the tries of the
-    other one grow rarer while the count in use keeps winning, and come at once when the
-    pace changes. Time given to other work (pause) does not count, and a count the user
+    """Two threads, 1 s an iteration, one 1.6 s; beside a busy neighbour two take 3 s and one
+    2 s. A try of the other count ends after one iteration when it is clearly slower, and
+    comes ever more rarely while the count in use keeps winning: a quiet run of 1,000
+    iterations spends 6 of them on one thread. When the pace changes the other count is
+    tried at once. Time given to other work (pause) does not count, and a count the user
     chose is never changed."""
     import torch
 
@@ -92,24 +93,29 @@ def test_training_takes_one_thread_while_another_program_makes_it_faster(monkeyp
     threads, clock, done = [2], Clock(), [0]
     adapt = AdaptiveThreads(True, clock)
 
-    def stretch(seconds_per_iteration: dict, iterations: int = 10) -> int:
-        used = threads[0]
-        clock.now += iterations * seconds_per_iteration[used]
-        done[0] += iterations
-        adapt.update(done[0])
+    def run(seconds_per_iteration: dict, iterations: int) -> list[int]:
+        used = []
+        for _ in range(iterations):
+            used.append(threads[0])
+            clock.now += seconds_per_iteration[threads[0]]
+            done[0] += 1
+            adapt.update(done[0])
         return used
 
     quiet, busy = {2: 1.0, 1: 1.6}, {2: 3.0, 1: 2.0}
-    stretch(quiet)  # (the first update only starts the count)
-    ran = [stretch(quiet) for _ in range(100)]
-    assert ran.count(2) >= 92 and ran[:3] == [2, 2, 1]  # one thread tried soon, then ever more rarely
+    run(quiet, 1)  # (the first update only starts the count)
+    ran = run(quiet, 1000)
+    tries = [i for i, n in enumerate(ran) if n == 1]
+    assert len(tries) == 6 and tries[0] == 10  # one iteration each, at 10, then 20, 40, ... further apart
+    assert [b - a for a, b in zip(tries, tries[1:])] == [21, 41, 81, 161, 321]
+    assert adapt.lost == pytest.approx(6 * 1.6) and adapt.lost < 0.01 * sum(quiet[n] for n in ran)  # under 1% of the run
     clock.now += 500  # an evaluation on either count
     adapt.pause()
-    assert stretch(quiet) == 2 and threads[0] == 2
-    ran = [stretch(busy) for _ in range(100)]
-    assert ran.count(1) >= 90 and ran[:3] == [2, 1, 1]  # the neighbour came: one thread at once
-    ran = [stretch(quiet) for _ in range(100)]
-    assert ran.count(2) >= 90 and ran[-1] == 2  # it went: two again
+    assert run(quiet, 1) == [2]
+    ran = run(busy, 200)
+    assert ran.count(1) >= 180 and ran.index(1) <= 10  # the neighbour came: one thread, within a stretch
+    ran = run(quiet, 200)
+    assert ran.count(2) >= 170 and ran[-1] == 2  # it went: two again
     fixed = AdaptiveThreads(False, clock)
     for n in (10, 20, 30):
         clock.now += 100 * n
@@ -117,10 +123,36 @@ def test_training_takes_one_thread_while_another_program_makes_it_faster(monkeyp
     assert threads[0] == 2
 
 
+def test_a_run_of_fixed_length_chooses_once_and_keeps_its_choice(monkeypatch):
+    """once: the first try decides, for good (the count is saved with the run's state: a
+    resumed run takes it as `chosen` and never tries)."""
+    import torch
+
+    from common.threads import AdaptiveThreads
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads[0])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
+    threads, clock = [2], Clock()
+    once = AdaptiveThreads(True, clock, once=True)
+    pace = {2: 3.0, 1: 2.0}  # a busy start: one thread is faster
+    for n in range(1, 40):
+        clock.now += pace[threads[0]]
+        once.update(n)
+    assert once.chosen == 1 and threads[0] == 1 and not once.enabled
+    pace = {2: 1.0, 1: 1.6}  # the neighbour left: the choice stands (the run stays bit-identical on resume)
+    for n in range(40, 400):
+        clock.now += pace[threads[0]]
+        once.update(n)
+    assert threads[0] == 1
+    threads[0] = 2
+    resumed = AdaptiveThreads(True, clock, once=True, chosen=1)
+    assert threads[0] == 1 and not resumed.enabled and resumed.chosen == 1
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: there is no other thread count to adapt to")
 def test_only_a_run_fitted_to_a_time_budget_adapts_its_threads(micro, monkeypatch):
-    """A thread count changes the last bits of sums, so a run of fixed length keeps one
-    (a resume stays bit-identical); one fitted to a time budget depends on the machine."""
+    """A count the user chose (--threads, OMP_NUM_THREADS) is never changed; otherwise a run
+    fitted to a time budget follows the machine, and a run of fixed length chooses once."""
     import torch
 
     from conftest import make_trainer
@@ -129,6 +161,32 @@ def test_only_a_run_fitted_to_a_time_budget_adapts_its_threads(micro, monkeypatc
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # (this process's count stays)
     monkeypatch.setattr(torch, "get_num_threads", lambda: os.cpu_count() or 1)
     unset = [o for o in micro() if not o.startswith("train.threads")] + ["train.threads=0"]
-    assert make_trainer(unset).threads.enabled is False
-    assert make_trainer([*unset, "train.max_minutes=1"]).threads.enabled is True
+    fixed = make_trainer(unset).threads
+    assert fixed.enabled is True and fixed.once is True
+    budgeted = make_trainer([*unset, "train.max_minutes=1"]).threads
+    assert budgeted.enabled is True and budgeted.once is False
     assert make_trainer([*unset[:-1], "train.threads=1", "train.max_minutes=1"]).threads.enabled is False
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert make_trainer(unset).threads.enabled is False
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: there is no other thread count to choose")
+def test_the_count_a_run_of_fixed_length_chose_is_saved_and_resumed(micro, monkeypatch, tmp_path):
+    """The choice goes into the run's state; a resumed run takes it and never tries again,
+    so that the rest of the run sums in the same order as the run never stopped."""
+    import torch
+
+    import train
+    from common.run_dir import RunDir
+    from conftest import make_trainer
+    from training.state import TrainerState
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    unset = [o for o in micro("train.max_iters=30", "train.checkpoint_interval=15") if not o.startswith("train.threads")]
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *unset, "train.threads=0"]) == 0
+    state = TrainerState.from_dict(RunDir(tmp_path / "run").load_state(), "run")
+    assert state.threads in (1, os.cpu_count())
+    before = torch.get_num_threads()
+    resumed = make_trainer([*unset, "train.threads=0", "train.max_iters=40"])
+    assert resumed.threads.chosen == state.threads == torch.get_num_threads() and not resumed.threads.enabled
+    torch.set_num_threads(before)

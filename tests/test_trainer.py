@@ -339,31 +339,31 @@ class Clock:
         return self.now
 
 
-def test_the_first_estimate_times_ten_iterations_after_two():
-    """The pace is that of iterations 3 to 12, evaluations left out; one evaluation with its
-    checkpoint is measured at 12, its cost shared by the eval_interval iterations between
-    evaluations and kept for the last one."""
+def test_the_first_estimate_times_ten_iterations_after_two_and_forces_no_evaluation():
+    """The pace is that of iterations 3 to 12, evaluations left out; no evaluation is forced
+    to learn what one costs: an estimate stands in (expect_overhead, from a few of the
+    evaluation's own batches) until one is timed, its cost shared by the eval_interval
+    iterations between evaluations and kept for the last one."""
     clock = Clock()
     timed = budget.TimeBudget(1, cap=1000, eval_interval=10, clock=clock)
     timed.begin(0)
-    due = []
-    for it in range(1, 16):
+    for it in range(1, 13):
         clock.now = float(it)  # 1 s an iteration
-        due.append(timed.wants_evaluation(it))
-        if it == 12:
-            clock.now += 5.0  # the evaluation and checkpoint
-            timed.spent_on_evaluation(5.0)
-            # 17 s spent and 5 s kept for the last evaluation: 38 s at 1 + 5 / 10 s an iteration buy 25 more
-            assert timed.fit(12) == 37
-            assert timed.pace == 1.0 and timed.mark == (17.0, 12, 5.0)
-    assert due.index(True) + 1 == 12 and due.count(True) == 1  # iterations 3 to 12 are timed
+        timed.step_done(it)
+        assert timed.needs_overhead(it) == (it == 12)
+    assert timed.fit(12) is None  # (waiting for the estimate)
+    timed.expect_overhead(5.0)
+    # 12 s spent and 5 s kept for the last evaluation: 43 s at 1 + 5 / 10 s an iteration buy 28 more
+    assert timed.fit(12) == 40 and timed.pace == 1.0 and timed.mark == (12.0, 12, 0.0)
+    timed.spent_on_evaluation(3.0)  # the first real one: it replaces the estimate
+    timed.expect_overhead(9.0)
+    assert timed.overhead == 3.0
     clock = Clock()
     capped = budget.TimeBudget(1, cap=20, eval_interval=10, clock=clock)
     capped.begin(0)
-    capped.wants_evaluation(2)
+    capped.step_done(2)
     clock.now = 10.0
-    capped.wants_evaluation(12)
-    capped.spent_on_evaluation(1.0)
+    capped.expect_overhead(1.0)
     assert capped.fit(12) == 20  # max_iters stays at most the cap
 
 
@@ -371,9 +371,9 @@ def test_the_time_budget_refits_from_the_pace_since_the_last_fit():
     clock = Clock()
     timed = budget.TimeBudget(1, cap=100000, eval_interval=100, clock=clock)
     clock.now = 20.0
-    assert timed.fit(112) is None  # no estimate before the first evaluation
+    assert timed.fit(112) is None  # no estimate before the first fit
     timed.spent_on_evaluation(2.0)
-    timed.pace, timed.mark = 0.5, (10.0, 12, 2.0)  # a first estimate at iteration 12, at 10 s
+    timed.pace, timed.mark = 0.5, budget.Mark(10.0, 12, 2.0)  # a first estimate at iteration 12, at 10 s
     # 100 iterations in the 10 s since: 0.1 s each, smoothed with the 0.5 before: 0.3; with the
     # evaluation's 2 s per 100 iterations, 0.32 s an iteration; 38 s left after 20 spent and 2 kept
     assert timed.fit(112) == 112 + int(38 / 0.32)
@@ -382,6 +382,9 @@ def test_the_time_budget_refits_from_the_pace_since_the_last_fit():
     clock.now = 25.0
     timed.spent_on_evaluation(4.0)  # 4 of the 5 s since were an evaluation: 1 s for 10 iterations
     assert timed.fit(122) is not None and timed.pace == pytest.approx(0.5 * 0.1 + 0.5 * 0.3)
+    report = timed.report()  # the best pace measured, 0.1 s, and what the two stretches would have done at it
+    assert report["best_pace"] == pytest.approx(0.1) and report["timed_iterations"] == 110
+    assert report["at_best_pace"] == 110 and report["busy_share"] == 0.0
     timed.max_iters = 300
     assert timed.fit(300) is None  # the run has ended: its last evaluation is done
     assert budget.stop_iteration(50, -5.0, 1.0, cap=100) == 51  # a spent budget: one more, to end cleanly
@@ -389,12 +392,30 @@ def test_the_time_budget_refits_from_the_pace_since_the_last_fit():
     assert budget.stop_iteration(50, 1000, 1.0, cap=100) == 100
 
 
+def test_the_pace_settles_when_three_estimates_agree_and_the_report_says_how_busy_the_machine_was():
+    clock = Clock()
+    timed = budget.TimeBudget(10, cap=100000, eval_interval=100, clock=clock)
+    timed.expect_overhead(0.0)
+    timed.mark = budget.Mark(0.0, 0, 0.0)
+    timed.pace = 1.0
+    settled = []
+    for seconds in (1, 1, 1, 3, 1, 1, 1, 1, 1, 1):  # each fit after 10 iterations at this many seconds each
+        clock.now += 10 * seconds
+        timed.fit(10 * (len(settled) + 1))
+        settled.append(timed.settled())
+    # three estimates that agree settle it; a slow stretch unsettles it until the estimates agree again
+    assert settled == [False, False, True, False, False, False, False, True, True, True]
+    report = timed.report()
+    assert report["best_pace"] == 1.0 and report["timed_iterations"] == 100 and report["at_best_pace"] == 120
+    assert report["busy_share"] == pytest.approx(30 / 120)  # the stretch at 3 s an iteration
+
+
 class FakeClock:
     """The trainer's clock, advanced by the work done instead of by wall time: each
     optimizer step takes 1 s and each evaluation 5 s, on any machine. stop_at: a Ctrl-C
     arrives during that iteration."""
 
-    def __init__(self, monkeypatch, stop_at: int | None = None):
+    def __init__(self, monkeypatch, stop_at: int | None = None, step_seconds=lambda iteration: 1.0):
         self.now = 0.0
         self.stop = None
         clock = self
@@ -405,7 +426,7 @@ class FakeClock:
             return real_log(evaluator, *args, **kwargs)
 
         def timed_add(losses, iteration, loss, grad_norm):
-            clock.now += 1.0
+            clock.now += step_seconds(iteration)
             if iteration == stop_at:
                 clock.stop.signal = signal.SIGINT
             real_add(losses, iteration, loss, grad_norm)
@@ -418,6 +439,7 @@ class FakeClock:
         monkeypatch.setattr(Trainer, "clock", lambda trainer: clock.now)
         monkeypatch.setattr(training.preparation, "time", SimpleNamespace(perf_counter=lambda: 0.0))  # no set-up time
         monkeypatch.setattr(Evaluator, "log", timed_log)
+        monkeypatch.setattr(Evaluator, "estimate_seconds", lambda evaluator, model, clock: 5.0)  # (as an evaluation takes)
         monkeypatch.setattr(StepLosses, "add", timed_add)
         monkeypatch.setattr(training.trainer, "StopRequest", Stop)
 
@@ -436,10 +458,11 @@ def test_time_budget_sets_max_iters_from_the_measured_pace(tmp_path, micro, caps
     # the first estimate, at the first read after the timed iterations 3 to 12 (log_interval=5: at 15),
     # the evaluation at 10 having measured what one costs: 1 s an iteration, plus the evaluation's 5 s
     # shared by the 10 iterations between evaluations: 1.5 s; 20 s spent (15 steps, the evaluation at 10)
-    # and 5 s kept for the last evaluation: 35 s buy 23 more
+    # and 5 s kept for the last evaluation: 35 s buy 23 more (eval_interval is 10 here: no estimate needed)
     assert ("time budget 1 min: 1000 ms per iteration, 5.0 s per evaluation and checkpoint; training to "
             "iteration 38\n") in out
     assert 55 <= state.budget["seconds"] <= 60 and f"done: {state.iteration} iterations" in out
+    assert "at the best pace this run measured on this machine (1000 ms an iteration)" in out and "busy" not in out
     assert train.main(["--config", TINY, *micro(*settings)]) == 0  # the measured max_iters is kept
     assert f"already holds a finished run of {state.iteration} iterations" in capsys.readouterr().out
 
@@ -505,6 +528,21 @@ def test_a_time_budget_covers_the_whole_run_across_a_resume(tmp_path, micro, mon
     state = saved_state(tmp_path / "stopped")
     assert state.iteration > resumed.iteration
     assert resumed.budget["seconds"] < state.budget["seconds"] == longer.now <= 185
+
+
+def test_the_done_line_says_when_a_busy_machine_cost_the_run_its_iterations(tmp_path, micro, capsys, monkeypatch):
+    """From iteration 20 on, another program makes each step take 3 s instead of 1: the run
+    says how many iterations its training time would have held at its best pace, that the
+    machine was busy for most of it, and how to train on; summary.json keeps the figures."""
+    settings = ["train.max_minutes=2", "train.max_iters=1000000", "train.sample_tokens=0"]
+    FakeClock(monkeypatch, step_seconds=lambda iteration: 1.0 if iteration < 20 else 3.0)
+    assert train.main(["--config", TINY, *micro(*settings)]) == 0
+    out = capsys.readouterr().out
+    pace = json.loads((tmp_path / "run" / "summary.json").read_text())["pace"]
+    assert pace["best_pace"] == 1.0 and pace["busy_share"] >= 0.7 and pace["at_best_pace"] > 2 * pace["timed_iterations"]
+    assert (f"its timed training would have held {pace['at_best_pace']} iterations; it held {pace['timed_iterations']}; "
+            f"the machine was busy (other work on its cores) for {pace['busy_share']:.0%} of the training time") in out
+    assert "to train on, python train.py --config" in out
 
 
 def test_a_resume_whose_budget_is_spent_trains_no_more(tmp_path, micro, monkeypatch, capsys):

@@ -3,20 +3,29 @@
 The clock counts the whole run, data preparation and evaluations included, across
 resumes: each checkpoint records the seconds its run had used (state_dict). With a
 budget, the pace is measured while the run trains: a first estimate after MEASURED timed
-iterations and one evaluation with its checkpoint (the loop evaluates early for it), then
-again at every read of the losses, from the pace since the last one (the first
-evaluation on a cold GPU can take several times as long as the later ones, and another
-program may start or stop using the cores). Each time, `stop_iteration` turns what is
-left of the budget into the iteration to stop at.
+iterations (SETTLING left out before them: the first ones are slower), then again at every
+read of the losses, from the pace since the last one (another program may start or stop
+using the cores). What an evaluation and its checkpoint cost is estimated from a few of the
+evaluation's own batches, scaled (the trainer measures them: `expect_overhead`), until the
+first real one is timed, so that no evaluation is forced early in the run. Each time,
+`stop_iteration` turns what is left of the budget into the iteration to stop at.
+
+Where the run ends follows every estimate, both ways; the trainer shortens the learning
+rate's warm-up only once the estimates agree (`settled`), so that no first guess on a busy
+start cuts it for good. The budget also keeps the best pace it measured and how long the
+machine ran slower than that (`report`): what the run got against what this machine can do.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 MEASURED = 10  # timed iterations of the first estimate
 SETTLING = 2  # iterations left out before them: the first ones are slower
 SMOOTHING = 0.5  # the weight of the latest pace in the pace used (the rest: the pace before)
+AGREEING = 3  # estimates whose ends agree within AGREEMENT of each other: the pace has settled
+AGREEMENT = 0.2
+BUSY = 1.5  # a stretch this many times as slow as the best pace measured: the machine was busy
 
 
 def stop_iteration(it: int, seconds_left: float, seconds_per_iteration: float, cap: int) -> int:
@@ -25,6 +34,14 @@ def stop_iteration(it: int, seconds_left: float, seconds_per_iteration: float, c
     max_iters, an upper bound)."""
     more = int(max(0.0, seconds_left) / max(seconds_per_iteration, 1e-6))
     return min(it + max(1, more), cap)
+
+
+class Mark(NamedTuple):
+    """Where the pace is measured from."""
+
+    time: float
+    iteration: int
+    overhead: float  # the evaluations' seconds up to then (left out of the pace)
 
 
 class TimeBudget:
@@ -42,11 +59,13 @@ class TimeBudget:
         self.earlier = 0.0  # the seconds earlier processes of the run used, up to their checkpoint
         self.max_iters = cap
         self.first_timed: int | None = None  # the first timed iteration of this process
-        self.mark: tuple[float, int, float] | None = None  # (time, iteration, overhead so far) the pace is measured from
-        self.pace: float | None = None  # seconds per iteration, evaluations left out
-        self.overhead: float | None = None  # seconds of the last evaluation with its checkpoint
+        self.mark: Mark | None = None
+        self.pace: float | None = None  # seconds per iteration, evaluations left out (smoothed)
+        self.overhead: float | None = None  # seconds of an evaluation with its checkpoint: estimated, then measured
+        self.overhead_measured = False
         self.overhead_total = 0.0  # seconds of all of them, in this process
-        self.estimates = 0  # fits made in this process (the first one is said)
+        self.estimates: list[int] = []  # the iterations each fit proposed, in this process
+        self.stretches: list[tuple[float, float]] = []  # (seconds, seconds per iteration) between two fits
 
     def seconds_used(self) -> float:
         """Wall time of the whole run so far."""
@@ -73,18 +92,25 @@ class TimeBudget:
         """The loop starts at iteration `it`; the timed iterations come after SETTLING ones."""
         self.first_timed = it + SETTLING
 
-    def wants_evaluation(self, it: int) -> bool:
-        """Called after every iteration: True once, after the first timed iterations, when
-        the first estimate needs to know what an evaluation and its checkpoint cost."""
-        if self.minutes is None or self.first_timed is None:
-            return False
-        if it == self.first_timed:
-            self.mark = (self.clock(), it, self.overhead_total)
-        return self.overhead is None and it == self.first_timed + MEASURED
+    def step_done(self, it: int) -> None:
+        """Called after every iteration: the pace is measured from the first timed one on."""
+        if self.minutes is not None and it == self.first_timed:
+            self.mark = Mark(self.clock(), it, self.overhead_total)
+
+    def needs_overhead(self, it: int) -> bool:
+        """Whether the first estimate waits for an estimate of the evaluation (expect_overhead)."""
+        return (self.minutes is not None and self.overhead is None and self.mark is not None
+                and it - self.mark.iteration >= MEASURED)
+
+    def expect_overhead(self, seconds: float) -> None:
+        """An evaluation and its checkpoint should take about `seconds` (until one is timed)."""
+        if not self.overhead_measured:
+            self.overhead = seconds
 
     def spent_on_evaluation(self, seconds: float) -> None:
         """An evaluation and its checkpoint took `seconds`: time that is not training's pace."""
         self.overhead = seconds
+        self.overhead_measured = True
         self.overhead_total += seconds
 
     def stop_at(self, it: int) -> None:
@@ -96,14 +122,36 @@ class TimeBudget:
         evaluation costs; None while there is no estimate yet (or no budget)."""
         if self.minutes is None or self.overhead is None or self.mark is None or it >= self.max_iters:
             return None  # (at max_iters the run has ended: its last evaluation is done)
-        at_time, at_it, at_overhead = self.mark
-        if it - at_it < (MEASURED if self.pace is None else 1):
+        if it - self.mark.iteration < (MEASURED if self.pace is None else 1):
             return None
         now = self.clock()
-        pace = (now - at_time - (self.overhead_total - at_overhead)) / (it - at_it)
+        seconds = now - self.mark.time - (self.overhead_total - self.mark.overhead)
+        pace = seconds / (it - self.mark.iteration)
+        self.stretches.append((seconds, pace))
         self.pace = pace if self.pace is None else SMOOTHING * pace + (1 - SMOOTHING) * self.pace
-        self.mark = (now, it, self.overhead_total)
+        self.mark = Mark(now, it, self.overhead_total)
         per_iteration = self.pace + self.overhead / self.eval_interval
         left = self.minutes * 60 - self.seconds_used() - self.overhead  # kept for the last evaluation
-        self.estimates += 1
-        return stop_iteration(it, left, per_iteration, self.cap)
+        target = stop_iteration(it, left, per_iteration, self.cap)
+        self.estimates.append(target)
+        return target
+
+    def settled(self) -> bool:
+        """Whether the last AGREEING estimates agree within AGREEMENT of each other: the pace
+        has settled enough to act on for good (the warm-up's length)."""
+        last = self.estimates[-AGREEING:]
+        return len(last) == AGREEING and max(last) <= (1 + AGREEMENT) * min(last)
+
+    def report(self) -> dict | None:
+        """What the run got against this machine at its best: the best pace it measured
+        (seconds per iteration, evaluations left out), the iterations of its timed
+        stretches and those the same time would have reached at that pace, and the share
+        of that time the machine ran at least BUSY times as slow (another program on the
+        cores). None before any fit."""
+        if not self.stretches:
+            return None
+        best = min(pace for _, pace in self.stretches)
+        training = sum(seconds for seconds, _ in self.stretches)
+        busy = sum(seconds for seconds, pace in self.stretches if pace >= BUSY * best)
+        return {"best_pace": best, "timed_iterations": round(sum(seconds / pace for seconds, pace in self.stretches)),
+                "at_best_pace": round(training / best), "busy_share": busy / training if training > 0 else 0.0}

@@ -4,6 +4,7 @@ evaluation, the mean loss over fixed windows, the attention maps and a sample of
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,26 @@ class Evaluator:
                 total += model.loss(logits, y[batch].to(self.device), reduction="sum").double()
         total, count = self.dist.sum([total.item(), int((y != IGNORE).sum())], self.device)
         return total / count
+
+    @torch.no_grad()
+    def estimate_seconds(self, model: GPT, clock=time.perf_counter) -> float:
+        """What an evaluation will take, from one batch of its validation windows and a few
+        tokens of its sample, scaled to all of both splits' windows and all of the sample's
+        tokens (the time budget's estimate until a real evaluation is timed)."""
+        x, y = self.val
+        with evaluating(model):
+            started = clock()
+            with autocast(self.device, self.dtype):
+                model(x[:self.batch_size].to(self.device))
+            per_batch = clock() - started
+            batches = 2 * math.ceil(len(x) / self.batch_size / self.dist.world_size)  # train and val
+            started = clock()
+            few = min(self.tokens, 4)
+            if few:
+                idx = torch.tensor([encode_or_start(self.tokenizer, self.prompt)], device=self.device)
+                model.generate(idx, few, temperature=0.8, generator=torch.Generator(device=self.device).manual_seed(0))
+            per_token = (clock() - started) / few if few else 0.0
+        return batches * per_batch + self.tokens * per_token
 
     def sample(self, model: GPT) -> str:
         """train.sample_prompt and sample_tokens more, at temperature 0.8, from a generator of

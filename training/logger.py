@@ -76,14 +76,27 @@ def finished_message(it: int, out_dir, limit: str) -> str:
             "to continue")
 
 
+BUSY_SAID = 0.25  # the share of a budgeted run's training time on a busy machine that is said
+
+
 def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, prompt: str,
-                 barely_trained: dict | None, continue_command: str) -> str:
+                 barely_trained: dict | None, continue_command: str, got: dict | None = None) -> str:
     """The last lines: iterations, the run's whole time (and this process's part, after a
-    resume), the loss, and a prompt the run's tokenizer can encode to try the model; when
-    the model is barely trained, why, and the command that trains it on."""
+    resume), the loss, and a prompt the run's tokenizer can encode to try the model; under a
+    time budget, the iterations against those the same time would have reached at the best
+    pace the run measured here (`got`: TimeBudget.report), and when the machine was busy for
+    a large part of it, that it was; when the model is barely trained, why, and the command
+    that trains it on."""
     part = f", {mine / 60:.1f} min ({mine:.0f} s) of them in this process" if total > mine + 0.5 else ""
     done = (f"done: {it} iterations in {total / 60:.1f} min ({total:.0f} s){part}; val loss {val_loss:.4f} "
             f"(best {best:.4f}); model in {out_dir}\n")
+    if got is not None:
+        done += (f"at the best pace this run measured on this machine ({1000 * got['best_pace']:.0f} ms an iteration), "
+                 f"its timed training would have held {got['at_best_pace']} iterations; it held {got['timed_iterations']}")
+        if got["busy_share"] >= BUSY_SAID:
+            done += (f"; the machine was busy (other work on its cores) for {got['busy_share']:.0%} of the training "
+                     f"time, so this run trained less than the docs' runs: to train on, {continue_command}")
+        done += "\n"
     if barely_trained:
         done += (f"the model is barely trained: {barely_trained['text']}. Its samples will read as noise. "
                  f"Train it on: {continue_command}\n")

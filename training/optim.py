@@ -111,12 +111,15 @@ class Schedule:
             return self.momentum_peak
         return 0.85 + (self.momentum_peak - 0.85) * it / self.momentum_warmup
 
-    def retarget(self, it: int, decay_iters: int) -> None:
-        """End the decay at decay_iters instead, going on from iteration it."""
+    def retarget(self, it: int, decay_iters: int, shorten: bool = True) -> None:
+        """End the decay at decay_iters instead, going on from iteration it; with shorten,
+        a warm-up that would take too much of the run is shortened (a time budget's trainer
+        allows it once the pace has settled: training/budget.py)."""
         if decay_iters == self.decay_iters:
             return
         if it < self.warmup:  # (in the warmup nothing has decayed yet: the new length from the start)
-            self.shorten_warmup(it, decay_iters)
+            if shorten:
+                self.shorten_warmup(it, decay_iters)
         elif it > self.warmup:
             self.anchor = Anchor(it, self.progress(it), self.cooldown_start())
         self.decay_iters = decay_iters

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from common.cli import UserError
-from common.threads import use_threads
+from common.threads import adaptable, set_threads
 from common.run_dir import RunDir
 from data import DataError, TokenData, content_digest, discard, prepare
 from data.batches import answered, check_length, longer_than
@@ -51,8 +51,9 @@ def prepare_run(cfg: RunConfig, dist: Distributed | None = None, fresh: bool = F
     run that never reads or changes out_dir (--explain)."""
     dist = dist if dist is not None else Distributed()
     started = time.perf_counter()
-    # (the count adapts to the machine's load only in a run fitted to a time budget: common/threads.py)
-    adapt_threads = use_threads("train", cfg.train.threads or None) and cfg.train.max_minutes is not None
+    set_threads("train", cfg.train.threads or None)
+    # (under a time budget the count follows the machine's load; a run of fixed length chooses once: common/threads.py)
+    adapt_threads = adaptable("train", cfg.train.threads or None)
     if cfg.lora.rank and not cfg.train.init_from:
         raise UserError(f"lora.rank={cfg.lora.rank}: adapters fine-tune a model brought in; set train.init_from "
                         "(a run folder or a transformers model), or lora.rank=0 to train every weight")

@@ -34,6 +34,7 @@ class TrainerState:
     tokens_seen: int  # training tokens so far, across resumes
     losses: dict  # evaluation.StepLosses: the first step's loss
     identity: dict  # the model and data settings a resume must match (preparation.PreparedRun)
+    threads: int | None = None  # the thread count a run of fixed length chose (common/threads.py), kept on resume
 
     def to_dict(self) -> dict:
         """What torch.save writes: the fields as a plain dict, with the layout's number."""

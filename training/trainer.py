@@ -109,7 +109,10 @@ class Trainer:
         self.snapshots = Snapshots.for_run(self.run_dir, settings.snapshots, settings.snapshot_every, self.model,
                                            dist.is_main)
         self.losses = StepLosses()
-        self.threads = AdaptiveThreads(run.adapt_threads, self.clock)
+        # (a run of fixed length chooses once and keeps it, resumes included: common/threads.py)
+        self.threads = AdaptiveThreads(run.adapt_threads and device.type == "cpu", self.clock,
+                                       once=settings.max_minutes is None,
+                                       chosen=state.threads if state is not None and run.adapt_threads else None)
         self.iteration = 0  # optimizer steps taken
         self.val_loss = math.nan
         self.best_val_loss = math.inf
@@ -156,13 +159,14 @@ class Trainer:
                                   average=self.average)
                 self.iteration += 1
                 self.losses.add(self.iteration, step.loss, step.grad_norm)  # still on the device, read below
+                self.threads.update(self.iteration)  # one thread or all, whichever trains faster now
+                self.budget.step_done(self.iteration)
 
                 # 6. now and then: read the losses, look at the heads, keep a snapshot, evaluate, save
                 due = self.due(stop.signal)
                 stopping = 0
                 if due.read:
                     stopping = self.read_losses(log, step.lr, stop.signal)
-                    self.threads.update(self.iteration)  # one thread or all, whichever trains faster now
                 if due.evaluation or due.snapshot:  # each head's attention map and scores, in TensorBoard
                     self.evaluator.log_heads(log, self.iteration, self.eval_model)
                 if due.snapshot:
@@ -183,13 +187,13 @@ class Trainer:
         return 0
 
     def due(self, stop_signal: int) -> Due:
-        """The events of the iteration just taken. An evaluation is due every eval_interval,
-        at the end, and once early when a time budget needs to know what one costs; a
-        checkpoint with each evaluation and every checkpoint_interval; the losses are read
-        before each checkpoint (a non-finite loss never reaches one), every log_interval,
-        and when a signal asks to stop (under DDP, all processes read at the same steps)."""
+        """The events of the iteration just taken. An evaluation is due every eval_interval
+        and at the end; a checkpoint with each evaluation and every checkpoint_interval; the
+        losses are read before each checkpoint (a non-finite loss never reaches one), every
+        log_interval, and when a signal asks to stop (under DDP, all processes read at the
+        same steps)."""
         it, settings = self.iteration, self.settings
-        evaluation = self.budget.wants_evaluation(it) or it % settings.eval_interval == 0 or it == self.max_iters
+        evaluation = it % settings.eval_interval == 0 or it == self.max_iters
         checkpoint = evaluation or it % (settings.checkpoint_interval or settings.eval_interval) == 0
         read = checkpoint or it % settings.log_interval == 0 or bool(stop_signal and not self.dist.enabled)
         return Due(read=read, evaluation=evaluation, checkpoint=checkpoint,
@@ -267,20 +271,25 @@ class Trainer:
 
     def refit(self, log: RunLogger) -> None:
         """With a time budget, the iteration to stop at from the pace measured so far (rank
-        0's, the same on every process); the schedule's decay follows, and what it changed
-        is said."""
+        0's, the same on every process); the schedule's decay follows, the warm-up is
+        shortened only once the estimates agree, and what changed is said."""
+        if self.budget.needs_overhead(self.iteration):  # (no evaluation is forced early to learn its cost)
+            self.budget.expect_overhead(self.evaluator.estimate_seconds(self.eval_model, self.clock))
+            self.threads.pause()
         target = self.budget.fit(self.iteration)
         if target is None:
             return
         if self.dist.enabled:
             target = int(self.dist.sum([target if self.dist.is_main else 0], self.device)[0])
-        if self.budget.estimates == 1:
+        if len(self.budget.estimates) == 1:
             log.message(logger.budget_message(self.budget, target))
         if target == self.max_iters:
             return
         before = self.schedule.state_dict()
         self.budget.stop_at(target)
-        self.schedule.retarget(self.iteration, self.settings.lr_decay_iters or target)
+        # (a run that reaches its max_iters keeps its configured warm-up)
+        shorten = self.budget.settled() and target < self.budget.cap
+        self.schedule.retarget(self.iteration, self.settings.lr_decay_iters or target, shorten=shorten)
         log.retarget(target)
         for change in logger.warmup_change(before, self.schedule.state_dict(), target):
             log.message(change)
@@ -332,6 +341,7 @@ class Trainer:
             tokens_seen=self.tokens_seen(),
             losses=self.losses.state_dict(),
             identity=self.run.identity,
+            threads=self.threads.chosen,
         )
 
     def resume(self, saved: TrainerState) -> None:
@@ -393,7 +403,8 @@ class Trainer:
                 "data_fingerprint": data.meta["fingerprint"], "prompt": self.run.prompt,
                 "seconds": round(self.budget.seconds_used(), 1), "tokens": self.tokens_seen(),
                 "weights": "average" if self.average is not None else "trained",
-                "barely_trained": self.barely_trained()}
+                "barely_trained": self.barely_trained(), "pace": self.budget.report(),
+                "threads": torch.get_num_threads()}
 
     def barely_trained(self) -> dict | None:
         """Why the model saved now is barely trained (None: it is not): the reason, its
@@ -423,7 +434,8 @@ class Trainer:
         if self.dist.is_main:
             mine = self.budget.seconds_used() - self.budget.earlier
             print(logger.done_message(self.iteration, self.budget.seconds_used(), mine, self.val_loss, self.best_val_loss,
-                               self.run_dir, self.run.prompt, self.barely_trained(), self.continue_command()))
+                                      self.run_dir, self.run.prompt, self.barely_trained(), self.continue_command(),
+                                      self.budget.report()))
 
     def continue_command(self) -> str:
         """The command that trains this run on: the run's own config with twice the length."""
