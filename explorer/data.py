@@ -272,11 +272,12 @@ def page_tokenizer(tokenizer) -> dict | None:
 def run_facts(summary: dict) -> dict | None:
     """What the page says of the run that trained the model, from its summary.json: its
     iterations, the tokens it trained on, its validation loss, whether the saved weights
-    are their average (train.ema), and why it is barely trained, if it is (None: a folder
-    without a summary, e.g. a model brought in from transformers)."""
+    are their average (train.ema), why it is barely trained, if it is, and under a time
+    budget what it got against the best pace it measured (None: a folder without a summary,
+    e.g. a model brought in from transformers)."""
     if "iteration" not in summary:
         return None
-    return {key: summary.get(key) for key in ("iteration", "tokens", "val_loss", "weights", "barely_trained")}
+    return {key: summary.get(key) for key in ("iteration", "tokens", "val_loss", "weights", "barely_trained", "pace")}
 
 
 def layer_data(model: GPT, layer, index: int, lens: dict, with_weights: bool) -> dict:

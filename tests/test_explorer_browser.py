@@ -431,6 +431,16 @@ def test_the_page_says_what_the_run_trained_and_warns_when_it_barely_did(micro, 
     page.page.click("#model-switch")  # the model at initialisation: no run to speak of
     assert page.text("#run-line") == "" and not page.page.is_visible("#run-warning")
     assert page.errors == []
+    # a run fitted to a time budget on a busy machine: what it got against its best pace
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary["pace"] = {"best_pace": 0.125, "timed_iterations": 300, "at_best_pace": 1200, "busy_share": 0.6}
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    assert explore.main(["--checkpoint", str(tmp_path / "run"), "--prompt", "RO", "--out", str(out), "--lang", "en"]) == 0
+    page = open_page(out.as_uri())
+    assert page.text("#run-line").endswith(
+        "At the best pace the run measured on its machine (125 ms an iteration), its timed training would have held "
+        "1,200 iterations; it held 300. The machine was busy with other work for 60% of the training time, so the run "
+        "trained less than the docs' runs.")
 
 
 def test_a_map_of_the_whole_model_lights_the_panel_being_read(pages, open_page):
