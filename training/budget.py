@@ -154,4 +154,5 @@ class TimeBudget:
         training = sum(seconds for seconds, _ in self.stretches)
         busy = sum(seconds for seconds, pace in self.stretches if pace >= BUSY * best)
         return {"best_pace": best, "timed_iterations": round(sum(seconds / pace for seconds, pace in self.stretches)),
-                "at_best_pace": round(training / best), "busy_share": busy / training if training > 0 else 0.0}
+                "at_best_pace": round(training / best), "busy_share": busy / training if training > 0 else 0.0,
+                "training_seconds": training, "evaluation_seconds": self.overhead_total}

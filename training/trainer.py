@@ -404,7 +404,7 @@ class Trainer:
                 "seconds": round(self.budget.seconds_used(), 1), "tokens": self.tokens_seen(),
                 "weights": "average" if self.average is not None else "trained",
                 "barely_trained": self.barely_trained(), "pace": self.budget.report(),
-                "threads": torch.get_num_threads()}
+                "threads": {"count": torch.get_num_threads(), "tried_seconds": round(self.threads.lost, 2)}}
 
     def barely_trained(self) -> dict | None:
         """Why the model saved now is barely trained (None: it is not): the reason, its
