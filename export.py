@@ -73,8 +73,11 @@ def model_card(run: RunDir, out: Path, model, hf_config: dict) -> str:
                               "(MIT licence)"}.get(source, "that of your data: check it before you share this model")
     val = summary.get("val_loss")
     prompt = summary.get("prompt", "\n")  # one the run's tokenizer encodes
-    measured = (f"validation loss {val:.4f} nats per token, {summary['val_bits_per_char']:.3f} bits per character, "
-                f"after {summary['iteration']:,} iterations" if val is not None else "not recorded by this run")
+    bits = summary.get("val_bits_per_char")  # (None on conversations: the loss is on the answers alone)
+    per = (f"nats per token, {bits:.3f} bits per character" if bits is not None
+           else "nats per answer token (the loss is on the assistant's turns alone)")
+    measured = (f"validation loss {val:.4f} {per}, after {summary['iteration']:,} iterations"
+                if val is not None else "not recorded by this run")
     return f"""---
 library_name: transformers
 pipeline_tag: text-generation

@@ -25,6 +25,7 @@ from data import DataError
 from training.config import load_config
 from training.distributed import JoinError, join_process_group
 from training.preparation import prepare_run
+from training.signals import terminated_as_interrupt
 from training.trainer import Trainer, TrainingError
 
 
@@ -54,7 +55,9 @@ def train(args) -> int:
                                 "wait for it to finish or set out_dir=PATH")
 
     try:
-        return Trainer(prepare_run(cfg, dist, args.fresh, claim), device, dtype, dist).fit()
+        with terminated_as_interrupt():  # (the loop takes SIGTERM over: training/signals.py's StopRequest)
+            trainer = Trainer(prepare_run(cfg, dist, args.fresh, claim), device, dtype, dist)
+        return trainer.fit()
     finally:
         lock.release()
         if made_here and dist.is_main:

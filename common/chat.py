@@ -28,7 +28,7 @@ def run_template(checkpoint: Path, tokenizer) -> ChatTemplate:
     if source is None:
         raise UserError(f"{checkpoint} has no chat template (chat_template.jinja): it was trained on plain text; "
                         "chat and conversation scores need a model fine-tuned on conversations (docs/usage.md)")
-    return ChatTemplate(source, special_token_names(tokenizer))
+    return ChatTemplate(source, special_token_names(tokenizer), name=f"the chat template of {checkpoint}")
 
 
 @torch.no_grad()

@@ -39,6 +39,11 @@ def positive(text: str) -> int:
     return value
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM where a program turned it into this (train.py while it prepares its data):
+    it unwinds as Ctrl-C does, so that the same clean-ups run, and exits 143."""
+
+
 def run_main(parse: Callable[[Any], Any], body: Callable[[Any], int], argv,
              exit_codes: dict[type, int]) -> int:
     """Parse argv and run body(args). An exception listed in exit_codes prints
@@ -54,9 +59,10 @@ def run_main(parse: Callable[[Any], Any], body: Callable[[Any], int], argv,
             raise
         print(f"error: {e}", file=sys.stderr)
         return next(code for cls, code in exit_codes.items() if isinstance(e, cls))
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stopped:
+        terminated = isinstance(stopped, Terminated)
+        print("\nterminated" if terminated else "\ninterrupted", file=sys.stderr)
+        return 143 if terminated else 130
     except BrokenPipeError:  # output piped into a program that stopped reading, e.g. head
         return 0
 

@@ -42,11 +42,13 @@ class BatchSampler:
         self.rank = rank
         self.world_size = world_size
         self.generator = torch.Generator().manual_seed(seed)
+        self.drawn = 0  # the real tokens of the batches this process drew (inputs; here every position is one)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         starts = torch.randint(len(self.tokens) - self.block_size, (self.batch_size * self.world_size,),
                                generator=self.generator)
         mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        self.drawn += len(mine) * self.block_size
         return windows(self.tokens, mine, self.block_size)
 
     def state_dict(self) -> dict:
@@ -120,11 +122,14 @@ class ConversationSampler:
         self.rank = rank
         self.world_size = world_size
         self.generator = torch.Generator().manual_seed(seed)
+        self.drawn = 0  # the real tokens of the batches this process drew (inputs; padding left out)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         picks = torch.randint(len(self.usable), (self.batch_size * self.world_size,), generator=self.generator)
-        mine = picks[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
-        return conversation_rows(self.conversations, self.usable[mine.numpy()], self.block_size)
+        mine = self.usable[picks[self.rank * self.batch_size:(self.rank + 1) * self.batch_size].numpy()]
+        lengths = self.conversations.starts[mine + 1] - self.conversations.starts[mine]
+        self.drawn += int(np.minimum(lengths - 1, self.block_size).sum())
+        return conversation_rows(self.conversations, mine, self.block_size)
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

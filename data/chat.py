@@ -20,6 +20,7 @@ assistant's. Training then scores only the targets that are (data/batches.py).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,34 +139,106 @@ def chat_source(source: str, val_fraction: float) -> ChatSource | None:
                       lambda: sum(f.stat().st_size for f in files))
 
 
+RENDER_SECONDS = 2.0  # a template may take this long to render one conversation
+RENDER_CHARACTERS = 4_000_000  # and write at most this much of it (a conversation is cut to the context anyway)
+LARGEST_DIGITS = 1000  # the most digits a power (a ** b) a template computes may have
+LONGEST_REPETITION = 10 ** 6  # the most characters (or items) a repetition (text * n) may make
+
+
+class TemplateLimit(Exception):
+    """A template went past RENDER_SECONDS, RENDER_CHARACTERS, LARGEST_DIGITS or LONGEST_REPETITION."""
+
+
+def limited_environment():
+    """Jinja's immutable sandbox (a template is someone else's code, as in transformers),
+    with trim_blocks and lstrip_blocks as transformers sets them, and with the arithmetic that
+    could run for ever or fill the memory in one step (a huge power, a huge repetition)
+    refused; time is limited around each render (ChatTemplate.render)."""
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Limited(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset(["**", "*"])
+
+        def call_binop(self, context, operator, left, right):
+            numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (left, right))
+            if operator == "**" and numbers and abs(left) > 1 and right * math.log10(abs(left)) > LARGEST_DIGITS:
+                raise TemplateLimit(f"{left!r} ** {right!r} is too large a number to compute")
+            if operator == "*" and not numbers:
+                count = right if isinstance(right, int) else left if isinstance(left, int) else 0
+                if count * max(len(x) for x in (left, right) if hasattr(x, "__len__")) > LONGEST_REPETITION:
+                    raise TemplateLimit(f"a repetition of {count:,} is too long")
+            return super().call_binop(context, operator, left, right)
+
+    def raise_exception(message):  # what transformers gives templates to refuse a conversation
+        raise TemplateError(message)
+
+    environment = Limited(trim_blocks=True, lstrip_blocks=True)
+    environment.globals["raise_exception"] = raise_exception
+    return environment
+
+
+def rendered_within(seconds: float, render: Callable[[], str]) -> str:
+    """render(), stopped with TemplateLimit once it has run `seconds`: the template's own code
+    (compiled by Jinja under the name "<template>") checks the clock at each of its lines, so
+    no loop of it runs for ever."""
+    import sys
+    import time
+
+    deadline = time.monotonic() + seconds
+
+    def in_template(frame, event, arg):
+        if time.monotonic() > deadline:
+            raise TemplateLimit(f"rendering one conversation took more than {seconds:g} s")
+        return in_template
+
+    def tracer(frame, event, arg):
+        return in_template if frame.f_code.co_filename == "<template>" else None
+
+    before = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        return render()
+    finally:
+        sys.settrace(before)
+
+
 class ChatTemplate:
-    """A Jinja chat template, compiled in the sandbox; `special`: the tokenizer's special
-    tokens by the names templates use (bos_token, eos_token)."""
+    """A Jinja chat template, compiled in the sandbox (limited_environment); `special`: the
+    tokenizer's special tokens by the names templates use (bos_token, eos_token); `name`:
+    where it comes from, for the one-line errors."""
 
-    def __init__(self, source: str, special: dict[str, str] | None = None):
+    def __init__(self, source: str, special: dict[str, str] | None = None, name: str = "the chat template"):
         from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message):  # what transformers gives templates to refuse a conversation
-            raise TemplateError(message)
-
-        # trim_blocks and lstrip_blocks as transformers sets them, so a template renders as it does there
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        environment.globals["raise_exception"] = raise_exception
+        environment = limited_environment()
         try:
             self.template = environment.from_string(source)
         except TemplateError as e:
-            raise DataError(f"the chat template is not valid Jinja: {e}") from None
+            raise DataError(f"{name} is not valid Jinja: {e}") from None
         self.source = source
         self.special = special or {}
+        self.name = name
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        """The conversation as the template writes it; a refusal, an error of the template's
+        own code (a division by zero, endless recursion, no memory) or a limit passed
+        (RENDER_SECONDS, RENDER_CHARACTERS, LARGEST_DIGITS, LONGEST_REPETITION) is a DataError in one line."""
         from jinja2 import TemplateError
 
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.special)
+            text = rendered_within(RENDER_SECONDS, lambda: self.template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self.special))
         except TemplateError as e:
-            raise DataError(f"the chat template refused a conversation: {e}") from None
+            raise DataError(f"{self.name} refused a conversation: {e}") from None
+        except TemplateLimit as e:
+            raise DataError(f"{self.name} went past a limit: {e}; use another template") from None
+        except (ArithmeticError, RecursionError, MemoryError, TypeError, ValueError, LookupError) as e:
+            raise DataError(f"{self.name} failed on a conversation: {type(e).__name__}: {str(e)[:200]}") from None
+        if len(text) > RENDER_CHARACTERS:
+            raise DataError(f"{self.name} wrote {len(text):,} characters for one conversation, more than the "
+                            f"{RENDER_CHARACTERS:,} allowed; shorten the conversation or use another template")
+        return text
 
 
 def special_token_names(tokenizer: Tokenizer) -> dict[str, str]:
@@ -231,13 +304,14 @@ def encode(tokenizer: Tokenizer, template: ChatTemplate, messages: list[dict]) -
     text, spans = assistant_spans(template, messages)
     encoding = encode_rendered(tokenizer, text)
     ids = np.asarray(encoding.ids, dtype=np.int64)
+    offsets = encoding.offsets  # (read once: the binding builds the whole list at each read)
     mask = np.zeros(len(ids), dtype=np.uint8)
     ends = turn_ends(tokenizer)
     i = 0
     for start, end in spans:  # (spans and offsets both run along the text)
-        while i < len(ids) and encoding.offsets[i][1] <= start:
+        while i < len(ids) and offsets[i][1] <= start:
             i += 1
-        while i < len(ids) and encoding.offsets[i][0] < end:
+        while i < len(ids) and offsets[i][0] < end:
             mask[i] = 1
             i += 1
             if ids[i - 1] in ends:  # the turn ends here

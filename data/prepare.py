@@ -277,7 +277,8 @@ def build_chat_in(tmp: Path, src: ChatSource, settings: dict, fingerprint: str, 
         tokenizer = train_tokenizer(settings["tokenizer"], texts, settings["vocab_size"])
     if chat_template is None:
         tokenizer = chat_tokenizer(tokenizer)
-    template = ChatTemplate(chat_template or DEFAULT_TEMPLATE, special_token_names(tokenizer))
+    template = ChatTemplate(chat_template or DEFAULT_TEMPLATE, special_token_names(tokenizer),
+                            name="the chat template of train.init_from" if chat_template else "the default chat template")
     tokenizer.save(str(tmp / TOKENIZER))
     dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
     sizes = {split: write_conversations(conversations, tokenizer, template, tmp, split, dtype)

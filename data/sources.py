@@ -69,12 +69,14 @@ def json_lines(path: Path) -> Iterator[tuple[int, object]]:
 
 
 def first_record(path: Path):
-    """The first JSON value of a .jsonl file (None: an empty or unreadable one, which the
-    text path then refuses with its own message)."""
+    """The first JSON value of a .jsonl file (None: an empty one, which the text path then
+    refuses with its own message). A first line that is not JSON is a DataError naming it,
+    so that no program takes a broken conversations file for plain text: one rule, for
+    train.py and evaluate.py alike."""
     try:
         return next((row for _, row in json_lines(path)), None)
-    except (DataError, UnicodeDecodeError, OSError):
-        return None
+    except (UnicodeDecodeError, OSError):
+        return None  # (check_readable says what is wrong with it)
 
 
 def shakespeare_source(val_fraction: float) -> Source:
@@ -227,13 +229,25 @@ def load_rows(builder: str, files: list[Path] | str | None, text_field: str, spl
     except Exception as e:  # datasets raises many types for malformed files
         where = data_files[0] if isinstance(data_files, list) else builder
         raise DataError(f"could not read {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    where = data_files[0] if isinstance(data_files, list) else builder
     if text_field not in dataset.column_names:
-        raise DataError(f"{data_files[0] if isinstance(data_files, list) else builder} has no field {text_field!r} "
-                        f"(it has {', '.join(dataset.column_names)}); set data.text_field")
+        conversations = [c for c in ("messages", "conversations") if c in dataset.column_names]
+        raise DataError(f"{where} has no field {text_field!r} (it has {', '.join(dataset.column_names)}); "
+                        + (CONVERSATIONS_HERE.format(column=conversations[0]) if conversations else "set data.text_field"))
     for batch in dataset.iter(batch_size=1000):
         for text in batch[text_field]:
+            if text and not isinstance(text, str):
+                raise DataError(f"{where}: {text_field!r} holds a {type(text).__name__}, not text; "
+                                + (CONVERSATIONS_HERE.format(column=text_field) if isinstance(text, list)
+                                   else "set data.text_field to a column of text"))
             if text:
                 yield text
+
+
+# Conversations outside a .jsonl file: refused in one line, saying what is read
+CONVERSATIONS_HERE = ("its {column!r} column holds conversations, which are read from .jsonl files (a file or a folder "
+                      "of them, one {{\"messages\": [...]}} a line: docs/usage.md); write them as .jsonl, or set "
+                      "data.text_field to a column of text")
 
 
 def jsonl_rows(path: Path, text_field: str) -> Iterator[str]:

@@ -11,6 +11,8 @@ bpe:  byte-level BPE (GPT-2's scheme) trained on the training text: any Unicode
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Iterable, Iterator
 from itertools import chain
 import unicodedata
@@ -75,6 +77,12 @@ def first_characters(pieces: Iterable[Piece], limit: int) -> Iterator[str]:
         limit -= len(piece)
         if limit <= 0:
             return
+
+
+def tokenizer_kind(tokenizer: Tokenizer) -> str:
+    """Which of KINDS a tokenizer is: "char" (one token a character: WordLevel) or "bpe"
+    (any BPE, byte-level or a published model's)."""
+    return "char" if json.loads(tokenizer.to_str())["model"]["type"] == "WordLevel" else "bpe"
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

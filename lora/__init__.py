@@ -24,7 +24,7 @@ opens a run reads that, and export.py writes it. adapters.py holds the code.
 """
 
 from .adapters import (LoRAConfig, LoRALinear, add_adapters, adapter_state, load_adapter_state, merged,
-                       trained_parameters)
+                       trained_count, trained_parameters)
 
 __all__ = ["LoRAConfig", "LoRALinear", "add_adapters", "adapter_state", "load_adapter_state", "merged",
-           "trained_parameters"]
+           "trained_count", "trained_parameters"]

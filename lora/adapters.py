@@ -99,6 +99,7 @@ def train_rows(weight: nn.Parameter, start: int) -> None:
     """Let the rows from `start` on train: the gradient of the others is zeroed, so AdamW
     (with no weight decay on embeddings) leaves them exactly as they were."""
     weight.requires_grad_(True)
+    weight.rows_from = start  # (trained_count counts these rows alone)
     rows = torch.zeros(weight.size(0), 1, device=weight.device, dtype=weight.dtype)
     rows[start:] = 1
     weight.register_hook(lambda grad: grad * rows)
@@ -107,6 +108,16 @@ def train_rows(weight: nn.Parameter, start: int) -> None:
 def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     """The parameters that train: with adapters, theirs (and new tokens' rows' matrices)."""
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def trained_count(model: nn.Module) -> int:
+    """The numbers that train: every number of a parameter that trains, but of a matrix whose
+    new tokens' rows alone train (train_rows), those rows only."""
+    total = 0
+    for p in {id(p): p for p in model.parameters() if p.requires_grad}.values():
+        rows_from = getattr(p, "rows_from", None)
+        total += p.numel() if rows_from is None else (p.size(0) - rows_from) * p[0].numel()
+    return total
 
 
 def adapter_state(model: nn.Module, names) -> dict[str, torch.Tensor]:

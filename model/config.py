@@ -155,12 +155,13 @@ def check_rope_scaling(scaling: dict) -> None:
 
 def checked_types(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     """`values` for the fields of dataclass `cls`, each checked against its annotation
-    ('int', 'float', 'str | None', ...): a whole number is accepted for a float (and
+    ('int', 'float', 'str | None', 'list[str]', ...): a whole number is accepted for a float (and
     converted), and so is a string that reads as one (YAML reads 3e-4 as a string).
     Raises ValueError 'name=value: must be ...' for the first wrong one. Used for every
     config: GPTConfig here, and each section of a YAML run config in training/config.py."""
     annotations = {f.name: f.type for f in dataclasses.fields(cls)}
-    names = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "dict": "a mapping"}
+    names = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "dict": "a mapping",
+             "list[str]": "a list of strings, e.g. [a, b]"}
     checked = {}
     for name, value in values.items():
         kinds = [k.strip() for k in annotations[name].split("|")]
@@ -179,6 +180,7 @@ def checked_types(cls: type, values: dict[str, Any]) -> dict[str, Any]:
             "bool": isinstance(value, bool),
             "str": isinstance(value, str),
             "dict": isinstance(value, dict),
+            "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
         }[kind]
         if not ok:
             raise ValueError(f"{name}={value!r}: must be {names[kind]}")

@@ -94,6 +94,23 @@ def test_a_template_is_someone_elses_code_and_runs_in_the_sandbox():
         encode(default_tokenizer(), ChatTemplate("{{ messages | length }}"), TWO_TURNS)
 
 
+@pytest.mark.parametrize("source, said", [
+    ("{{ 10 ** (10 ** 10) }}", "too large a number"),
+    ("{{ 'x' * 10 ** 9 }}", "repetition of 1,000,000,000"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "took more than 2 s"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "RecursionError"),
+    ("{{ 1 // 0 }}", "ZeroDivisionError"),
+    ("{% for i in range(300) %}{{ 'abcdefghij' * 10 ** 4 }}{% endfor %}", "wrote 30,000,000 characters"),
+])
+def test_a_template_that_would_run_for_ever_or_fill_the_memory_is_stopped_in_one_line(source, said):
+    """A chat template comes with a model from someone else: one that computes a huge number,
+    repeats a text without end, loops, recurses or writes without end is stopped by a
+    limit, named in a one-line error, instead of hanging or killing the run."""
+    with pytest.raises(DataError, match=said) as error:
+        ChatTemplate(source, name="the chat template of m").render(TWO_TURNS)
+    assert "\n" not in str(error.value) and str(error.value).startswith("the chat template of m ")
+
+
 def rows_of(conversations, tokenizer, template=ChatTemplate(DEFAULT_TEMPLATE)):
     return in_memory([encode(tokenizer, template, messages) for messages in conversations])
 
@@ -140,6 +157,12 @@ def test_a_conversation_longer_than_the_context_is_cut_at_its_end():
     assert answered(rows, first_answer_at).tolist() == [0, 1]
     sampler = ConversationSampler(rows, first_answer_at - 1, 4, seed=0)
     assert set(sampler.usable.tolist()) == {1}
+    # tokens/s and tokens_seen count what a batch holds of its conversations, not its padding
+    sampler = ConversationSampler(rows, 1000, 8, seed=0)
+    x, _ = sampler.next_batch()
+    long, short = sorted((rows[i][0] for i in range(2)), key=len, reverse=True)
+    real = [next(len(ids) - 1 for ids in (long, short) if row[:len(ids) - 1].tolist() == ids[:-1].tolist()) for row in x]
+    assert sampler.drawn == sum(real) < x.numel()
 
 
 def chat_run(tmp_path, *extra, data=None, out="run"):
@@ -329,6 +352,7 @@ def test_the_exports_carry_the_chat_template(chat_runs, tmp_path):
     out = tmp_path / "hf"
     assert export.main(["--checkpoint", str(chat_runs / "sft"), "--out", str(out)]) == 0
     assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == DEFAULT_TEMPLATE
+    assert "nats per answer token" in (out / "README.md").read_text()  # (no bits per character of answers alone)
     _, tokenizer = RunDir(chat_runs / "sft").load_model()
     messages = [{"role": "user", "content": "12+30="}, {"role": "assistant", "content": "42"}]
     theirs = AutoTokenizer.from_pretrained(out).apply_chat_template(messages, tokenize=True)

@@ -683,6 +683,15 @@ def test_bad_hub_and_table_data_name_the_source_and_the_fault(tmp_path):
     pd.DataFrame({"body": ["x"], "id": [1]}).to_csv(tmp_path / "d.csv", index=False)
     with pytest.raises(DataError, match=r"d.csv has no field 'text' \(it has body, id\); set data.text_field$"):
         prepare(DataConfig(str(tmp_path / "d.csv"), cache_dir=tmp_path / "c"), progress=False)
+    # conversations in a table: refused in one line that says where they are read from
+    chats = [{"messages": [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]}] * 3
+    pd.DataFrame(chats).to_parquet(tmp_path / "chats.parquet")
+    for field in ("text", "messages"):
+        with pytest.raises(DataError, match=r"chats.parquet.*its 'messages' column holds conversations, which are "
+                                            r"read from .jsonl files .*; write them as .jsonl, or set data.text_field "
+                                            r"to a column of text$"):
+            prepare(DataConfig(str(tmp_path / "chats.parquet"), text_field=field, cache_dir=tmp_path / "c"),
+                    progress=False)
 
 
 def test_a_split_with_no_text_says_what_to_change(tmp_path):

@@ -310,11 +310,14 @@ def test_evaluate_bad_input(runs, tmp_path, capsys):
              (["--text", str(tmp_path / "unknown.txt")], "has 4 characters the model's tokenizer never saw (3 distinct"),
              (["--text", str(tmp_path / "short.txt")], "too short to score"),
              (["--text", str(tmp_path / "short.txt"), "--stride", "0"], "--stride=0"),
-             (["--text", str(tmp_path / "short.txt"), "--checkpoint", str(tmp_path)], "is missing")]
+             (["--text", str(tmp_path / "short.txt"), "--checkpoint", str(tmp_path)], "is missing"),
+             # a broken .jsonl is named, not scored as plain text
+             (["--text", str(tmp_path / "broken.jsonl")], "broken.jsonl, line 1: not JSON")]
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     (tmp_path / "unknown.txt").write_text("MACBETH: 你好你\u20ac\n")
     (tmp_path / "short.txt").write_text("M")
+    (tmp_path / "broken.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"\n' * 30)
     for argv, message in cases:
         assert evaluate.main(["--checkpoint", run, *argv]) == 2
         err = capsys.readouterr().err

@@ -204,3 +204,30 @@ def test_second_ctrl_c_exits_at_once_and_files_stay_whole(tmp_path, micro):
     out = run_cli("train.py", "--config", TINY, *micro(*settings, f"train.max_iters={done + 1}"))
     assert out.returncode == 0, out.stderr
     assert assert_whole(run_dir) == done + 1
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM is a POSIX signal")
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_data_is_prepared_cleans_up_as_ctrl_c_does(tmp_path, stop):
+    """Ctrl-C and SIGTERM alike, while the token files are being written: one line, exit 130
+    or 143, no run folder left (the run made it), no half-built token folder in the cache."""
+    text = tmp_path / "big.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog, again and again\n"
+                            for i in range(300_000)))
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", TINY, f"data.source={text}", "data.tokenizer=bpe",
+                             "data.vocab_size=300", f"data.cache_dir={cache}", f"out_dir={tmp_path / 'run'}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr = Lines(proc.stderr)
+    try:
+        stderr.wait_for("preparing data")
+        time.sleep(0.5)
+        proc.send_signal(stop)
+        code = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    err = stderr.rest()
+    assert code == 128 + stop and "Traceback" not in err, err
+    assert ("terminated" if stop == signal.SIGTERM else "interrupted") in err
+    assert not (tmp_path / "run").exists()
+    assert not [p for p in cache.rglob("*") if ".tmp-" in p.name or p.suffix == ".lock"]

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 import train
@@ -100,10 +101,14 @@ def test_a_lora_run_trains_the_adapters_and_the_new_tokens_rows_only(runs):
     """With tiny.yaml's optimizer (Muon), the adapters train with AdamW; every weight of the
     model brought in, old embedding rows included, stays bit for bit; the trainer state and
     the average hold the trained tensors only."""
-    trainer = make_trainer(lora_run(runs, out="trainer")[2:])
+    trainer = make_trainer(lora_run(runs, "data.tokenizer=bpe", "data.vocab_size=999", out="trainer")[2:])
     base, _ = RunDir(runs / "base").load_model()
     assert [type(o).__name__ for o in trainer.optimizers] == ["AdamW"]
     assert trainer.fit() == 0
+    # config.yaml says what was used: AdamW, and the base's char tokenizer with its markers added
+    used = yaml.safe_load((runs / "trainer" / "config.yaml").read_text())
+    assert used["train"]["optimizer"] == "adamw"
+    assert (used["data"]["tokenizer"], used["data"]["vocab_size"]) == ("char", trainer.model.config.vocab_size)
     model = trainer.model
     for name, weight in base.state_dict().items():
         ours = model.state_dict()[name]
@@ -148,3 +153,24 @@ def test_a_lora_run_resumes_exactly_and_every_program_opens_it(runs, tmp_path):
 def test_lora_needs_a_model_to_adapt(runs):
     out = run_cli("train.py", *chat_run(runs, "lora.rank=4", out="nothing"))
     assert out.returncode == 2 and "set train.init_from" in out.stderr.splitlines()[-1]
+
+
+def test_every_list_setting_comes_in_from_yaml_and_from_the_command_line(tmp_path):
+    """A list-typed field of any section (lora.targets today) is read from a YAML file and
+    from a key=value override, and a wrong one is refused by name (it crashed with
+    KeyError: 'list[str]')."""
+    import dataclasses
+
+    from training.config import SECTIONS, ConfigError, load_config
+
+    listed = [(section, f.name) for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+              if str(f.type).startswith("list")]
+    assert ("lora", "targets") in listed
+    config = tmp_path / "run.yaml"
+    config.write_text("lora:\n  rank: 4\n  targets: [attn.c_attn, attn.c_proj]\n")
+    assert load_config(config, []).lora.targets == ["attn.c_attn", "attn.c_proj"]
+    assert load_config(config, ["lora.targets=[mlp.c_fc]"]).lora.targets == ["mlp.c_fc"]
+    for bad, said in (("lora.targets=attn.c_attn", "must be a list of strings"), ("lora.targets=[1, 2]", "must be a list"),
+                      ("lora.targets=[attn.c_q]", "each must be one of")):
+        with pytest.raises(ConfigError, match=said):
+            load_config(config, [bad])

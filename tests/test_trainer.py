@@ -723,13 +723,15 @@ def test_throughput_and_mfu_count_every_process_since_the_last_report(micro, mon
     log = SimpleNamespace(progress=lambda *args: None, scalars=lambda it, values: logged.append(values))
     trainer.dist = Distributed(rank=0, world_size=2)  # (report itself exchanges nothing)
     trainer.peak_flops = 1e9
-    trainer.tick, trainer.iteration = (100.0, 10), 20
+    for _ in range(10 * 2):  # 10 steps of 2 micro-batches each since the last report
+        trainer.sampler.next_batch()
+    trainer.tick, trainer.iteration = (100.0, 0), 20
     monkeypatch.setattr(Trainer, "clock", lambda self: 105.0)
     trainer.report(log, 2.0, 1.0, 1e-3)
     tokens_per_sec = 8 * 32 * 2 * 2 * 10 / 5  # batch × T × grad_accum × processes, 10 steps in 5 s
     assert logged[0]["train/tokens_per_sec"] == tokens_per_sec
     assert logged[0]["train/mfu"] == pytest.approx(trainer.model.flops_per_token(32) * tokens_per_sec / 2 / 1e9)
-    assert trainer.tick == (105.0, 20)
+    assert trainer.tick == (105.0, 8 * 32 * 2 * 10)
 
 
 def test_only_the_main_process_measures_the_peak_that_mfu_divides_by(micro, monkeypatch):

@@ -43,6 +43,7 @@ class Evaluator:
         self.prompt = settings.sample_prompt
         self.tokens = settings.sample_tokens
         self.bits_per_character = run.data.bits_per_character
+        self.chat = run.data.chat is not None  # (a loss on the answers alone has no bits per character of the text)
 
     @torch.no_grad()
     def loss(self, model: GPT, windows: tuple[torch.Tensor, torch.Tensor]) -> float:
@@ -95,14 +96,16 @@ class Evaluator:
         weights that `model` averages), log the figures, the attention maps and a sample;
         returns the validation loss."""
         train_loss, val_loss = self.loss(model, self.train), self.loss(model, self.val)
-        metrics = {"val/loss": val_loss, "val/perplexity": math.exp(min(val_loss, 50)),
-                   "val/bits_per_char": self.bits_per_character(val_loss), "train/eval_loss": train_loss}
+        metrics = {"val/loss": val_loss, "val/perplexity": math.exp(min(val_loss, 50)), "train/eval_loss": train_loss}
+        if not self.chat:
+            metrics["val/bits_per_char"] = self.bits_per_character(val_loss)
         if trained is not None:
             metrics["val/loss_raw_weights"] = self.loss(trained, self.val)
             weights += f"; the trained weights: val {metrics['val/loss_raw_weights']:.4f}"
         log.scalars(it, metrics)
+        per = ("nats an answer token" if self.chat else f"{metrics['val/bits_per_char']:.3f} bits/char")
         log.message(f"iter {it}: train {train_loss:.4f}, val {val_loss:.4f} (perplexity {metrics['val/perplexity']:.2f}, "
-                    f"{metrics['val/bits_per_char']:.3f} bits/char; {weights})")
+                    f"{per}; {weights})")
         if self.dist.is_main and self.tokens:
             log.text("samples", self.sample(model), it)
         return val_loss

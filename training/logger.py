@@ -18,9 +18,12 @@ def header(model, data, device, dtype, processes: int, resumed_at: int) -> str:
     """The run's first line: the model, the data, where and how it trains."""
     import torch
 
+    from lora import trained_count
+
     c = model.config
-    training = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    trains = "" if training == model.num_parameters() else f" ({training:,} train: LoRA's adapters, lora/)"
+    training = trained_count(model)
+    trains = "" if training == model.num_parameters() else (
+        f" ({training:,} train: LoRA's adapters, lora/, and any new tokens' rows)")
     return (f"model: {model.num_parameters():,} parameters{trains}, {c.n_layer} layers, {c.pos_encoding} positions | "
             f"data: {len(data.train):,} train / {len(data.val):,} val tokens, vocab {data.vocab_size} | {device}, "
             f"{str(dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads, {processes} process(es)"
@@ -79,10 +82,11 @@ def finished_message(it: int, out_dir, limit: str) -> str:
 BUSY_SAID = 0.25  # the share of a budgeted run's training time on a busy machine that is said
 
 
-def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, prompt: str,
+def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, prompt: str | None,
                  barely_trained: dict | None, continue_command: str, got: dict | None = None) -> str:
     """The last lines: iterations, the run's whole time (and this process's part, after a
-    resume), the loss, and a prompt the run's tokenizer can encode to try the model; under a
+    resume), the loss, and a prompt the run's tokenizer can encode to try the model (None: a
+    run on conversations, tried with --chat); under a
     time budget, the iterations against those the same time would have reached at the best
     pace the run measured here (`got`: TimeBudget.report), and when the machine was busy for
     a large part of it, that it was; when the model is barely trained, why, and the command
@@ -100,6 +104,8 @@ def done_message(it: int, total: float, mine: float, val_loss: float, best: floa
     if barely_trained:
         done += (f"the model is barely trained: {barely_trained['text']}. Its samples will read as noise. "
                  f"Train it on: {continue_command}\n")
+    if prompt is None:  # a run on conversations: it answers a message in its chat template
+        return done + f"try it: python generate.py --checkpoint {out_dir} --chat"
     return done + f"try it: python generate.py --checkpoint {out_dir} --prompt \"{prompt}\""
 
 

@@ -22,7 +22,7 @@ from common.threads import adaptable, set_threads
 from common.run_dir import RunDir
 from data import DataError, TokenData, content_digest, discard, prepare
 from data.batches import answered, check_length, longer_than
-from data.tokenizer import suggest_prompt
+from data.tokenizer import suggest_prompt, tokenizer_kind
 from model import GPT, GPTConfig
 
 from .config import RunConfig
@@ -62,16 +62,34 @@ def prepare_run(cfg: RunConfig, dist: Distributed | None = None, fresh: bool = F
         config_for(base, cfg.model, cfg.model_keys)  # refuse a changed setting before anything is written
     claim()
     data, model_config = load_data(cfg, dist, base)
-    data_identity = {**{k: v for k, v in vars(cfg.data).items() if k != "cache_dir"}, "init_from": cfg.train.init_from}
+    unused = {"cache_dir", *(("tokenizer", "vocab_size") if base is not None else ())}  # (a base brings its tokenizer)
+    data_identity = {**{k: v for k, v in vars(cfg.data).items() if k not in unused}, "init_from": cfg.train.init_from}
     identity = {"model": model_config.to_dict(), "data": data_identity}
     if cfg.lora.rank:  # (a run with adapters resumes only with the same ones)
         identity["lora"] = dataclasses.asdict(cfg.lora)
+    cfg = as_used(cfg, data, dist.is_main)
     if fresh and use_out_dir and dist.is_main:
         RunDir(cfg.out_dir).start_over()
     dist.barrier()  # (no process looks for the resume point before it is gone)
     prompt = suggest_prompt(data.tokenizer, cfg.train.sample_prompt, data.tokenizer.decode(data.val[:256].tolist()))
     return PreparedRun(cfg, data, model_config, base, identity, cfg.train.grad_accum, prompt,
                        time.perf_counter() - started, adapt_threads)
+
+
+def as_used(cfg: RunConfig, data: TokenData, say: bool) -> RunConfig:
+    """The run config as the run uses it, so that config.yaml (and a model card made from
+    it) records what was used, not what was ignored: LoRA's adapters train with AdamW
+    whatever train.optimizer says (said once); a model brought in (train.init_from) brings its
+    own tokenizer, whatever data.tokenizer and data.vocab_size say."""
+    if cfg.lora.rank and cfg.train.optimizer != "adamw":
+        if say:
+            print(f"note: LoRA's adapters train with AdamW (Muon would orthogonalise their low-rank updates); "
+                  f"train.optimizer={cfg.train.optimizer} is recorded as adamw")
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, optimizer="adamw"))
+    if cfg.train.init_from:
+        used = dataclasses.replace(cfg.data, tokenizer=tokenizer_kind(data.tokenizer), vocab_size=data.vocab_size)
+        cfg = dataclasses.replace(cfg, data=used)
+    return cfg
 
 
 def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tuple[TokenData, GPTConfig]:

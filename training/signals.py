@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from contextlib import contextmanager
+
+from common.cli import Terminated
 
 
 class StopRequest:
@@ -30,3 +33,18 @@ class StopRequest:
             os._exit(128 + signum)
         self.signal = signum
         print(f"stopping after this iteration ({signal.Signals(signum).name}); saving a checkpoint", file=sys.stderr)
+
+
+@contextmanager
+def terminated_as_interrupt():
+    """Inside it, SIGTERM raises Terminated (a KeyboardInterrupt): before the loop takes the
+    signals over (data preparation, the model's set-up), a terminated run cleans up what a
+    Ctrl-C would (a half-built token folder, a run folder it made) and exits 143, in one line."""
+    def raise_terminated(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -203,7 +203,7 @@ class Trainer:
         """Before the first iteration: measure the peak FLOP/s (for MFU), write config.yaml,
         print the run's header and what going on from a saved state changed, start the clocks."""
         self.peak_flops = peak_flops(self.device, self.dtype, torch.get_num_threads()) if self.dist.is_main else 1.0
-        self.tick = (self.clock(), self.iteration)  # throughput is measured from here
+        self.tick = (self.clock(), self.sampler.drawn)  # throughput is measured from here
         self.budget.begin(self.iteration)
         if not self.dist.is_main:
             return
@@ -238,19 +238,19 @@ class Trainer:
         return stop_signal or (signal.SIGTERM if signals else 0)
 
     def report(self, log: RunLogger, loss: float, grad_norm: float, lr: float) -> None:
-        """The progress bar; every log_interval, the scalars with tokens/s and MFU."""
-        started, start_iteration = self.tick
+        """The progress bar; every log_interval, the scalars with tokens/s and MFU (real
+        tokens: a conversation's padding is not counted)."""
+        started, drawn_before = self.tick
         now = self.clock()
         block_size = self.run.model_config.block_size
-        sequences = self.settings.batch_size * self.grad_accum * self.dist.world_size * (self.iteration - start_iteration)
-        tokens_per_sec = sequences * block_size / max(now - started, 1e-9)
+        tokens_per_sec = (self.sampler.drawn - drawn_before) * self.dist.world_size / max(now - started, 1e-9)
         log.progress(self.iteration, loss, lr, tokens_per_sec)
         if self.iteration % self.settings.log_interval == 0:
             per_device = self.model.flops_per_token(block_size) * tokens_per_sec / self.dist.world_size
             log.scalars(self.iteration, {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
                                          "train/tokens_per_sec": tokens_per_sec, "train/mfu": per_device / self.peak_flops,
                                          "train/threads": torch.get_num_threads()})
-            self.tick = (now, self.iteration)
+            self.tick = (now, self.sampler.drawn)
 
     def evaluate_and_save(self, log: RunLogger) -> None:
         """Score the weights that are saved (and at the end, with train.ema, the trained ones
@@ -267,7 +267,7 @@ class Trainer:
                                                                          self.summary()))
         self.save()
         self.budget.spent_on_evaluation(self.clock() - started)
-        self.tick = (self.clock(), self.iteration)  # evaluation time is not training throughput
+        self.tick = (self.clock(), self.sampler.drawn)  # evaluation time is not training throughput
 
     def refit(self, log: RunLogger) -> None:
         """With a time budget, the iteration to stop at from the pace measured so far (rank
@@ -386,11 +386,10 @@ class Trainer:
                 "trained": self.trained_names}
 
     def tokens_seen(self) -> int:
-        """Training tokens so far, across resumes (each with its own batch layout)."""
-        per_step = self.settings.batch_size * self.grad_accum * self.dist.world_size * self.run.model_config.block_size
-        if self.resumed_from is None:
-            return self.iteration * per_step
-        return self.resumed_from.tokens_seen + (self.iteration - self.resumed_from.iteration) * per_step
+        """Training tokens so far, across resumes: the real tokens of every batch drawn (a
+        conversation's padding is not counted; under DDP each process draws alike)."""
+        before = self.resumed_from.tokens_seen if self.resumed_from is not None else 0
+        return before + self.sampler.drawn * self.dist.world_size
 
     def summary(self) -> dict:
         """summary.json: the last evaluation, what it scored, and a prompt to try (model cards),
@@ -399,7 +398,7 @@ class Trainer:
         measured = math.isfinite(self.val_loss)
         return {"iteration": self.iteration, "val_loss": self.val_loss if measured else None,
                 "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
-                "val_bits_per_char": data.bits_per_character(self.val_loss) if measured else None,
+                "val_bits_per_char": data.bits_per_character(self.val_loss) if measured and data.chat is None else None,
                 "data_fingerprint": data.meta["fingerprint"], "prompt": self.run.prompt,
                 "seconds": round(self.budget.seconds_used(), 1), "tokens": self.tokens_seen(),
                 "weights": "average" if self.average is not None else "trained",
@@ -433,8 +432,9 @@ class Trainer:
         """The run's whole training time (across resumes) and this process's part of it."""
         if self.dist.is_main:
             mine = self.budget.seconds_used() - self.budget.earlier
+            prompt = None if self.run.data.chat is not None else self.run.prompt
             print(logger.done_message(self.iteration, self.budget.seconds_used(), mine, self.val_loss, self.best_val_loss,
-                                      self.run_dir, self.run.prompt, self.barely_trained(), self.continue_command(),
+                                      self.run_dir, prompt, self.barely_trained(), self.continue_command(),
                                       self.budget.report()))
 
     def continue_command(self) -> str:
