@@ -27,30 +27,42 @@ from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import set_threads, thread_help
 from explorer.data import (MAX_TOKENS, carries_snapshots, default_prompt, initial_model, page_model, prompt_data,
                            run_facts, run_timeline)
-from explorer.page import render
+from explorer.page import render, strings
 from model.files import write_atomic
 
 PAGE_NAME = "explorer.html"  # written into the run folder unless --out says otherwise
-PAGE_CANNOT = {"too_large": "the model has {count:,} parameters, more than the {limit:,} a page carries",
-               "tokenizer": "the page cannot run its tokenizer"}  # explorer.data.page_model's reasons
+SAID = {  # what explore.py prints, in the page's language (--lang); why no page can be made: strings.json
+    "en": {"wrote": "wrote {out} ({mb:.2f} MB): {tokens} {tokens_word}, {layers} layers × {heads} heads; open it in "
+                    "a browser",
+           "runs": ", and type any text into it: it runs the model itself",
+           "wroteInit": "wrote {out} ({mb:.2f} MB): the same prompt through the model at initialisation (the page's "
+                        "button switches between them)",
+           "noInit": "note: no page of the model at initialisation. "},
+    "zh": {"wrote": "已写出 {out}（{mb:.2f} MB）：{tokens} 个 token，{layers} 层 × {heads} 个头；用浏览器打开它",
+           "runs": "，还可以在里面输入任意文字：页面自己运行这个模型",
+           "wroteInit": "已写出 {out}（{mb:.2f} MB）：同一段提示词经过初始化时的模型（页面上的按钮在两者之间切换）",
+           "noInit": "注意：没有初始化时模型的页面。"},
+}
+
 
 
 def initial(model, checkpoint: Path):
-    """(The run's model at initialisation, "") or (None, why it cannot be made): training
-    built it with GPT.initialised and the seed its config.yaml records; a run that started
-    from other weights (train.init_from) has none of its own."""
+    """(The run's model at initialisation, None) or (None, (why it cannot be made, the path
+    that says so); strings.json words each reason as error_no_init_<why>): training built it
+    with GPT.initialised and the seed its config.yaml records; a run that started from other
+    weights (train.init_from) has none of its own."""
     run = RunDir(checkpoint)
     try:
         train = run.run_config().get("train") or {}
     except UserError:
-        return None, f"{run.path / run.RUN_CONFIG} cannot be read"
+        return None, ("unreadable", run.path / run.RUN_CONFIG)
     if not isinstance(train, dict):
         train = {}
     if train.get("init_from"):
-        return None, str(train["init_from"])
+        return None, ("init_from", train["init_from"])
     if not isinstance(train.get("seed"), int):
-        return None, f"{run.path / run.RUN_CONFIG} records no train.seed"
-    return initial_model(model, train["seed"]), ""
+        return None, ("no_seed", run.path / run.RUN_CONFIG)
+    return initial_model(model, train["seed"]), None
 
 
 def counterpart_of(path: Path) -> Path:
@@ -139,21 +151,22 @@ def command(args) -> int:
     runnable, why_not = page_model(model, tokenizer)
     html = page(data, counterpart=other.name if init_model is not None else None, model=runnable, why_not=why_not)
     write_page(out, html)
+    said = SAID[lang]
     tokens = len(data["tokens"])
-    print(f"wrote {out} ({len(html.encode('utf-8')) / 1e6:.2f} MB): {tokens} token{'s' if tokens != 1 else ''}, "
-          f"{model.config.n_layer} layers × {model.config.n_head} heads; open it in a browser"
-          + ("" if runnable is None else ", and type any text into it: it runs the model itself"))
+    print(said["wrote"].format(out=out, mb=len(html.encode("utf-8")) / 1e6, tokens=tokens, layers=model.config.n_layer,
+                               heads=model.config.n_head, tokens_word="token" if tokens == 1 else "tokens")
+          + ("" if runnable is None else said["runs"]))
     if why_not is not None:
-        print(f"note: the page shows this prompt only ({PAGE_CANNOT[why_not['code']].format(**why_not['values'])}); "
-              "to type any text: python explore.py --serve", file=sys.stderr)
+        values = {name: f"{value:,}" for name, value in why_not["values"].items()}
+        print(strings()[lang][f"whyNot_{why_not['code']}"].format(**values), file=sys.stderr)
     if init_model is None:
-        print(f"note: no page of the model at initialisation: {why}", file=sys.stderr)
+        reason, path = why
+        print(said["noInit"] + strings()[lang][f"error_no_init_{reason}"].format(path=path), file=sys.stderr)
         return 0
     init_html = page(prompt_data(init_model, tokenizer, prompt, args.max_tokens, "init"), counterpart=out.name,
                      model=runnable and page_model(init_model, tokenizer)[0])
     write_page(other, init_html)
-    print(f"wrote {other} ({len(init_html.encode('utf-8')) / 1e6:.2f} MB): the same prompt through the model at "
-          "initialisation (the page's button switches between them)")
+    print(said["wroteInit"].format(out=other, mb=len(init_html.encode("utf-8")) / 1e6))
     return 0
 
 

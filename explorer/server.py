@@ -87,9 +87,11 @@ class Explorer:
             raise BadRequest(400, "bad_model", 'model must be "trained" or "init"')
         with self.lock:
             if self.init_model is None:
-                made, why = self.initial() if self.initial else (None, "no run config")
+                made, why = self.initial() if self.initial else (None, ("unreadable", "config.yaml"))
                 if made is None:
-                    raise BadRequest(404, "no_init", f"the model at initialisation cannot be made: {why}", init_from=why)
+                    reason, path = why  # (explore.initial's reasons)
+                    raise BadRequest(404, f"no_init_{reason}", f"the model at initialisation cannot be made "
+                                     f"({reason.replace('_', ' ')}: {path})", path=str(path))
                 self.init_model = made
         return self.init_model, which
 

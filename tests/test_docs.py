@@ -102,6 +102,9 @@ def test_the_chinese_follows_the_glossary():
         assert not [word for word in avoided if word in text], name
     for term in ("注意力权重", "缩放", "掩码", "因果掩码", "块", "残差连接", "前馈网络", "加权求和", "相似度"):
         assert term in zh_strings, term
+    for name, text in texts.items():  # one word for a prompt: 提示词; the English only as code (`--prompt`)
+        prose = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))
+        assert not re.findall(r".{0,30}\bprompt\b.{0,30}", prose, flags=re.I), name
 
 
 def test_the_tutorial_bridge_prints_what_it_says():
@@ -164,3 +167,33 @@ def test_the_architecture_page_names_every_module_and_only_those():
     scripts = re.search(r'SCRIPTS = \((.*?)\)  # each is one namespace', (ROOT / "explorer" / "page.py").read_text(),
                         re.S).group(1)
     assert re.findall(r'"(\w+\.js)"', scripts) == [name for name in re.findall(r"^- `(\w+\.js)`", text, re.M)]
+
+
+def test_what_the_usage_page_says_comes_in_is_what_the_importer_accepts():
+    """docs/usage.md's train.init_from: the model types it names are those config_of reads
+    (and GPT-NeoX, this project's own exports), what it says is refused is refused, and
+    what it says comes in (Llama 3's rope scaling, Qwen2's q/k/v biases) comes in."""
+    from interop.hf import Unsupported, config_from_transformers
+
+    text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
+    paragraph = text[text.index("**`train.init_from`**"):text.index("**`export.py`**")]
+    read = set(re.findall(r'kind == "(\w+)"', (ROOT / "interop" / "hf.py").read_text()))
+    assert read == {"gpt2", "gpt_neox", "llama", "qwen2"}
+    assert {"gpt2", "llama", "qwen2"} <= set(re.findall(r"`(?:model_type: )?(\w+)`", paragraph))
+    llama = {"model_type": "llama", "vocab_size": 50, "hidden_size": 32, "num_attention_heads": 4,
+             "num_hidden_layers": 1, "intermediate_size": 64, "max_position_embeddings": 64, "hidden_act": "silu"}
+    scaled = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 32}
+    assert "`llama3` comes in" in paragraph and config_from_transformers({**llama, "rope_scaling": scaled}).rope_scaling
+    assert "Qwen2" in paragraph and config_from_transformers({**llama, "model_type": "qwen2"}).qkv_bias
+    assert "model.safetensors.index.json" in paragraph and "Sharded weights" not in paragraph
+    refused = {"`linear`": {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+               "activation other than SiLU": {"hidden_act": "gelu"},
+               "biases on the MLP": {"mlp_bias": True},
+               "head size other than": {"head_dim": 16},
+               "`sliding_window` in a Llama config": {"sliding_window": 16},
+               "`use_sliding_window: true` in a Qwen2 one": {"model_type": "qwen2", "use_sliding_window": True}}
+    for said, change in refused.items():
+        assert said in paragraph, said
+        with pytest.raises(Unsupported):
+            config_from_transformers({**llama, **change})

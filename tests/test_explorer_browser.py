@@ -374,7 +374,9 @@ def test_the_chinese_page_uses_chinese_punctuation_and_no_negative_zero(pages, o
         if lang == "en":
             page.page.click("#lang")
     mixed = re.findall(r"[\u4e00-\u9fff][,;:!?]\s|[,;:!?] [\u4e00-\u9fff]", page.page.inner_text("body"))
-    assert mixed == [] and "、" in page.text("#ablation-ranking") and page.errors == []
+    assert mixed == [] and page.errors == []
+    listed = page.text("#ablation-ranking").split("其次是")[1].split("。")[0].strip().split("；")  # one mark between heads,
+    assert len(listed) == 3 and all(re.fullmatch(r"层 \d+、头 \d+", head) for head in listed)  # another inside one
     assert page.page.evaluate("View.fmt(-0.00001, 4)") == "0.0000" and page.page.evaluate("View.fmt(-0.5, 2)") == "−0.50"
 
 
@@ -586,10 +588,14 @@ def test_the_docs_screenshots_are_taken_of_what_was_clicked(pages, browser, tmp_
 
 
 @pytest.mark.slow  # (more than ten seconds here)
-def test_the_slider_walks_the_model_from_its_initialisation_to_the_end(trained_run, tmp_path, open_page):
-    """The timeline opens at the trained model; Home, the arrow keys and End move through the
+def test_the_slider_walks_the_model_from_its_initialisation_to_the_end(trained_run, tmp_path, open_page, monkeypatch):
+    """The timeline of a model too large for its page to carry every snapshot (the limit set
+    to 0) opens at the trained model; Home, the arrow keys and End move through the
     snapshots, and the readout, the prediction, the sample and the charts follow, with the
     numbers of the page's data; in both languages, with no error and no request."""
+    import explorer.data
+
+    monkeypatch.setattr(explorer.data, "MAX_SNAPSHOT_BYTES", 0)
     out = tmp_path / "timeline.html"
     assert explore.main(["--checkpoint", str(trained_run), "--prompt", "MACBETH:\nSo foul", "--out", str(out),
                          "--lang", "en"]) == 0
@@ -597,23 +603,26 @@ def test_the_slider_walks_the_model_from_its_initialisation_to_the_end(trained_r
     page = open_page(out.as_uri())
     page.page.wait_for_selector("#timeline-prediction tbody tr")
     expect(page.page.locator("#timeline-readout")).to_have_text(
-        f"step 20 (6 of 6): validation loss {timeline['loss'][-1]:.4f}")
+        "step 20 of 20: validation loss (the run's own figure, on its 16 evaluation windows) "
+        f"{timeline['loss'][-1]:.4f}")
 
     def shows(s: int) -> None:
         assert page.values("#timeline-prediction td.num") == pytest.approx(timeline["prediction"][s]["values"], abs=1e-6)
         assert page.text("#timeline-sample").endswith(timeline["samples"][s])
         assert page.text("#timeline-prediction-title").endswith(f"at step {timeline['steps'][s]}")
-        dots = page.values('#timeline-previous_token circle')
-        assert dots == pytest.approx([v for layer in timeline["scores"]["previous_token"][s] for v in layer], abs=1e-6)
+        dots = dict(page.page.eval_on_selector_all("#timeline-previous_token circle",
+                                                    "dots => dots.map(d => [d.dataset.key, Number(d.dataset.value)])"))
+        assert dots == pytest.approx({f"{l}.{h}": v for l, layer in enumerate(timeline["scores"]["previous_token"][s])
+                                      for h, v in enumerate(layer)}, abs=1e-6)
 
     shows(5)
     page.page.focus("#timeline-step")
     page.page.keyboard.press("Home")
-    expect(page.page.locator("#timeline-readout")).to_contain_text("step 0 (1 of 6)")
+    expect(page.page.locator("#timeline-readout")).to_contain_text("step 0 of 20")
     shows(0)
     page.page.keyboard.press("ArrowRight")
     page.page.keyboard.press("ArrowRight")
-    expect(page.page.locator("#timeline-readout")).to_contain_text("step 2 (3 of 6)")
+    expect(page.page.locator("#timeline-readout")).to_contain_text("step 8 of 20")
     shows(2)
     assert page.page.locator("canvas.timeline-map").count() == 4  # 2 layers × 2 heads
     for kind in ("previous_token", "induction"):  # the head that scores highest at the end is named
@@ -623,7 +632,7 @@ def test_the_slider_walks_the_model_from_its_initialisation_to_the_end(trained_r
         assert f"layer {layer}, head {head}" in said and f"{last[layer][head]:.3f}" in said
         assert said.startswith("Highest" if last[layer][head] > 2 * first[layer][head] else "No head has learnt")
     page.page.click("#lang")
-    expect(page.page.locator("#timeline-readout")).to_contain_text("第 2 步（快照 3/6）")
+    expect(page.page.locator("#timeline-readout")).to_contain_text("第 8 步（最后一步是 20）")
     assert "归纳得分" in page.text("#timeline-panel")
     page.page.keyboard.press("End")
     assert not page.errors and not page.requests and not page.dialogs
@@ -639,3 +648,66 @@ def test_the_slider_walks_the_model_from_its_initialisation_to_the_end(trained_r
         assert result.returncode == (1 if step == "3" else 0), result.stderr[-2000:]
     assert "--step 3: the page's snapshots are at steps [0, 4, 8, 12, 16, 20]" in result.stderr
     assert shots[0].read_bytes() != shots[1].read_bytes()
+
+
+# Three English words in a row: a sentence, where one word ("token", "softmax", "top-k") is a term
+ENGLISH = re.compile(r"[A-Za-z][A-Za-z'’-]+(?:[ ,]+[A-Za-z][A-Za-z'’-]+){2,}")
+SHOWN = """() => {
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const texts = [];
+  while (walker.nextNode()) {
+    if (!["SCRIPT", "STYLE"].includes(walker.currentNode.parentNode.tagName)) texts.push(walker.currentNode.textContent);
+  }
+  for (const node of document.querySelectorAll("[title], [placeholder], [aria-label]"))
+    texts.push(node.title || "", node.placeholder || "", node.getAttribute("aria-label") || "");
+  return texts;
+}"""
+
+
+@pytest.mark.slow  # (a run with snapshots, then the page in several states: about ten seconds)
+def test_the_chinese_page_shows_no_english_sentence_in_any_state(tmp_path, open_page, monkeypatch):
+    """Every string the page can show in Chinese: its words (strings.json), and what the
+    scripts assemble on the page of a run trained on Chinese text (so that no sentence comes
+    from the model's text) in each state a learner reaches: the timeline at a step, a token
+    picked, every experiment on, a head switched off, text typed and continued."""
+    import explorer.data
+    import train
+
+    table = strings()["zh"]
+    assert not [(key, text) for key, text in table.items() if ENGLISH.search(text)]
+    text = tmp_path / "zh.txt"
+    text.write_text(CHINESE * 200, encoding="utf-8")
+    assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), f"data.source={text}", "data.tokenizer=char",
+                       f"data.cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / 'run'}", "model.n_layer=2",
+                       "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.batch_size=8",
+                       "train.max_iters=8", "train.eval_interval=4", "train.eval_iters=2", "train.warmup_iters=2",
+                       "train.sample_tokens=0", "train.dtype=float32", "train.threads=1", "train.max_minutes=null",
+                       "train.snapshots=16", "train.snapshot_every=4"]) == 0
+    seen = []
+    for carried in (False, True):  # a larger model's page (the example's step tables) and a small one's
+        monkeypatch.setattr(explorer.data, "MAX_SNAPSHOT_BYTES", 6e6 if carried else 0)
+        out = tmp_path / f"zh-{carried}.html"
+        assert explore.main(["--checkpoint", str(tmp_path / "run"), "--prompt", "今天天气很好。明天", "--out", str(out),
+                             "--lang", "zh"]) == 0
+        page = open_page(out.as_uri())
+        page.page.wait_for_selector("#timeline-readout:not(:empty)")
+        seen.extend((carried, s) for s in page.page.evaluate(SHOWN) if ENGLISH.search(s))
+
+    def look(state: str) -> None:
+        seen.extend((state, s) for s in page.page.evaluate(SHOWN) if ENGLISH.search(s))
+
+    page.page.focus("#timeline-step")
+    page.page.keyboard.press("Home")
+    look("step 0")
+    page.page.keyboard.press("End")
+    page.page.click('.token[data-index="3"]')
+    page.page.check("#no-scale")
+    page.page.check("#no-mask")
+    page.page.click('.ablate[data-layer="1"][data-head="0"]')
+    look("experiments")
+    page.page.fill("#prompt", "你好，世界。今天")
+    page.page.wait_for_selector("#status[data-ms]", state="attached")
+    page.page.click("#continue")
+    expect(page.page.locator("#prompt")).not_to_have_value("你好，世界。今天")
+    look("typed and continued")
+    assert [(state, ENGLISH.findall(s)) for state, s in seen] == [] and not page.errors

@@ -363,7 +363,7 @@ def test_a_model_too_large_for_its_page_keeps_the_example_and_says_why(runs, tmp
     monkeypatch.setattr(explorer.data, "MAX_PAGE_PARAMETERS", 1000)
     out = tmp_path / "page.html"
     assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:", "--out", str(out), "--lang", "en"]) == 0
-    assert "to type any text: python explore.py --serve" in capsys.readouterr().err
+    assert "To type any text, serve it: python explore.py --serve" in capsys.readouterr().err
     html = out.read_text(encoding="utf-8")
     assert embedded_model(html) is None
     page = open_page(out.as_uri())

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import explore
 from conftest import ROOT
 from test_explorer import make_run, trained_run  # noqa: F401 (a fixture)
 
@@ -289,10 +290,15 @@ def test_a_run_without_its_initial_model_says_why(tmp_path):
 
     run = make_run(tmp_path / "run")  # no config.yaml: no seed recorded
     model, tokenizer = RunDir(run).load_model()
-    explorer = Explorer(model, tokenizer, "en", "", 8, lambda: (None, "no seed"))
+    explorer = Explorer(model, tokenizer, "en", "", 8, lambda: explore.initial(model, run))
     with pytest.raises(BadRequest) as refused:
         explorer.explore({"prompt": "R", "model": "init"})
-    assert refused.value.status == 404 and refused.value.code == "no_init" and refused.value.values == {"init_from": "no seed"}
+    assert refused.value.status == 404 and refused.value.code == "no_init_no_seed"
+    assert refused.value.values == {"path": str(run / "config.yaml")}
+    (run / "config.yaml").write_text("train:\n  init_from: gpt2\n")
+    with pytest.raises(BadRequest) as refused:
+        explorer.explore({"prompt": "R", "model": "init"})
+    assert refused.value.code == "no_init_init_from" and refused.value.values == {"path": "gpt2"}
 
 
 def test_ctrl_c_stops_the_server(server):

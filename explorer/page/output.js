@@ -192,7 +192,7 @@ const OutputPanels = (() => {
     const byKl = [...every].sort((a, b) => b.kl - a.kl);
     const byRise = [...every].sort((a, b) => b.rise - a.rise);
     $("ablation-ranking").textContent = t("ablationRanking", { layer: byKl[0].l, head: byKl[0].h, kl: fmt(byKl[0].kl, 4),
-      next: byKl.slice(1, 4).map((r) => t("layerHead", { layer: r.l, head: r.h })).join(t("listSeparator")) })
+      next: byKl.slice(1, 4).map((r) => t("layerHead", { layer: r.l, head: r.h })).join(t("headListSeparator")) })
       + t("sentenceGap") + t("ablationLossRanking", { layer: byRise[0].l, head: byRise[0].h, from: fmt(base, 3),
         to: fmt(base + byRise[0].rise, 3) });
   }
