@@ -37,11 +37,13 @@ SAID = {  # what explore.py prints, in the page's language (--lang); why no page
            "runs": ", and type any text into it: it runs the model itself",
            "wroteInit": "wrote {out} ({mb:.2f} MB): the same prompt through the model at initialisation (the page's "
                         "button switches between them)",
-           "noInit": "note: no page of the model at initialisation. "},
+           "noInit": "note: no page of the model at initialisation. ",
+           "truncated": "note: the prompt has {count} tokens; the page shows the last {kept} ({limit})"},
     "zh": {"wrote": "已写出 {out}（{mb:.2f} MB）：{tokens} 个 token，{layers} 层 × {heads} 个头；用浏览器打开它",
            "runs": "，还可以在里面输入任意文字：页面自己运行这个模型",
            "wroteInit": "已写出 {out}（{mb:.2f} MB）：同一段提示词经过初始化时的模型（页面上的按钮在两者之间切换）",
-           "noInit": "注意：没有初始化时模型的页面。"},
+           "noInit": "注意：没有初始化时模型的页面。",
+           "truncated": "注意：提示词有 {count} 个 token；页面只显示最后 {kept} 个（{limit}）"},
 }
 
 
@@ -153,6 +155,9 @@ def command(args) -> int:
     write_page(out, html)
     said = SAID[lang]
     tokens = len(data["tokens"])
+    if data["truncated"]:
+        limit = "--max-tokens" if args.max_tokens <= model.config.block_size else "block_size"
+        print(said["truncated"].format(count=tokens + data["truncated"], kept=tokens, limit=limit), file=sys.stderr)
     print(said["wrote"].format(out=out, mb=len(html.encode("utf-8")) / 1e6, tokens=tokens, layers=model.config.n_layer,
                                heads=model.config.n_head, tokens_word="token" if tokens == 1 else "tokens")
           + ("" if runnable is None else said["runs"]))

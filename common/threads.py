@@ -23,6 +23,7 @@ of work (DEFAULT_THREADS; "adapt": one per core, and one while that is slower).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Callable
@@ -61,15 +62,21 @@ class AdaptiveThreads:
     """Between one thread per core and one thread, the count that does the work faster now.
 
     The caller says after each unit of work (an iteration, a few batches) how many units it
-    has done so far. The units run in stretches of STRETCH, each timed on the count it ran
-    on. Now and then the other count is tried: its first unit is timed, and if it ran SLOWER
-    times as slow as the count in use, the try ends at once (a clearly slower count costs
-    one unit); else TRY units are timed and the faster count kept. The first try comes after
+    has done so far. The work starts on one thread: beside a busy program two threads ran a
+    training step up to 25 times as slow as one (bench/load.py), while on a quiet machine
+    one is 1.6 times as slow as two, so one is the cheaper mistake. The units run in
+    stretches of STRETCH, each timed on the count it ran on (a stretch that has already
+    taken SLOWER times what the count's stretch took when it was chosen ends at once). Now
+    and then the other count is tried: its first unit is timed, and if it ran SLOWER times
+    as slow as the count in use, the try ends at once (a clearly slower count costs one
+    unit); else TRY units are timed and the faster count kept. The first try comes after
     FIRST units; each time the count in use wins again, the next comes twice as late (up to
-    LONGEST units): the more it loses, the rarer it is tried. When a stretch runs SLOWER
-    times as slow, or FASTER times as fast, as the count in use did when it was chosen
-    (another program took the cores, or left them), the next try comes at once. Time the caller spends on other
-    things (an evaluation) is left out with pause().
+    LONGEST units), and at least as late as keeps every losing try's cost, the next one's
+    included, within TRY_SHARE of the work's time: the more it loses, the rarer it is tried. When a stretch says the
+    machine changed in a way that favours the other count (on one thread per core, SLOWER
+    times as slow as when it was chosen: another program took the cores; on one thread,
+    SLOWER times as fast: one left them), the next try comes at once. Time the caller spends
+    on other things (an evaluation) is left out with pause().
 
     once: choose at the first try and keep that count (a run of fixed length: its resume
     stays bit-identical with `chosen`, saved with the run's state); chosen: a count chosen
@@ -77,10 +84,10 @@ class AdaptiveThreads:
 
     STRETCH = 10
     SLOWER = 1.3
-    FASTER = 1.15  # a stretch this many times as fast as the one before: the machine got quieter
     TRY = 3
     FIRST = 10
     LONGEST = 1280
+    TRY_SHARE = 0.05
 
     def __init__(self, enabled: bool, clock: Callable[[], float] = time.perf_counter, once: bool = False,
                  chosen: int | None = None):
@@ -91,6 +98,8 @@ class AdaptiveThreads:
         if chosen is not None:
             torch.set_num_threads(chosen)
         self.enabled = enabled and self.many > 1 and chosen is None
+        if self.enabled:
+            torch.set_num_threads(1)  # (the cheaper mistake, above)
         self.once = once
         self.chosen = chosen
         self.clock = clock
@@ -103,6 +112,7 @@ class AdaptiveThreads:
         self.interval = self.FIRST
         self.countdown = self.FIRST
         self.lost = 0.0  # seconds spent on a count that lost its try
+        self.elapsed = 0.0  # seconds of the work timed so far (pauses left out)
 
     def pause(self) -> None:
         """What comes until the next update is not the work's (an evaluation, a checkpoint)."""
@@ -117,25 +127,35 @@ class AdaptiveThreads:
         self.mark = now
         if not self.enabled or units <= 0:
             return
+        self.elapsed += seconds
         current = self.torch.get_num_threads()
         other = 1 if current == self.many else self.many
         if self.trying is not None:
             self.end_of_try(current, other, seconds / units)
             return
         self.stretch = [self.stretch[0] + units, self.stretch[1] + seconds]
-        if self.stretch[0] >= self.STRETCH:
+        overdue = self.reference is not None and self.stretch[1] > self.SLOWER * self.STRETCH * self.reference
+        if self.stretch[0] >= self.STRETCH or overdue:
             pace = self.stretch[1] / self.stretch[0]
             self.pace[current] = pace
             self.stretch = [0, 0.0]
             if self.reference is None:
                 self.reference = pace
-            elif not self.reference / self.FASTER <= pace <= self.SLOWER * self.reference:
-                self.interval = self.FIRST  # the machine changed since the count was chosen: try the other now
+            elif self.favours_the_other(current, pace):
+                self.interval = self.FIRST
                 self.countdown = 0
         self.countdown -= units
         if self.countdown <= 0 and current in self.pace:
             self.torch.set_num_threads(other)
             self.trying = []
+
+    def favours_the_other(self, current: int, pace: float) -> bool:
+        """Whether a stretch's pace says the machine changed since `current` was chosen in a
+        way that may make the other count the faster: more contention on many threads, or
+        less on one."""
+        if current == self.many:
+            return pace > self.SLOWER * self.reference
+        return pace < self.reference / self.SLOWER
 
     def end_of_try(self, tried: int, before: int, pace: float) -> None:
         """One more unit on the count being tried; end the try where it is clearly slower, or
@@ -149,9 +169,12 @@ class AdaptiveThreads:
             self.pace[tried] = sorted(self.trying)[len(self.trying) // 2]
             self.interval = self.FIRST
         else:
-            self.lost += sum(self.trying)
+            spent = sum(self.trying)  # (a unit per update)
+            self.lost += spent
             self.torch.set_num_threads(before)
-            self.interval = min(2 * self.interval, self.LONGEST)
+            # the next try, if it loses as much, keeps every loss within TRY_SHARE of the work's time
+            share = math.ceil(((self.lost + spent) / self.TRY_SHARE - self.elapsed) / self.pace[before])
+            self.interval = max(min(2 * self.interval, self.LONGEST), share)
         self.countdown = self.interval
         self.trying = None
         self.stretch = [0, 0.0]

@@ -25,6 +25,7 @@ from inspection.words import words  # noqa: E402
 from common.run_dir import RunDir  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from model.attention import MultiHeadAttention  # noqa: E402
+from data.tokenizer import tokenizer_kind  # noqa: E402
 
 IMAGES = ROOT / "docs" / "images"
 FONT = "font-family='DejaVu Sans, Noto Sans CJK SC, WenQuanYi Zen Hei, sans-serif'"
@@ -40,7 +41,7 @@ WORDS = {
         "qkv_split": "split([C, H_kv·d_k, H_kv·d_k], dim=-1): q, k and v",
         "qkv_heads": "view(B, T, heads, d_k).transpose(1, 2): each split into its heads",
         "qkv_shared": "grouped-query attention: each key/value head serves {{group}} query heads (repeat_interleave)",
-        "head": "{head} {{h}}", "maps_title": "Attention weights of layer 0 for the same {{T}} characters",
+        "head": "{head} {{h}}", "maps_title": "Attention weights of layer 0 for the same {{T}} {{unit}}",
         "init": "at initialisation (weights of std 0.02)", "trained": "after the quick start's training",
         "maps_note": "Row i is query i, column j is key j. At init row i is nearly uniform over its i + 1 keys: "
                      "the first row is one bright cell, the last spreads thin, so each map fades from top to bottom.",
@@ -61,7 +62,7 @@ WORDS = {
         "qkv_split": "split([C, H_kv·d_k, H_kv·d_k], dim=-1)：q、k、v",
         "qkv_heads": "view(B, T, 头数, d_k).transpose(1, 2)：各自拆成多个头",
         "qkv_shared": "分组查询注意力：每个 key/value 头由 {{group}} 个 query 头共用（repeat_interleave）",
-        "head": "{head} {{h}}", "maps_title": "同样 {{T}} 个字符上，第 0 层的{attention_weights}",
+        "head": "{head} {{h}}", "maps_title": "同样 {{T}} 个{{unit}}上，层 0 的{attention_weights}",
         "init": "初始化时（权重标准差 0.02）", "trained": "快速开始训练之后",
         "maps_note": "第 i 行是 query i，第 j 列是 key j。初始化时，第 i 行在它的 i + 1 个 key 上几乎均匀："
                      "第一行只有一个亮格，最后一行分得很散，所以每张图从上到下逐渐变暗。",
@@ -78,6 +79,7 @@ WORDS = {
 
 # the pieces' names come from the table --explain and the explorer read (inspection/words.json)
 WORDS = {lang: {key: text.format(**words(lang)["pieces"]) for key, text in table.items()} for lang, table in WORDS.items()}
+UNITS = {"en": {"char": "characters", "bpe": "tokens"}, "zh": {"char": "字符", "bpe": " token "}}  # by tokenizer kind
 
 
 class Svg:
@@ -158,12 +160,13 @@ def qkv_figure(w: dict) -> str:
     return svg.svg()
 
 
-def maps_figure(w: dict, fresh: torch.Tensor, trained: torch.Tensor, T: int) -> str:
-    """Layer 0's heads, at init and after training: [2, H, T, T] weights as PNG cells."""
+def maps_figure(w: dict, fresh: torch.Tensor, trained: torch.Tensor, T: int, unit: str) -> str:
+    """Layer 0's heads, at init and after training: [2, H, T, T] weights as PNG cells; unit:
+    what the T tokens are (UNITS: characters, for a char tokenizer)."""
     H = fresh.shape[0]
     size = 150
     svg = Svg(40 + H * (size + 16), 120 + 2 * (size + 46))
-    svg.text(20, 26, w["maps_title"].format(T=T), 15, weight="bold")
+    svg.text(20, 26, w["maps_title"].format(T=T, unit=unit), 15, weight="bold")
     for row, (label, maps) in enumerate(((w["init"], fresh), (w["trained"], trained))):
         top = 50 + row * (size + 46)
         svg.text(20, top + 4, label, 13)
@@ -244,6 +247,22 @@ def attention_of(model: GPT, ids: torch.Tensor) -> torch.Tensor:
     return attention_maps(model.eval(), ids)[0]  # layer 0: [H, T, T]
 
 
+def score_spreads(model: GPT, ids: torch.Tensor) -> list[dict]:
+    """Per layer, the standard deviations docs/attention.md quotes ("Why scale"): of q and k,
+    and of the scores q·k each query may see (the causal pairs), before and after 1/√d_k."""
+    with torch.no_grad():
+        trace = model.eval().trace(ids)
+    spreads = []
+    for layer in trace.layers:
+        q = layer.q[0]  # [H, T, d_k]
+        k = layer.k[0].repeat_interleave(q.size(0) // layer.k.size(1), dim=0)  # [H, T, d_k]: a key head per query head
+        scores = q @ k.transpose(-2, -1)  # [H, T, T]
+        seen = scores[:, torch.ones(q.size(1), q.size(1), dtype=torch.bool).tril()]  # [H, pairs]
+        spreads.append({"q": q.std().item(), "k": k.std().item(), "scores": seen.std().item(),
+                        "scaled": (seen / q.size(-1) ** 0.5).std().item()})
+    return spreads
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", type=Path, default=ROOT / "out" / "tiny", help="a trained tiny.yaml run")
@@ -258,11 +277,14 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for lang, words in WORDS.items():
         suffix = "" if lang == "en" else ".zh-CN"
-        figures = {"qkv": qkv_figure(words), "maps": maps_figure(words, *maps, ids.size(1)),
+        figures = {"qkv": qkv_figure(words), "maps": maps_figure(words, *maps, ids.size(1), UNITS[lang][tokenizer_kind(tokenizer)]),
                    "causal": causal_figure(words), "cache": cache_figure(words)}
         for name, svg in figures.items():
             (args.out / f"{name}{suffix}.svg").write_text(svg, encoding="utf-8")
             print(f"wrote {args.out / f'{name}{suffix}.svg'}")
+    for layer, spread in enumerate(score_spreads(trained, ids)):  # (quoted in docs/attention.md, "Why scale")
+        print(f"layer {layer}: q std {spread['q']:.2f}, k std {spread['k']:.2f}, scores std {spread['scores']:.2f} "
+              f"before 1/√d_k and {spread['scaled']:.2f} after, on {ids.size(1)} tokens of {text!r}")
 
 
 if __name__ == "__main__":

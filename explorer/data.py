@@ -29,7 +29,7 @@ from common.cli import UserError
 from common.prompt import encode_prompt
 from data import DataError, fixed_windows
 from data.prepare import validation_tokens
-from data.token_text import token_text, token_views
+from data.token_text import readable_decode, token_text, token_views
 from data.tokenizer import suppressed_ids
 from inspection.attention_maps import VIRIDIS
 from inspection.head_scores import head_scores, induction_probe, uniform_scores
@@ -124,7 +124,7 @@ def prompt_data(model: GPT, tokenizer, prompt: str, max_tokens: int, which: str 
     if not prompt:
         raise UserError("the prompt is empty; give some text, e.g. --prompt \"ROMEO:\"")
     limit = min(max_tokens, model.config.block_size)
-    ids = encode_prompt(tokenizer, prompt, limit, "--max-tokens" if limit == max_tokens else "block_size")
+    ids = encode_prompt(tokenizer, prompt, limit, say=False)  # (the page says what was cut; explore.py too, in its language)
     timeline = None
     if run is not None and len(run.snapshot_paths()) > 1:
         snapshots = {step: functools.partial(run.load_snapshot, step) for step in run.snapshot_paths()}
@@ -384,7 +384,7 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
             continue
         generator = torch.Generator(device=device).manual_seed(TIMELINE_SEED)
         out = snapshot.generate(prompt, TIMELINE_TOKENS, temperature=0.8, generator=generator, suppress_tokens=never)
-        samples.append(tokenizer.decode(out[0, len(ids):].tolist()))
+        samples.append(readable_decode(tokenizer, out[0, len(ids):].tolist()))
         if carry_weights:
             weights.append(page_weights(snapshot, "float16") if number < len(snapshots) - 1 else None)
             continue
@@ -396,7 +396,7 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
         lenses.append(logit_lens(snapshot, trace))
         prompt_losses.append(token_losses(trace.logits[0], ids))
     data = {"steps": steps, "loss": losses, "loss_windows": windows, "loss_is_runs": False,
-            "sample_prompt": None if ids is None else tokenizer.decode(ids), "samples": samples if ids is not None else None,
+            "sample_prompt": None if ids is None else readable_decode(tokenizer, ids), "samples": samples if ids is not None else None,
             "sample_tokens": TIMELINE_TOKENS, "sample_seed": TIMELINE_SEED,
             "scores": {"previous_token": previous, "induction": induction},
             "uniform": uniform_scores(text.size(1), probe[0].cpu()),

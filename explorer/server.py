@@ -27,6 +27,7 @@ import torch
 from common.cli import UserError
 from common.prompt import encode_prompt
 from data import unknown_characters
+from data.token_text import readable_decode
 from data.tokenizer import suppressed_ids
 from model import Sampling
 from model.sampling import sample_next
@@ -113,7 +114,7 @@ class Explorer:
             ids = self.encode(field(request, "prompt", str))
         else:
             self.check_ids(ids)
-        return {"ids": ids, "prompt": self.tokenizer.decode(ids), "data": self.data(ids, model, which)}
+        return {"ids": ids, "prompt": readable_decode(self.tokenizer, ids), "data": self.data(ids, model, which)}
 
     def encode(self, prompt: str) -> list[int]:
         if not prompt:
@@ -157,7 +158,7 @@ class Explorer:
             logits, _ = model(torch.tensor([window]))
             token = sample_next(logits[:, -1], sampling).item()
         ids = [*ids, token]
-        return {"ids": ids, "prompt": self.tokenizer.decode(ids), "data": self.data(ids, model, which)}
+        return {"ids": ids, "prompt": readable_decode(self.tokenizer, ids), "data": self.data(ids, model, which)}
 
     def data(self, ids: list[int], model=None, which: str = "trained") -> dict:
         shown = ids[-min(self.max_tokens, self.model.config.block_size):]

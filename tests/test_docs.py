@@ -137,6 +137,10 @@ def test_the_figures_are_made_by_the_script(tmp_path):
     for name in names:
         ElementTree.parse(tmp_path / "images" / name)
     assert "因果掩码" in (tmp_path / "images" / "causal.zh-CN.svg").read_text(encoding="utf-8")
+    assert "同样 35 个字符上" in (tmp_path / "images" / "maps.zh-CN.svg").read_text(encoding="utf-8")  # (a char model)
+    assert "the same 35 characters" in (tmp_path / "images" / "maps.svg").read_text()
+    assert re.search(r"^layer 0: q std [\d.]+, k std [\d.]+, scores std [\d.]+ before 1/√d_k and [\d.]+ after",
+                     result.stdout, re.M)
     qkv = (tmp_path / "images" / "qkv.svg").read_text()  # the split of model/attention.py, at its widths
     assert "split([C, H_kv·d_k, H_kv·d_k], dim=-1)" in qkv and "[B, T, 16]" in qkv and "permute" not in qkv
     for page in ("docs/attention.md", "docs/attention.zh-CN.md"):  # and the code tour shows them

@@ -302,14 +302,14 @@ def test_explore_writes_the_page(run, tmp_path, capsys):
     assert explore.main(["--checkpoint", str(run), "--prompt", "ROMEO:\nBut soft", "--out", str(out),
                          "--max-tokens", "8", "--lang", "zh"]) == 0
     captured = capsys.readouterr()
-    assert f"wrote {out}" in captured.out and "keeping the last 8 (--max-tokens)" in captured.err
+    assert f"已写出 {out}" in captured.out and "注意：提示词有 15 个 token；页面只显示最后 8 个（--max-tokens）" in captured.err
     html = out.read_text(encoding="utf-8")
     data = embedded(html)
     assert "".join(t["text"] for t in data["tokens"]) == "But soft" and data["truncated"] == 7
     assert '"lang":"zh"' in html
     assert explore.main(["--checkpoint", str(run), "--prompt", "But soft" * 10, "--out", str(out),
-                         "--max-tokens", "100"]) == 0  # 80 tokens: more than block_size (64)
-    assert "keeping the last 64 (block_size)" in capsys.readouterr().err
+                         "--max-tokens", "100", "--lang", "en"]) == 0  # 80 tokens: more than block_size (64)
+    assert "note: the prompt has 80 tokens; the page shows the last 64 (block_size)" in capsys.readouterr().err
 
 
 def test_explore_writes_the_page_of_the_model_at_initialisation_beside_it(tmp_path, capsys):
@@ -418,8 +418,23 @@ def test_character_spans_follow_utf8_and_mark_broken_bytes():
     from data.token_text import char_spans
 
     data = "aé你🙂".encode() + b"\xff" + "你".encode()[:2] + b"z"
-    assert char_spans(data) == [(0, 1, "a"), (1, 3, "é"), (3, 6, "你"), (6, 10, "🙂"), (10, 11, "\ufffd"),
-                                (11, 12, "\ufffd"), (12, 13, "\ufffd"), (13, 14, "z")]
+    assert char_spans(data) == [(0, 1, "a"), (1, 3, "é"), (3, 6, "你"), (6, 10, "🙂"), (10, 11, None),
+                                (11, 12, None), (12, 13, None), (13, 14, "z")]
+
+
+def test_what_cannot_be_drawn_is_shown_as_its_bytes_by_one_rule():
+    """A token cut out of a character at the start of a text, a sample that ends inside a
+    character, a control character and an invisible one: each shown as its bytes, ⟨..⟩,
+    never as U+FFFD or as itself."""
+    from data.token_text import readable, readable_decode
+
+    tokenizer = train_tokenizer("bpe", ["hello world " * 20], 260)  # too few merges for 你
+    ids = tokenizer.encode("你好\x03\u200b!").ids
+    assert tokenizer.decode(ids[1:]).startswith("\ufffd")  # what the page and the samples showed
+    assert token_views(tokenizer, ids[1:])[0] == {"id": ids[1], "text": "⟨bd⟩", "bytes": "bd", "joined": ""}
+    assert readable_decode(tokenizer, ids[1:]) == "⟨bd a0⟩好⟨03⟩⟨e2 80 8b⟩!"
+    assert readable_decode(tokenizer, ids[:4]) == "你⟨e5⟩"  # a sample cut inside 好 (e5 a5 bd)
+    assert readable("a\tb\nc\rd\x7f\x85") == "a\tb\nc⟨0d⟩d⟨7f⟩⟨c2 85⟩"
 
 
 def test_a_token_id_the_tokenizer_lacks_has_no_bytes(run):

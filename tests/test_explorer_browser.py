@@ -178,6 +178,13 @@ def test_each_panel_shows_the_models_own_numbers_for_the_picked_token(pages, ope
     layer = data["layers"][1]
     assert shown(page, '#embedding [data-name="wte"]') == pytest.approx(array(data["embedding"]["token"])[5], abs=1e-6)
     assert shown(page, '#embedding [data-name="sum"]') == pytest.approx(array(data["layers"][0]["residual_in"])[5], abs=1e-6)
+    from safetensors.torch import load_file  # where a learner finds that row: tied, the file holds it as lm_head.weight
+
+    token = data["tokens"][5]["id"]
+    assert f"stores it once, as lm_head.weight: row {token} there" in page.text("#embedding")
+    stored = load_file(path.parent / "char" / "model.safetensors")
+    assert "transformer.wte.weight" not in stored
+    assert stored["lm_head.weight"][token].tolist() == pytest.approx(shown(page, '#embedding [data-name="wte"]'), abs=1e-6)
     angle = float(page.page.get_attribute("#rope-angle", "data-value"))
     assert angle == pytest.approx(5.0) and "Position 5 enters in every layer" in page.text("#rope-angle")
     # 2. q, k and v: the model's, and q before the rotation from W_Q
@@ -231,7 +238,16 @@ def test_each_panel_shows_the_models_own_numbers_for_the_picked_token(pages, ope
         page.page.locator(f"#{panel}-panel").screenshot(path=str(ARTIFACTS / f"explorer-panel-{panel}.png"))
 
 
-def test_the_experiments_change_what_they_should_and_back(pages, open_page):
+def test_a_prompt_too_short_for_a_pattern_says_so(pages, open_page):
+    """Fewer than 16 tokens make maps too small to show anything: the page says to give a
+    longer text (the README's command gives the start of the validation text instead)."""
+    said = strings()["en"]["shortText"].format(count=16)
+    assert len(pages["bpe"][1]["tokens"]) < 16 <= len(pages["char"][1]["tokens"])
+    assert said in open_page(pages["bpe"][0].as_uri()).text("#tokens-note")
+    assert said not in open_page(pages["char"][0].as_uri()).text("#tokens-note")
+
+
+def test_the_experiments_change_what_they_should_and_back(pages, open_page, monkeypatch):
     path, data = pages["char"]
     page = open_page(path.as_uri())
     page.page.click('.token[data-index="4"]')
@@ -251,12 +267,28 @@ def test_the_experiments_change_what_they_should_and_back(pages, open_page):
     unmasked = torch.softmax(scores / math.sqrt(len(q[4])), -1)
     assert page.values('#steps td[data-step="x"]') == pytest.approx(unmasked.tolist(), abs=1e-5)
     assert "The future keys now take" in page.text("#experiment-note")
+    # the whole text as training scores it, with and without the mask: torch's pass without it
+    import model.attention
+    from common.run_dir import RunDir
+
+    gpt, _ = RunDir(path.parent / "char").load_model()
+    ids = torch.tensor([[token["id"] for token in data["tokens"]]])
+    five_steps = model.attention.scaled_dot_product_attention
+    monkeypatch.setattr(model.attention, "scaled_dot_product_attention",
+                        lambda query, key, value, mask=None, dropout_p=0.0: five_steps(query, key, value, None, dropout_p))
+    with torch.no_grad():
+        unmasked_loss = torch.nn.functional.cross_entropy(gpt.eval().trace(ids).logits[0, :-1], ids[0, 1:]).item()
+    loss = page.page.locator("#whole-experiment-loss")
+    assert float(loss.get_attribute("data-with")) == pytest.approx(sum(data["losses"]) / len(data["losses"]), abs=1e-5)
+    assert float(loss.get_attribute("data-without")) == pytest.approx(unmasked_loss, abs=1e-4)
+    assert "with the causal mask" in loss.text_content() and "no key comes after the last query" in loss.text_content()
     page.page.check("#no-scale")
     assert page.text("#output h3:last-of-type") == "The output without 1/√d_k and without the causal mask"
     page.page.uncheck("#no-scale")
     page.page.uncheck("#no-mask")
     assert page.page.eval_on_selector_all('#steps td[data-step="x"]', "c => c.map(x => x.textContent)") == [""] * len(own)
     assert page.page.query_selector("#experiment-output") is None
+    assert page.text("#whole-experiment-loss") == ""
     # one head switched off: the model's run without it, beside the model's own
     best = max(((l, h) for l in range(2) for h in range(2)), key=lambda lh: data["ablation"][lh[0]][lh[1]]["kl"])
     assert f"layer {best[0]}, head {best[1]}" in page.text("#ablation-ranking")
@@ -494,10 +526,13 @@ def test_vectors_are_drawn_as_strips_of_colour_with_their_numbers(pages, open_pa
 
 
 def test_control_characters_are_drawn_as_visible_signs(pages, open_page):
-    """A token of a control character (U+0017 in a logit lens) is drawn as its picture, as a
-    space and a newline are; C1 controls and invisible format characters as escapes."""
+    """A token of a control character (U+0017 in a logit lens) is drawn as its bytes, as a
+    cut character is, in signs every font has (Debian's have no control pictures such as
+    ␗); a space, a newline and a tab as ␣ ↵ ⇥."""
     page = open_page(pages["char"][0].as_uri())
-    assert page.page.evaluate(r"View.visible('a\u0017b\u007f \n\t\u0085\u200b\u202e!')") == "a␗b␡␣↵⇥\\u{85}\\u{200b}\\u{202e}!"
+    assert page.page.evaluate(r"View.visible('a\u0017b\u007f \n\t\r\u0085\u200b\u202e!')") == \
+        "a⟨17⟩b⟨7f⟩␣↵⇥⟨0d⟩⟨c2 85⟩⟨e2 80 8b⟩⟨e2 80 ae⟩!"
+    assert not re.search("[\u2400-\u2422\u2424-\u2426]", page.page.inner_text("body"))  # (but ␣, which they have)
     lens = page.page.eval_on_selector_all("#lens .piece", "nodes => nodes.map(n => n.textContent)")
     assert lens and not any(re.search(r"[\x00-\x1f\x7f-\x9f]", piece) for piece in lens)
 

@@ -24,7 +24,7 @@ import explorer.data
 import explorer.page
 import model.attention
 from conftest import ROOT
-from data.token_text import token_views
+from data.token_text import readable_decode, token_views
 from data.tokenizer import train_tokenizer, unknown_characters
 from explorer.data import ablated, decoded, page_data, page_model
 from explorer.page import render
@@ -218,7 +218,9 @@ def tokenized_in_page(page, tokenizer) -> list[dict]:
       return texts.map((text) => {{
         const ids = tokenizer.encode(text);
         const pieces = spec.kind === "bpe" ? tokenizer.pieces(text) : null;
-        return ({PLAIN})({{ pieces, ids, decoded: tokenizer.decode(ids), views: tokenizer.views(ids) }});
+        return ({PLAIN})({{ pieces, ids, decoded: tokenizer.decode(ids), views: tokenizer.views(ids),
+          readable: tokenizer.readableDecode(ids), cut: tokenizer.views(ids.slice(1)),
+          cut_readable: tokenizer.readableDecode(ids.slice(1)) }});
       }});
     }}""", [explorer.data.page_tokenizer(tokenizer), TEXTS])
 
@@ -226,7 +228,9 @@ def tokenized_in_page(page, tokenizer) -> list[dict]:
 def as_tokenizers_does(tokenizer) -> list[dict]:
     cut = tokenizer.pre_tokenizer
     return [{"pieces": [piece for piece, _ in cut.pre_tokenize_str(text)] if isinstance(cut, ByteLevel) else None,
-             "ids": ids, "decoded": tokenizer.decode(ids), "views": token_views(tokenizer, ids)}
+             "ids": ids, "decoded": tokenizer.decode(ids), "views": token_views(tokenizer, ids),
+             "readable": readable_decode(tokenizer, ids), "cut": token_views(tokenizer, ids[1:]),
+             "cut_readable": readable_decode(tokenizer, ids[1:])}
             for text, ids in ((text, tokenizer.encode(text).ids) for text in TEXTS)]
 
 
@@ -234,7 +238,8 @@ def as_tokenizers_does(tokenizer) -> list[dict]:
 def test_the_pages_tokenizer_is_tokenizers(kind, page_file, open_page):
     """How the text is cut, its ids, the ids decoded and each token's text, for English,
     Chinese, emoji, runs of whitespace and control characters: exactly as `tokenizers`
-    does with the run's file."""
+    does with the run's file; and the text and tokens shown, by data/token_text.py's rule
+    (also with the first token cut off, which may leave bytes of no whole character)."""
     tokenizer = tokenizer_of(kind)
     page = open_page(page_file.as_uri())
     assert tokenized_in_page(page, tokenizer) == as_tokenizers_does(tokenizer)
@@ -333,7 +338,7 @@ def test_continue_runs_the_model_token_by_token_in_the_page(models, runs, open_p
     page.page.wait_for_selector("#status[data-rate]", state="attached")
     prompt = tokenizer.encode("ROMEO:\nBut soft").ids
     expected = gpt.generate(torch.tensor([prompt]), 12, temperature=0)[0].tolist()
-    assert page.page.input_value("#prompt") == tokenizer.decode(expected)
+    assert page.page.input_value("#prompt") == readable_decode(tokenizer, expected)  # (the rule of data/token_text.py)
     assert float(page.page.get_attribute("#status", "data-rate")) > 0
     assert len(page.page.eval_on_selector_all("#tokens .token", "nodes => nodes")) == len(expected)
 

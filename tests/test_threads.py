@@ -42,7 +42,9 @@ ARGS = {
     "explore": ["--checkpoint", MISSING, "--prompt", "A", "--out", f"{MISSING}.html"],
     "export": ["--checkpoint", MISSING, "--out", f"{MISSING}-hf"],
 }
-DEFAULT = {"train": os.cpu_count(), "evaluate": os.cpu_count(), "generate": 1, "explore": 1, "export": 1}
+# (evaluate.py's adapting count starts on one thread before its checkpoint is read; train.py's
+# when the trainer is built, after the checks these runs fail)
+DEFAULT = {"train": os.cpu_count(), "evaluate": 1, "generate": 1, "explore": 1, "export": 1}
 
 
 def run(program: str, args: list[str], **env: str) -> dict:
@@ -79,11 +81,14 @@ class Clock:
 
 def test_training_takes_one_thread_while_another_program_makes_it_faster(monkeypatch):
     """Two threads, 1 s an iteration, one 1.6 s; beside a busy neighbour two take 3 s and one
-    2 s. A try of the other count ends after one iteration when it is clearly slower, and
-    comes ever more rarely while the count in use keeps winning: a quiet run of 1,000
-    iterations spends 6 of them on one thread. When the pace changes the other count is
-    tried at once. Time given to other work (pause) does not count, and a count the user
-    chose is never changed."""
+    2 s. The work starts on one thread (the cheaper mistake) and tries two after a stretch.
+    A try of the other count ends after one iteration when it is clearly slower, and comes
+    ever more rarely while the count in use keeps winning, and never so soon that the losing
+    tries would cost more than 5% of the time: a quiet run of 1,000 iterations spends under
+    1% of its time on one thread, a busy one within 5% on two.
+    When the neighbour comes, a stretch ends as soon as it is overdue and one thread is tried
+    at once. Time given to other work (pause) does not count, and a count the user chose is
+    never changed."""
     import torch
 
     from common.threads import AdaptiveThreads
@@ -92,6 +97,7 @@ def test_training_takes_one_thread_while_another_program_makes_it_faster(monkeyp
     monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
     threads, clock, done = [2], Clock(), [0]
     adapt = AdaptiveThreads(True, clock)
+    assert threads[0] == 1
 
     def run(seconds_per_iteration: dict, iterations: int) -> list[int]:
         used = []
@@ -103,19 +109,24 @@ def test_training_takes_one_thread_while_another_program_makes_it_faster(monkeyp
         return used
 
     quiet, busy = {2: 1.0, 1: 1.6}, {2: 3.0, 1: 2.0}
-    run(quiet, 1)  # (the first update only starts the count)
+    assert run(quiet, 1) == [1]  # (the first update only starts the count)
     ran = run(quiet, 1000)
-    tries = [i for i, n in enumerate(ran) if n == 1]
-    assert len(tries) == 6 and tries[0] == 10  # one iteration each, at 10, then 20, 40, ... further apart
-    assert [b - a for a, b in zip(tries, tries[1:])] == [21, 41, 81, 161, 321]
-    assert adapt.lost == pytest.approx(6 * 1.6) and adapt.lost < 0.01 * sum(quiet[n] for n in ran)  # under 1% of the run
+    assert ran.index(2) == 10 and ran[10:13] == [2, 2, 2]  # the first try: two threads, kept
+    tries = [i for i, n in enumerate(ran) if n == 1 and i > 13]
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert 4 <= len(tries) <= 6 and all(b >= 2 * a - 1 for a, b in zip(gaps, gaps[1:]))  # ever rarer
+    assert adapt.lost == pytest.approx(len(tries) * 1.6) and adapt.lost < 0.01 * sum(quiet[n] for n in ran)
     clock.now += 500  # an evaluation on either count
     adapt.pause()
     assert run(quiet, 1) == [2]
+    lost = adapt.lost
     ran = run(busy, 200)
-    assert ran.count(1) >= 180 and ran.index(1) <= 10  # the neighbour came: one thread, within a stretch
+    assert ran.count(1) >= 180 and ran.index(1) <= 6  # the neighbour came: one thread, within half a stretch
+    tried = [i for i, n in enumerate(ran) if n == 2 and i > ran.index(1)]
+    assert tried and adapt.lost - lost == pytest.approx(3.0 * len(tried))
+    assert adapt.lost - lost <= 0.05 * sum(busy[n] for n in ran)
     ran = run(quiet, 200)
-    assert ran.count(2) >= 170 and ran[-1] == 2  # it went: two again
+    assert ran.count(2) >= 60 and ran[-1] == 2  # it went: two again, at the next try (one thread barely feels it)
     fixed = AdaptiveThreads(False, clock)
     for n in (10, 20, 30):
         clock.now += 100 * n

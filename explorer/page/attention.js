@@ -33,7 +33,9 @@ const AttentionPanels = (() => {
     const wte = rowOf(Page.data.embedding.token, v.query);
     const box = $("embedding");
     $("embedding-title").textContent = t("embeddingTitle", { query: v.query, text: tokenLabel(token) });
-    box.replaceChildren(el("p", { class: "note", text: t("embeddingId", { id: token.id, vocab: c.vocab_size }) }),
+    const stored = c.tie_embeddings ? t("embeddingTied", { id: token.id })  // (where a learner finds the row in the file)
+      : t("embeddingStored", { id: token.id, name: "transformer.wte.weight" });
+    box.replaceChildren(el("p", { class: "note", text: t("embeddingId", { id: token.id, vocab: c.vocab_size }) + stored }),
       vectorRow(t("wteRow", { id: token.id }), `[C] = [${c.n_embd}]`, wte, "wte"));
     if (Page.data.embedding.position === null) {
       const angles = ropeAngles(v.query, c.rope_frequencies);

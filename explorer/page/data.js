@@ -111,5 +111,5 @@ const PageData = (() => {
     }));
   }
 
-  return { pageData, ablated };
+  return { pageData, ablated, tokenLosses };
 })();

@@ -259,7 +259,7 @@ const Explorer = (() => {
       if (next.done) break;
       n += 1;
       textIds = [...textIds, next.value];
-      $("prompt").value = Page.TOKENIZER.decode(textIds);
+      $("prompt").value = Page.TOKENIZER.readableDecode(textIds); // (no U+FFFD for a cut character, no raw control)
       $("status").textContent = t("generating", { n, count });
       await new Promise((resolve) => setTimeout(resolve)); // let the page show the text so far
     }

@@ -142,12 +142,30 @@ const OutputPanels = (() => {
     }));
     $("suppressed").textContent = suppressed.length
       ? t("suppressedNote", { tokens: suppressed.map(textOf).join(" ") }) : "";
+    renderWholeLoss(whole);
+  }
+
+  // What the experiment does to the whole text: the loss training scores (each token predicted
+  // from the positions before it), with the model as it is and in the experiment. The last
+  // token's prediction alone hides the mask's point (no key comes after the last query).
+  function renderWholeLoss(whole) {
+    const box = $("whole-experiment-loss");
+    const ours = Page.data.losses;
+    if (!whole || !ours || ours.length === 0) {
+      box.textContent = "";
+      return;
+    }
+    const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+    const what = Page.state.noScale && Page.state.noMask ? "Both" : Page.state.noMask ? "Mask" : "Scale";
+    box.dataset.with = String(mean(ours));
+    box.dataset.without = String(mean(whole.losses));
+    box.textContent = t(`wholeLoss${what}`, { count: ours.length, with: fmt(mean(ours), 4), without: fmt(mean(whole.losses), 4) });
   }
 
   // Without 1/√d_k or without the mask in every head of every layer: the model's next-token
   // logits, run in the page (null where it does not run the model, or with no experiment on).
-  // One pass for each data and experiment, kept.
-  let wholeRun = { key: null, logits: null };
+  // One pass for each data and experiment, kept, with each token's loss in it.
+  let wholeRun = { key: null, logits: null, losses: null };
 
   function wholeExperiment() {
     if (!Page.model || !(Page.state.noScale || Page.state.noMask)) return null;
@@ -155,10 +173,11 @@ const OutputPanels = (() => {
     if (wholeRun.key !== key) { // (the model the panels show: the trained one, or a snapshot's)
       const ids = Page.data.tokens.map((token) => token.id);
       const logits = Model.forward(Page.model, ids, { scale: !Page.state.noScale, mask: !Page.state.noMask }).logits;
-      wholeRun = { key, logits: lastRow(logits, Page.data.config.vocab_size) };
+      const V = Page.data.config.vocab_size;
+      wholeRun = { key, logits: lastRow(logits, V), losses: PageData.tokenLosses(logits, ids, V) };
     }
     const title = Page.state.noScale && Page.state.noMask ? "colWholeBoth" : Page.state.noMask ? "colWholeMask" : "colWholeScale";
-    return { title, logits: wholeRun.logits };
+    return { title, logits: wholeRun.logits, losses: wholeRun.losses };
   }
 
   function renderAblation() {

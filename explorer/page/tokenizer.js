@@ -123,6 +123,26 @@ const PageTokenizer = (() => {
       }
     }
 
+    // The text of ids, with each run of bytes that make no whole character as ⟨..⟩ instead of
+    // U+FFFD and each character that draws nothing as its bytes (data/token_text.py's
+    // readable_decode): what the text box shows after Continue
+    readableDecode(ids) {
+      const kept = ids.filter((id) => !this.special.has(id));
+      if (this.kind === "char") return readable(kept.map((id) => this.pieceOf[id]).join(""));
+      const data = Uint8Array.from(kept.flatMap((id) => Array.from(this.bytesOf(id))));
+      let out = "", broken = [];
+      for (const [start, end, ch] of charSpans(data)) {
+        if (ch === null) {
+          broken.push(...data.subarray(start, end));
+          continue;
+        }
+        if (broken.length) out += `⟨${hex(broken)}⟩`;
+        broken = [];
+        out += readable(ch);
+      }
+      return out + (broken.length ? `⟨${hex(broken)}⟩` : "");
+    }
+
     // Each token's id and text; a byte-level token whose bytes are no whole character also
     // gets "bytes" and "joined", the characters it helps to make (data/token_text.py's token_views)
     views(ids) {
@@ -136,8 +156,8 @@ const PageTokenizer = (() => {
       return ids.map((id, i) => {
         const end = start + pieces[i].length;
         const chars = spans.filter(([a, b]) => a < end && b > start);
-        const whole = chars.every(([a, b]) => start <= a && b <= end);
-        const text = chars.map(([, , ch]) => ch).join("");
+        const whole = chars.every(([a, b, ch]) => start <= a && b <= end && ch !== null); // (a cut byte: no character)
+        const text = chars.filter(([, , ch]) => ch !== null).map(([, , ch]) => ch).join("");
         const view = whole ? { id, text } : { id, text: `⟨${hex(pieces[i])}⟩`, bytes: hex(pieces[i]), joined: text };
         start = end;
         return view;
@@ -147,8 +167,13 @@ const PageTokenizer = (() => {
 
   const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join(" ");
 
+  // A control character other than the newline and the tab (C0, DEL, C1), or an invisible
+  // format character, as its UTF-8 bytes: ⟨03⟩ (data/token_text.py's readable)
+  const readable = (text) => text.replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]|\p{Cf}/gu,
+    (c) => `⟨${hex(utf8.encode(c))}⟩`);
+
   // [start, end, character] for each UTF-8 character of the bytes; a byte that starts no
-  // valid character is its own span, read as U+FFFD (data/token_text.py's char_spans)
+  // valid character is its own span, with null for its character (data/token_text.py's char_spans)
   function charSpans(bytes) {
     const spans = [];
     for (let i = 0; i < bytes.length;) {
@@ -159,7 +184,7 @@ const PageTokenizer = (() => {
         ch = strictUtf8.decode(bytes.subarray(i, i + size));
       } catch {
         size = 1;
-        ch = "\ufffd";
+        ch = null;
       }
       spans.push([i, i + size, ch]);
       i += size;
@@ -167,5 +192,6 @@ const PageTokenizer = (() => {
     return spans;
   }
 
+  PageTokenizer.readable = readable; // (view.js draws every token's text by this rule)
   return PageTokenizer;
 })();

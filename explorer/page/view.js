@@ -21,12 +21,11 @@ const View = (() => {
   // a number as the page writes it: a true minus sign, and no "−0.000" for a tiny negative number
   const fmt = (x, digits = 4) => (x === -Infinity ? "−∞" : x === Infinity ? "∞"
     : x.toFixed(digits).replace(/^-(?=0\.?0*$)/, "").replace("-", "−"));
-  // spaces, newlines and tabs made visible, so that every token can be seen; the other control
-  // characters as their Unicode pictures (U+0017 as ␗), C1 controls and invisible format
-  // characters (a zero-width space, a right-to-left override) as escapes
-  const visible = (text) => text.replace(/ /g, "␣").replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍")
-    .replace(/[\u0000-\u001f\u007f]/g, (c) => String.fromCharCode(c === "\u007f" ? 0x2421 : 0x2400 + c.charCodeAt(0)))
-    .replace(/[\u0080-\u009f]|\p{Cf}/gu, (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
+  // spaces, newlines and tabs made visible, so that every token can be seen; a character that
+  // draws nothing (another control character, an invisible format character such as a
+  // zero-width space) as its bytes, ⟨03⟩, as bytes of no whole character are: one rule, in
+  // signs every font has (Debian's fonts have no control pictures such as ␃)
+  const visible = (text) => PageTokenizer.readable(text.replace(/ /g, "␣").replace(/\n/g, "↵").replace(/\t/g, "⇥"));
   const tokenLabel = (token) => (token.bytes ? `⟨${token.bytes}⟩` : visible(token.text));
   const index = (i) => t("tokenIndex", { i }); // a token's index, the code's: from 0 in both languages
   // where there is room for a few characters only (the maps' axes): a token that holds part of
