@@ -403,7 +403,7 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
             "scores_text": "val" if val is not None else "random"}
     if carry_weights or ids is None:
         return {**data, "weights": weights if carry_weights else None}
-    return {**data, "weights": None, "maps": array(torch.stack(maps)), "prediction": predictions, "lens": lenses,
+    return {**data, "weights": None, "maps": array(torch.stack(maps), "float16"), "prediction": predictions, "lens": lenses,
             "losses": prompt_losses}
 
 
