@@ -33,7 +33,7 @@ from bench.common import ROOT, machine, save, table
 from common.run_dir import RunDir
 from data import shakespeare
 from data.tokenizer import train_tokenizer
-from explorer.data import page_model, prompt_data, to_json
+from explorer.data import default_prompt, page_model, prompt_data, to_json
 from explorer.page import render
 from explorer.screenshot import chromium_page
 from model import GPT, GPTConfig
@@ -104,10 +104,12 @@ def main() -> None:
     model, tokenizer = tiny_model(args.checkpoint)
     with tempfile.TemporaryDirectory() as tmp, chromium_page() as page:
         run = RunDir(args.checkpoint) if args.checkpoint else with_snapshots(model, Path(tmp) / "run")
+        # a run's page opens on the start of its validation text, as explore.py writes it
+        prompt = (default_prompt(run, tokenizer, 64) if args.checkpoint else None) or PROMPT
         start = time.perf_counter()
-        data = prompt_data(model.eval(), tokenizer, PROMPT, 64, run=run)
+        data = prompt_data(model.eval(), tokenizer, prompt, 64, run=run)
         runnable, why_not = page_model(model, tokenizer)
-        html = render(data, prompt=PROMPT, model=runnable, why_not=why_not)
+        html = render(data, prompt=prompt, model=runnable, why_not=why_not)
         build = time.perf_counter() - start
         path = Path(tmp) / "explorer.html"
         path.write_text(html, encoding="utf-8")
@@ -117,8 +119,8 @@ def main() -> None:
             page.wait_for_selector("html[data-ready]")
             loads.append(float(page.get_attribute("html", "data-ready")))
         redraws = page.evaluate(SLIDE)
-        in_page = page.evaluate(IN_PAGE, PROMPT) if runnable is not None else None
-    result = {"tokens": 64, "snapshots": len(redraws), "html_bytes": len(html.encode()), "build_seconds": build,
+        in_page = page.evaluate(IN_PAGE, prompt) if runnable is not None else None
+    result = {"tokens": len(data["tokens"]), "snapshots": len(redraws), "html_bytes": len(html.encode()), "build_seconds": build,
               "weights_bytes": len(to_json(runnable).encode()) if runnable else 0,
               "timeline_bytes": len(to_json(data["timeline"]).encode()) if data["timeline"] else 0,
               "interactive_ms": statistics.median(loads), "slider_ms": statistics.median(redraws),

@@ -143,10 +143,10 @@ def main() -> None:
     p.add_argument("--set", nargs="*", default=[], metavar="section.key=value", help="a variant of the recipe")
     p.add_argument("--twice", action="store_true", help="train twice and compare the weights bit for bit")
     p.add_argument("--run", help="analyse this run folder instead of training one")
-    p.add_argument("--quick", action="store_true", help="a shortened lesson (200 steps)")
+    p.add_argument("--quick", action="store_true", help="a shortened lesson (60 steps: a smoke test of the script)")
     p.add_argument("--out", help="JSON results (default bench/results/induction.json)")
     args = p.parse_args()
-    overrides = [*args.set, *(["train.max_iters=200", "train.eval_interval=100", "train.snapshot_every=50"]
+    overrides = [*args.set, *(["train.max_iters=60", "train.eval_interval=30", "train.snapshot_every=30"]
                                if args.quick else [])]
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.run) if args.run else Path(tmp) / "run"

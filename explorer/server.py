@@ -26,6 +26,7 @@ import torch
 
 from common.cli import UserError
 from common.prompt import encode_prompt
+from common.run_dir import RunDir
 from data import unknown_characters
 from data.token_text import readable_decode
 from data.tokenizer import suppressed_ids
@@ -88,7 +89,7 @@ class Explorer:
             raise BadRequest(400, "bad_model", 'model must be "trained" or "init"')
         with self.lock:
             if self.init_model is None:
-                made, why = self.initial() if self.initial else (None, ("unreadable", "config.yaml"))
+                made, why = self.initial() if self.initial else (None, ("unreadable", RunDir.RUN_CONFIG))
                 if made is None:
                     reason, path = why  # (explore.initial's reasons)
                     raise BadRequest(404, f"no_init_{reason}", f"the model at initialisation cannot be made "
