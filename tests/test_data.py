@@ -608,10 +608,13 @@ def test_parquet_rows_cost_no_more_memory_however_many(tmp_path):
         (tmp_path / f"{megabytes}").mkdir()
         pyarrow.parquet.write_table(pyarrow.concat_tables([rows] * (megabytes // 4)),
                                     tmp_path / f"{megabytes}" / "train.parquet", row_group_size=500)
-        code = OURS.format(given=None, source=f"hf:{tmp_path / f'{megabytes}'}", kind="char", vocab=0,
-                           cache=str(tmp_path / "c"))
-        env = {"HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "HF_HUB_OFFLINE": "1"}
-        peaks.append(measured(code, env)["peak_own_mb"])
+        readings = []
+        for attempt in range(2):  # the lower of two, each from empty caches: a busy machine once added 70 MB to one
+            code = OURS.format(given=None, source=f"hf:{tmp_path / f'{megabytes}'}", kind="char", vocab=0,
+                               cache=str(tmp_path / f"c{megabytes}-{attempt}"))
+            env = {"HF_DATASETS_CACHE": str(tmp_path / f"hf-cache{megabytes}-{attempt}"), "HF_HUB_OFFLINE": "1"}
+            readings.append(measured(code, env)["peak_own_mb"])
+        peaks.append(min(readings))
     assert peaks[1] - peaks[0] < 50, peaks
 
 
