@@ -18,7 +18,8 @@ decoding 2.2 times, so it is not set; a user's OMP_WAIT_POLICY is OpenMP's to re
 
 The thread count, highest first: the program's --threads N (train.py: train.threads), the
 user's OMP_NUM_THREADS (torchrun sets 1 for each worker), then the default for the kind
-of work (DEFAULT_THREADS; "adapt": one per core, and one while that is slower).
+of work (DEFAULT_THREADS; "adapt": one thread or one per core, whichever is faster now,
+starting on one: AdaptiveThreads).
 """
 
 from __future__ import annotations
@@ -72,11 +73,11 @@ class AdaptiveThreads:
     unit); else TRY units are timed and the faster count kept. The first try comes after
     FIRST units; each time the count in use wins again, the next comes twice as late (up to
     LONGEST units), and at least as late as keeps every losing try's cost, the next one's
-    included, within TRY_SHARE of the work's time: the more it loses, the rarer it is tried. When a stretch says the
-    machine changed in a way that favours the other count (on one thread per core, SLOWER
-    times as slow as when it was chosen: another program took the cores; on one thread,
-    SLOWER times as fast: one left them), the next try comes at once. Time the caller spends
-    on other things (an evaluation) is left out with pause().
+    included, within TRY_SHARE of the work's time: the more it loses, the rarer it is
+    tried. When a stretch says the machine changed in a way that favours the other count
+    (on one thread per core, SLOWER times as slow as when it was chosen: another program
+    took the cores; on one thread, SLOWER times as fast: one left them), the next try comes
+    at once. Time the caller spends on other things (an evaluation) is left out with pause().
 
     once: choose at the first try and keep that count (a run of fixed length: its resume
     stays bit-identical with `chosen`, saved with the run's state); chosen: a count chosen
