@@ -5,7 +5,8 @@ With --out FILE.gguf it writes one GGUF file for llama.cpp and Ollama instead.
 The folder loads with AutoModelForCausalLM.from_pretrained(folder) and
 AutoTokenizer.from_pretrained(folder), with no custom code: learned positions become a
 GPT2LMHeadModel, rotary ones a GPTNeoXForCausalLM, and the modern block (rope, RMSNorm,
-SwiGLU) a LlamaForCausalLM (see interop/hf.py). It holds
+SwiGLU) a LlamaForCausalLM, or with biases on W_Q, W_K, W_V alone and Qwen's tokenizer a
+Qwen2ForCausalLM (see interop/hf.py). It holds
 config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json and a model card, README.md. transformers is not needed to export, only to load.
 Exit codes: 0 ok, 2 bad input.
@@ -19,6 +20,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
+
 from common.cli import OneLineParser, UserError, check_output_folder, positive, run_main
 from common.run_dir import RunDir
 from common.threads import set_threads, thread_help
@@ -27,6 +30,24 @@ from interop.hf import Unsupported, to_transformers
 from data.chat import turn_ends
 from data.tokenizer import EOT, UNK, end_of_text_id, end_of_text_ids, start_ids, suppressed_ids
 from model.files import safetensors_bytes
+
+
+# How Qwen2's tokenizer splits text before its merges (its tokenizer.json; transformers'
+# Qwen2Tokenizer builds the same): Unicode-normalised (NFC), then letters, each digit,
+# punctuation and whitespace runs apart, then bytes as GPT-2's letters.
+QWEN_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+
+def qwen_pretokenized(tokenizer) -> bool:
+    """Whether the tokenizer normalises and splits text as Qwen2's does (one brought in
+    from a Qwen2 model): only then does transformers' Qwen2Tokenizer give its ids."""
+    qwen = Tokenizer(models.BPE())
+    qwen.normalizer = normalizers.NFC()
+    qwen.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    ours, theirs = json.loads(tokenizer.to_str()), json.loads(qwen.to_str())
+    return all(ours[part] == theirs[part] for part in ("normalizer", "pre_tokenizer"))
 
 
 def special_tokens(tokenizer) -> dict:
@@ -40,11 +61,14 @@ def special_tokens(tokenizer) -> dict:
     return {**special, "unk_token": special["eos_token"]} if tokenizer.id_to_token(eot) == EOT else special
 
 
-def tokenizer_config(tokenizer, block_size: int, chat_template: str | None = None) -> dict:
-    """Declare the special tokens (special_tokens), the context and, for a model fine-tuned
-    on conversations, its chat template (apply_chat_template's)."""
+def tokenizer_config(tokenizer, block_size: int, chat_template: str | None = None,
+                     declared: dict[str, str] | None = None) -> dict:
+    """Declare the special tokens (those of the model the run came from, `declared`, where
+    it kept them: a Qwen2's eos <|im_end|> and pad <|endoftext|>, a Llama's </s>; else
+    special_tokens), the context and, for a model fine-tuned on conversations, its chat
+    template (apply_chat_template's)."""
     return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
-            "clean_up_tokenization_spaces": False, **special_tokens(tokenizer),
+            "clean_up_tokenization_spaces": False, **(declared or special_tokens(tokenizer)),
             **({"chat_template": chat_template} if chat_template is not None else {})}
 
 
@@ -138,7 +162,8 @@ def export(checkpoint: Path, out: Path, gguf_type: str | None = None) -> None:
     run = RunDir(checkpoint)
     model, tokenizer = run.load_model()
     try:
-        hf_config, tensors = to_transformers(model.config, model.state_dict(), end_of_text_id(tokenizer))
+        hf_config, tensors = to_transformers(model.config, model.state_dict(), end_of_text_id(tokenizer),
+                                            qwen_pretokenized(tokenizer))
         hf_config.update({k: v for k, v in generation_config(tokenizer).items() if k.endswith("_token_id")})
     except Unsupported as e:
         raise UserError(f"{checkpoint} cannot be exported: {e}") from None
@@ -146,7 +171,8 @@ def export(checkpoint: Path, out: Path, gguf_type: str | None = None) -> None:
              "model.safetensors": safetensors_bytes(tensors, metadata={"format": "pt"}),
              "tokenizer.json": tokenizer.to_str(),
              "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size,
-                                                                  run.chat_template()), indent=2),
+                                                                  run.chat_template(), run.special_tokens()),
+                                                 indent=2, ensure_ascii=False),
              "generation_config.json": json.dumps(generation_config(tokenizer), indent=2),
              "README.md": model_card(run, out, model, hf_config)}
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")

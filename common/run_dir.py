@@ -5,6 +5,7 @@ a RunDir; no other module names a file in it.
       config.json, model.safetensors   the model (GPT.save_pretrained's two files)
       tokenizer.json                   the tokenizer, in Hugging Face tokenizers' format
       chat_template.jinja              a run on conversations: the template that renders them (data/chat.py)
+      special_tokens_map.json          a run from a transformers model: the roles it gave its special tokens
       adapter_model.safetensors        a run with LoRA adapters (lora/): the adapters alone (model.safetensors
       adapter_config.json              holds the model with them merged), and their settings
       config.yaml                      the fully resolved run config
@@ -58,6 +59,7 @@ class RunDir:
     WEIGHTS = WEIGHTS_FILE  # model.safetensors, the same
     TOKENIZER = "tokenizer.json"
     CHAT_TEMPLATE = "chat_template.jinja"  # (transformers' name for the file)
+    SPECIAL_TOKENS = "special_tokens_map.json"  # (transformers' name too: {"eos_token": "</s>", ...})
     ADAPTERS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"  # (peft's names)
     RUN_CONFIG = "config.yaml"
     SUMMARY = "summary.json"
@@ -127,6 +129,15 @@ class RunDir:
         except (OSError, UnicodeDecodeError) as e:
             raise UserError(f"{path} cannot be read ({e}); copy the run directory again") from None
 
+    def special_tokens(self) -> dict[str, str]:
+        """The roles of the special tokens of the model the run came from ({} when it kept none)."""
+        path = self.path / self.SPECIAL_TOKENS
+        try:
+            roles = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UserError(f"{path} cannot be read ({e}); copy the run directory again") from None
+        return {role: token for role, token in roles.items() if isinstance(token, str)}
+
     def summary(self) -> dict[str, Any]:
         """summary.json ({} for a run that wrote none): the last evaluation and what it scored."""
         try:
@@ -156,6 +167,10 @@ class RunDir:
     def save_chat_template(self, template: str) -> None:
         """A run on conversations: its template, once, at the start (it never changes)."""
         write_atomic(self.path / self.CHAT_TEMPLATE, template.encode())
+
+    def save_special_tokens(self, roles: dict[str, str]) -> None:
+        """A run from a transformers model: the roles it gave its special tokens, at the start."""
+        write_atomic(self.path / self.SPECIAL_TOKENS, (json.dumps(roles, indent=2, ensure_ascii=False) + "\n").encode())
 
     def check_writable(self) -> None:
         """Fail before any work if the folder cannot be made or written."""
@@ -219,8 +234,9 @@ class RunDir:
         files = {**self.model_files(model, tokenizer),
                  self.SUMMARY: (json.dumps(summary, indent=2, ensure_ascii=False) + "\n").encode(),
                  self.RUN_CONFIG: (self.path / self.RUN_CONFIG).read_bytes()}
-        if (self.path / self.CHAT_TEMPLATE).is_file():
-            files[self.CHAT_TEMPLATE] = (self.path / self.CHAT_TEMPLATE).read_bytes()
+        for name in (self.CHAT_TEMPLATE, self.SPECIAL_TOKENS):
+            if (self.path / name).is_file():
+                files[name] = (self.path / name).read_bytes()
         for name, data in files.items():
             write_atomic(best / name, data)
 

@@ -6,7 +6,8 @@ residuals, rotary on every dimension of each head, the same base, tied embedding
 rotate_half's pairing of dimension i with i + d/2, which is ours); and a
 LlamaForCausalLM when it has the modern block (rotary positions, RMSNorm, the SwiGLU
 network; grouped-query attention, an untied head and Llama 3's rope scaling included);
-and a Qwen2ForCausalLM when that block has biases on W_Q, W_K, W_V alone. GPT-2 and GPT-NeoX hold
+and a Qwen2ForCausalLM when that block has biases on W_Q, W_K, W_V alone (and its tokenizer
+is Qwen's: to_transformers says why; else a Llama with biases). GPT-2 and GPT-NeoX hold
 grouped-query attention as multi-head attention, each key/value head repeated for the
 query heads that share it (the same logits). Other configurations
 have no transformers class that computes exactly what they compute, and are refused,
@@ -63,13 +64,24 @@ def export_kind(c: GPTConfig) -> str:
     return kind
 
 
-def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int | None) -> tuple[dict, dict]:
+def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int | None,
+                    qwen_tokenizer: bool = False) -> tuple[dict, dict]:
     """(config.json as a dict, tensors by transformers' names) for GPT2LMHeadModel,
-    GPTNeoXForCausalLM or LlamaForCausalLM. A GPT-2 or GPT-NeoX model without biases gets
-    zero biases, which compute the same."""
+    GPTNeoXForCausalLM, LlamaForCausalLM or Qwen2ForCausalLM. A GPT-2 or GPT-NeoX model
+    without biases gets zero biases, which compute the same.
+
+    qwen_tokenizer: the model's tokenizer splits text as Qwen's does (qwen_pretokenized).
+    transformers 5 reads a qwen2 folder's tokenizer as its Qwen2Tokenizer, which keeps the
+    vocabulary and merges but puts Qwen's own normaliser and pre-tokenizer in place of the
+    folder's (it splits digits one by one), whatever tokenizer_config.json names. So a
+    Qwen2-shaped model whose tokenizer is another (one trained here) is written as a
+    LlamaForCausalLM with attention biases, the output projection's zero: the same logits,
+    and a tokenizer transformers reads as written."""
     c, kind = config, export_kind(config)
     common = {"vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_embeddings, "bos_token_id": eot,
               "eos_token_id": eot, "torch_dtype": "float32"}
+    if kind == "qwen2" and not qwen_tokenizer:
+        return to_llama(c, state, common, qkv_bias_as_llama=True)
     if kind in ("llama", "qwen2"):
         return to_llama(c, state, common)
     c, state = with_every_kv_head(c, state)
@@ -90,10 +102,11 @@ def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int 
     return hf, rename_neox(state, c, to_neox=True)
 
 
-def to_llama(c: GPTConfig, state: dict[str, torch.Tensor], common: dict) -> tuple[dict, dict]:
-    """LlamaForCausalLM (or Qwen2ForCausalLM, for biases on W_Q, W_K, W_V alone): what its
-    defaults would get wrong is written out (the norms' ε, the tying, the key/value heads,
-    the SwiGLU width, the rope base, the context, Qwen2's window left off)."""
+def to_llama(c: GPTConfig, state: dict[str, torch.Tensor], common: dict,
+             qkv_bias_as_llama: bool = False) -> tuple[dict, dict]:
+    """LlamaForCausalLM (or Qwen2ForCausalLM, for biases on W_Q, W_K, W_V alone, unless
+    qkv_bias_as_llama: then Llama's attention biases, the output projection's zeros): what its defaults would get wrong is written out (the norms' ε, the tying,
+    the key/value heads, the SwiGLU width, the rope base, the context, Qwen2's window left off)."""
     hf = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": c.n_embd,
           "intermediate_size": c.ffn_hidden, "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head,
           "num_key_value_heads": c.n_kv_head, "head_dim": c.head_size, "hidden_act": "silu",
@@ -101,6 +114,12 @@ def to_llama(c: GPTConfig, state: dict[str, torch.Tensor], common: dict) -> tupl
           "rope_parameters": {"rope_type": "llama3" if c.rope_scaling else "default", "rope_theta": c.rope_base,
                               **(c.rope_scaling or {})}, "attention_bias": c.bias,
           "mlp_bias": c.bias, "attention_dropout": c.dropout, **common}
+    if c.qkv_bias and not c.bias and qkv_bias_as_llama:
+        hf["attention_bias"] = True  # (on q, k, v and o)
+        tensors = rename_llama(state, c, to_llama=True)
+        for i in range(c.n_layer):
+            tensors[f"model.layers.{i}.self_attn.o_proj.bias"] = torch.zeros(c.n_embd)
+        return hf, tensors
     if c.qkv_bias and not c.bias:
         del hf["attention_bias"], hf["mlp_bias"]  # (Qwen2's q, k and v have biases, the rest none)
         hf |= {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False}
@@ -222,6 +241,8 @@ def config_of(hf: dict) -> GPTConfig:
                          activation=activation_of(hf, "hidden_act"),
                          rope_base=float(rope.get("rope_theta", hf.get("rotary_emb_base", 10000.0))))
     if kind == "llama":
+        if hf.get("attention_bias") and not hf.get("mlp_bias", False):  # (a Qwen2 as export.py may write it)
+            return dataclasses.replace(config_from_llama({**hf, "attention_bias": False}), qkv_bias=True)
         return config_from_llama(hf)
     if kind == "qwen2":  # Llama's block with biases on q, k and v alone, and a sliding window it may leave off
         if hf.get("use_sliding_window"):
@@ -274,7 +295,15 @@ def activation_of(hf: dict, key: str) -> str:
 
 def state_from_transformers(config: GPTConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our state dict (a tied head included) from transformers' tensors, for the config
-    that config_from_transformers gave."""
+    that config_from_transformers gave; Unsupported where a tensor that config implies is
+    missing."""
+    try:
+        return state_of(config, tensors)
+    except KeyError as e:
+        raise Unsupported(f"its weights have no {e.args[0]!r}, which its config.json implies") from None
+
+
+def state_of(config: GPTConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     state = {}
     if config.pos_encoding == "learned":  # GPT-2, with or without the "transformer." prefix
         for name, t in tensors.items():
@@ -285,6 +314,10 @@ def state_from_transformers(config: GPTConfig, tensors: dict[str, torch.Tensor])
             state[f"transformer.{name}"] = t.t().contiguous() if transpose else t
     elif config.norm == "rmsnorm":  # Llama
         state = rename_llama(tensors, config, to_llama=False)
+        if config.qkv_bias and not config.bias and any(
+                t.any() for name, t in tensors.items() if name.endswith("self_attn.o_proj.bias")):
+            raise Unsupported("llama with attention_bias=true and mlp_bias=false comes in only when its o_proj "
+                              "biases are zero (biases on q, k and v alone, as Qwen2); this one's are not")
     else:
         state = rename_neox(tensors, config, to_neox=False)
     if config.tie_embeddings:

@@ -296,6 +296,67 @@ def test_chat_forgets_the_oldest_turns_when_the_context_fills():
         session.reply("9" * 30)
 
 
+def test_chat_drops_whole_turns_oldest_first_keeping_the_system_message_and_no_more_than_it_must():
+    """Chat.prompt: room for the reply is min(max_new_tokens, half the context); the oldest
+    message after a system message goes with its reply (a user message without one alone),
+    one turn at a time until the prompt fits, and the note counts the turns forgotten."""
+    model, tokenizer = chat_model(block_size=42)
+    notes = []
+    session = Chat(model, tokenizer, ChatTemplate(DEFAULT_TEMPLATE), Sampling(temperature=0), 40, torch.Generator(),
+                   note=notes.append)
+    turns = [{"role": "user", "content": "2+3="}, {"role": "assistant", "content": "5"},
+             {"role": "user", "content": "4+4="}, {"role": "user", "content": "and?"},
+             {"role": "assistant", "content": "8"}, {"role": "user", "content": "1+1="}]
+    system = {"role": "system", "content": "sum"}
+    session.messages = [system, *turns]
+    room = 42 - 21  # (max_new_tokens 40 is more than half the context)
+    sizes = [len(prompt_ids(tokenizer, session.template, [system, *turns[k:]])) for k in (0, 2, 3, 5)]
+    assert sizes[0] > sizes[1] > room == sizes[2], sizes  # (the sizes this test needs: two turns to go, then full)
+    ids = session.prompt()
+    assert session.messages == [system, *turns[3:]]  # the first turn (a message and its reply), then a lone message
+    assert ids == prompt_ids(tokenizer, session.template, session.messages)
+    assert notes == ["the conversation outgrew the context (42 tokens): the 2 oldest turns are forgotten"]
+    session.messages, notes[:] = [system, *turns[2:]], []
+    session.prompt()
+    assert session.messages == [system, *turns[3:]] and notes[-1].endswith("the oldest turn is forgotten")
+    session.messages = [system, {"role": "user", "content": "2+3=" * 5}, turns[-1]]  # the last but one goes too
+    session.prompt()
+    assert session.messages == [system, turns[-1]]
+
+
+def test_a_sampled_chat_draws_from_its_own_generator():
+    """generate.py --chat --seed N: the replies depend on the session's generator alone."""
+    model, tokenizer = chat_model()
+    answers = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)  # (another draw of torch's global generator each time)
+        session = Chat(model, tokenizer, ChatTemplate(DEFAULT_TEMPLATE), Sampling(temperature=1.5), 12,
+                       torch.Generator().manual_seed(0), note=print)
+        answers.append([session.reply("2+3="), session.reply("4+4=")])
+    assert answers[0] == answers[1]
+    session = Chat(model, tokenizer, ChatTemplate(DEFAULT_TEMPLATE), Sampling(temperature=1.5), 12,
+                   torch.Generator().manual_seed(1), note=print)
+    assert [session.reply("2+3="), session.reply("4+4=")] != answers[0]  # (a generator that changes them)
+
+
+def test_a_runs_template_knows_its_end_of_text_and_its_name(tmp_path):
+    """common.chat.run_template: the run's template, given the tokenizer's eos_token, and
+    named by the run in its errors; a run without one is refused, saying why."""
+    from common.chat import run_template
+    from common.cli import UserError
+
+    tokenizer = train_tokenizer("bpe", ["2+3= 5 and 4+4= 8 " * 20], 300)
+    with pytest.raises(UserError, match="has no chat template .*: it was trained on plain text; chat and "
+                                        r"conversation scores need a model fine-tuned on conversations \(docs"):
+        run_template(tmp_path, tokenizer)
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")
+    template = run_template(tmp_path, tokenizer)
+    assert template.render([{"role": "user", "content": "2+3="}]) == "2+3=<|endoftext|>"
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0].content / 0 }}")
+    with pytest.raises(DataError, match=f"the chat template of {tmp_path} failed on a conversation"):
+        run_template(tmp_path, tokenizer).render([{"role": "user", "content": "2"}])
+
+
 def test_chat_needs_a_model_fine_tuned_on_conversations(tmp_path, micro):
     import train
 

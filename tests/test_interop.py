@@ -481,8 +481,9 @@ def test_init_from_a_hub_id_downloads_the_three_files(gpt2_folder, tmp_path, cor
                                      "train.max_iters=2")) == 0
     assert asked == [("someone/some-model", {"allow_patterns": DOWNLOAD, "local_files_only": offline})]
     assert DOWNLOAD == ["config.json", "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
-                        "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
-    # (the weights in one file, or in shards with their index; the chat template, where a folder has one)
+                        "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"]
+    # (the weights in one file, or in shards with their index; the chat template and the special tokens'
+    # roles, where a folder has them)
 
 
 @pytest.mark.parametrize("message, shown", [("401 Client Error\nRepository gated: ask for access", "401 Client Error"),

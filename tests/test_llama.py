@@ -42,6 +42,22 @@ def llama_tokenizer(text: str):
     return tokenizer
 
 
+def qwen_tokenizer(text: str):
+    """Byte-level BPE split as Qwen2's (export.QWEN_SPLIT, NFC): the kind a Qwen2 model brings."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(export.QWEN_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([text], trainer)
+    return tokenizer
+
+
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
 def llama_folder(request, tmp_path_factory, corpus):
     folder = tmp_path_factory.mktemp("llama")
@@ -243,10 +259,26 @@ def test_qwen2_comes_in_and_goes_out_exact(tmp_path, corpus, tied):
     idx = torch.randint(3, base.config.vocab_size, (2, 40))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
-    run, again = exported(ours, tokenizer, tmp_path)
+    run, again = exported(ours, qwen_tokenizer(corpus.read_text()), tmp_path)
     assert type(again).__name__ == "Qwen2ForCausalLM"
     with torch.no_grad():
         torch.testing.assert_close(again(idx).logits, hf(idx).logits, atol=1e-5, rtol=0)
+    # with a tokenizer of another kind: a Llama with attention biases (o_proj's zero), which comes back in
+    shutil.rmtree(tmp_path / "run"), shutil.rmtree(tmp_path / "out")
+    run, again = exported(ours, tokenizer, tmp_path)
+    assert type(again).__name__ == "LlamaForCausalLM" and again.model.layers[0].self_attn.o_proj.bias.abs().sum() == 0
+    with torch.no_grad():
+        torch.testing.assert_close(again(idx).logits, hf(idx).logits, atol=1e-5, rtol=0)
+    back = open_base_model(str(tmp_path / "out"))
+    assert (back.config.bias, back.config.qkv_bias) == (False, True)
+    came_back = GPT(back.config).eval()
+    came_back.load_state_dict(back.state_dict(back.config))
+    with torch.no_grad():
+        torch.testing.assert_close(came_back(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
+    again.model.layers[1].self_attn.o_proj.bias.data[0] = 1.0
+    again.save_pretrained(tmp_path / "out")
+    with pytest.raises(UserError, match="comes in only when its o_proj biases are zero"):
+        open_base_model(str(tmp_path / "out")).state_dict(back.config)
     gguf = pytest.importorskip("gguf")
     assert export.main(["--checkpoint", str(run), "--out", str(tmp_path / "qwen2.gguf")]) == 0
     reader = gguf.GGUFReader(tmp_path / "qwen2.gguf")
@@ -262,11 +294,65 @@ def test_qwen2_comes_in_and_goes_out_exact(tmp_path, corpus, tied):
         open_base_model(str(folder))
 
 
+def test_an_export_keeps_the_special_tokens_the_model_came_in_with(corpus, tmp_path):
+    """A Qwen2 base declares eos <|im_end|> and pad <|endoftext|> (and no bos): fine-tuned
+    here and exported, transformers reads the same roles (not <|endoftext|> for all)."""
+    tokenizer = qwen_tokenizer(corpus.read_text())
+    ids = {token: tokenizer.token_to_id(token) for token in ("<|endoftext|>", "<|im_end|>")}
+    config = transformers.Qwen2Config(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=88,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, use_sliding_window=False,
+                                      bos_token_id=None, eos_token_id=ids["<|im_end|>"])
+    folder = tmp_path / "qwen2"
+    transformers.Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    roles = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": {"content": "<|endoftext|>", "special": True},
+             "unk_token": None, "model_max_length": 32768}
+    (folder / "tokenizer_config.json").write_text(json.dumps(roles))
+    assert train.main(micro_finetune(corpus, tmp_path, folder, "train.max_iters=2")) == 0
+    assert json.loads((tmp_path / "ft" / "special_tokens_map.json").read_text()) == {
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    assert export.main(["--checkpoint", str(tmp_path / "ft"), "--out", str(tmp_path / "hf")]) == 0
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert (theirs.eos_token, theirs.pad_token, theirs.bos_token) == ("<|im_end|>", "<|endoftext|>", None)
+    assert (theirs.eos_token_id, theirs.pad_token_id) == (ids["<|im_end|>"], ids["<|endoftext|>"])
+
+
+PROBE = "On 1999-12-31   at 23:59,\n\n\t  今天天气很好。 don't 12345 ROMEO:"
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gpt_neox", "llama", "qwen2", "qwen2 with Qwen's tokenizer"])
+def test_every_exports_tokenizer_gives_transformers_our_ids(tmp_path, kind):
+    """transformers' AutoTokenizer on an export gives the project's ids on digits, runs of
+    whitespace and Chinese, for each kind the export writes. (A qwen2 folder's tokenizer is
+    read by transformers as Qwen2Tokenizer, which splits as Qwen does: a Qwen2-shaped model
+    with a tokenizer of its own is written as a Llama, and a Qwen2 when it brings Qwen's.)"""
+    from data.tokenizer import train_bpe
+
+    text = (PROBE + " 2014-09-01 December 1999 ") * 40
+    tokenizer = qwen_tokenizer(text) if "Qwen" in kind else train_bpe([text], 400)
+    assert len(tokenizer.encode("1999").ids) < 4 or "Qwen" in kind  # digits merged (Qwen splits them)
+    shape = {"gpt2": {"pos_encoding": "learned"}, "gpt_neox": {"pos_encoding": "rope"}}.get(
+        kind, {"pos_encoding": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "qkv_bias": "qwen2" in kind})
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=64, n_layer=1, n_head=2, n_embd=16, **shape))
+    _, hf = exported(model, tokenizer, tmp_path)
+    assert type(hf).__name__ == {"gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM",
+                                 "qwen2 with Qwen's tokenizer": "Qwen2ForCausalLM"}.get(kind, "LlamaForCausalLM")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    for text in (PROBE, "1999", "   \n\n  x", "今天天气很好"):
+        assert theirs(text)["input_ids"] == tokenizer.encode(text).ids, text
+    if "Qwen" in kind:
+        from transformers.models.qwen2 import tokenization_qwen2
+        assert type(theirs).__name__ == "Qwen2Tokenizer" and export.QWEN_SPLIT == tokenization_qwen2.PRETOKENIZE_REGEX
+
+
 @pytest.mark.parametrize("change, message", [
     ({"rope_parameters": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0}},
      "llama with rope scaling 'yarn' is not supported"),
     ({"hidden_act": "gelu"}, "llama with hidden_act='gelu' is not supported (this model computes hidden_act='silu')"),
-    ({"attention_bias": True}, "llama with mlp_bias=False is not supported (this model computes mlp_bias=True)"),
+    ({"attention_bias": True, "mlp_bias": True}, "its weights have no 'model.layers.0.self_attn.q_proj.bias', "
+                                                 "which its config.json implies"),
+    ({"mlp_bias": True}, "llama with mlp_bias=True is not supported (this model computes mlp_bias=False)"),
     ({"head_dim": 16}, "llama with head_dim=16 is not supported (this model computes head_dim=8)"),
     ({"sliding_window": 32}, "llama with sliding_window=32 is not supported (this model computes sliding_window=None)"),
     ({"eos_token_id": 5}, "declares end-of-text token"),
@@ -277,7 +363,8 @@ def test_what_our_block_cannot_express_is_refused_in_one_line(llama_folder, tmp_
     (folder / "config.json").write_text(json.dumps({**config, **change}))
     assert train.main(micro_finetune(corpus, tmp_path, folder)) == 2
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1 and not (tmp_path / "ft").exists()
+    assert message in err.splitlines()[-1] and "Traceback" not in err and not (tmp_path / "ft").exists()
+    assert err.count("\n") == 1 or "no 'model.layers" in message  # (a missing tensor shows once the data is ready)
 
 
 def test_a_modern_block_run_exports_as_llama(tmp_path, micro, capsys):

@@ -33,7 +33,8 @@ SHARD_INDEX = "model.safetensors.index.json"
 # where a folder keeps its chat template: our runs and newer transformers in a file of its own, older in the config
 TOKENIZER_CONFIG = "tokenizer_config.json"
 DOWNLOAD = [RunDir.MODEL_CONFIG, RunDir.WEIGHTS, SHARD_INDEX, "model-*-of-*.safetensors", RunDir.TOKENIZER, TOKENIZER_CONFIG,
-            RunDir.CHAT_TEMPLATE]
+            RunDir.CHAT_TEMPLATE, RunDir.SPECIAL_TOKENS]
+SPECIAL_ROLES = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
 @dataclass
@@ -61,6 +62,21 @@ class BaseModel:
             return template if isinstance(template, str) else None
         return None
 
+    def special_tokens(self) -> dict[str, str]:
+        """The roles the folder gives its special tokens ({"eos_token": "<|im_end|>", ...}, from
+        tokenizer_config.json, else special_tokens_map.json): those its tokenizer has, kept
+        by the run so that an export declares them as the model came in with them."""
+        vocabulary = self.tokenizer().get_vocab()
+        for name in (TOKENIZER_CONFIG, RunDir.SPECIAL_TOKENS):
+            if (self.folder / name).is_file():
+                declared = read_json(self.folder / name)
+                roles = {role: token.get("content") if isinstance(token, dict) else token
+                         for role, token in declared.items() if role in SPECIAL_ROLES}
+                roles = {role: token for role, token in roles.items() if isinstance(token, str) and token in vocabulary}
+                if roles:
+                    return roles
+        return {}
+
     def state_dict(self, config: GPTConfig) -> dict[str, torch.Tensor]:
         """The weights in our names, cut to config.block_size (learned positions), with the
         embedding (and head) grown to config.vocab_size where a chat template's markers
@@ -71,7 +87,10 @@ class BaseModel:
         for shard in weight_files(self.folder, self.name):
             tensors.update(load_file(str(shard)))
         if "model_type" in read_json(self.folder / RunDir.MODEL_CONFIG):
-            tensors = state_from_transformers(self.config, tensors)
+            try:
+                tensors = state_from_transformers(self.config, tensors)
+            except Unsupported as e:
+                raise UserError(f"train.init_from={self.name}: {e}") from None
         elif self.config.tie_embeddings:
             tensors["transformer.wte.weight"] = tensors["lm_head.weight"]  # one tensor, stored once (tied)
         if "transformer.wpe.weight" in tensors:

@@ -211,6 +211,9 @@ class Trainer:
         self.run_dir.save_run_config(resolved)
         if self.run.data.chat_template is not None:  # a run on conversations: the template renders them
             self.run_dir.save_chat_template(self.run.data.chat_template)
+        roles = self.run.base.special_tokens() if self.run.base is not None else {}
+        if roles:  # a transformers model's: an export declares them again
+            self.run_dir.save_special_tokens(roles)
         log.text("config", resolved, self.iteration)
         log.text("attention/text", self.run.data.tokenizer.decode(self.evaluator.attention_ids[0].tolist()), self.iteration)
         log.message(logger.header(self.model, self.run.data, self.device, self.dtype, self.dist.world_size, self.iteration))
