@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -26,9 +27,10 @@ from common.cli import OneLineParser, UserError, check_output_folder, positive, 
 from common.run_dir import RunDir
 from common.threads import set_threads, thread_help
 from interop.gguf import GGUF_TYPES, write_gguf
-from interop.hf import Unsupported, to_transformers
+from interop.hf import EMBEDDINGS, PEFT_PREFIX, Unsupported, lora_to_transformers, to_transformers
 from data.chat import turn_ends
 from data.tokenizer import EOT, UNK, end_of_text_id, end_of_text_ids, start_ids, suppressed_ids
+from model import GPT
 from model.files import safetensors_bytes
 
 
@@ -150,7 +152,7 @@ def past_context(c) -> str:
     return f"a GPT-2 model has no position embedding past {c.block_size}, and transformers stops with an IndexError"
 
 
-def export(checkpoint: Path, out: Path, gguf_type: str | None = None) -> None:
+def export(checkpoint: Path, out: Path, gguf_type: str | None = None, adapters: bool = False) -> None:
     if out.suffix == ".gguf":
         return export_gguf(checkpoint, out, gguf_type or "f32")
     if gguf_type is not None:
@@ -161,32 +163,99 @@ def export(checkpoint: Path, out: Path, gguf_type: str | None = None) -> None:
     check_output_folder("--out", out)
     run = RunDir(checkpoint)
     model, tokenizer = run.load_model()
+    if adapters:
+        files = peft_files(run, out, model, tokenizer)
+        said = f"peft's LoRA adapters over {out / 'base'}; load them with peft.PeftModel.from_pretrained"
+    else:
+        hf_config, files = transformers_files(run, model, tokenizer)
+        files["README.md"] = model_card(run, out, model, hf_config)
+        said = (f"{hf_config['architectures'][0]}; load it with "
+                f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    write_folder(out, files)
+    print(f"wrote {out}: {said}")
+
+
+def transformers_files(run: RunDir, model, tokenizer) -> tuple[dict, dict[str, str | bytes]]:
+    """(config.json as a dict, the folder's files but its model card) for a transformers model."""
     try:
         hf_config, tensors = to_transformers(model.config, model.state_dict(), end_of_text_id(tokenizer),
                                             qwen_pretokenized(tokenizer))
         hf_config.update({k: v for k, v in generation_config(tokenizer).items() if k.endswith("_token_id")})
     except Unsupported as e:
-        raise UserError(f"{checkpoint} cannot be exported: {e}") from None
-    files = {"config.json": json.dumps(hf_config, indent=2) + "\n",
-             "model.safetensors": safetensors_bytes(tensors, metadata={"format": "pt"}),
-             "tokenizer.json": tokenizer.to_str(),
-             "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size,
-                                                                  run.chat_template(), run.special_tokens()),
-                                                 indent=2, ensure_ascii=False),
-             "generation_config.json": json.dumps(generation_config(tokenizer), indent=2),
-             "README.md": model_card(run, out, model, hf_config)}
+        raise UserError(f"{run.path} cannot be exported: {e}") from None
+    return hf_config, {
+        "config.json": json.dumps(hf_config, indent=2) + "\n",
+        "model.safetensors": safetensors_bytes(tensors, metadata={"format": "pt"}),
+        "tokenizer.json": tokenizer.to_str(),
+        "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size, run.chat_template(),
+                                                             run.special_tokens()), indent=2, ensure_ascii=False),
+        "generation_config.json": json.dumps(generation_config(tokenizer), indent=2)}
+
+
+def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | bytes]:
+    """A LoRA run as peft keeps it: base/, the model the adapters adapt (train.init_from's
+    weights, with the chat markers' rows as the run started them), exported as transformers
+    reads it, and beside it adapter_config.json and adapter_model.safetensors in peft's
+    names for that export (interop/hf.lora_to_transformers); the markers' trained rows as
+    peft's trainable tokens. peft over base/ computes the merged export's logits."""
+    from training.init_from import open_base_model
+
+    trained, settings = run.adapters()
+    try:
+        base_model = open_base_model(str(settings["base_model_name_or_path"]))
+    except UserError as e:
+        raise UserError(f"{run.path}'s adapters need the model they adapt: {e}") from None
+    base = GPT(model.config)
+    base.load_state_dict(base_model.state_dict(model.config))
+    hf_config, files = transformers_files(run, base, tokenizer)
+    files = {f"base/{name}": data for name, data in files.items()}
+    kind = hf_config["model_type"]
+    pairs = {name.removesuffix(".lora_A"): (t, trained[name.removesuffix("_A") + "_B"])
+             for name, t in trained.items() if name.endswith(".lora_A")}
+    tensors = lora_to_transformers(model.config, kind, pairs)
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": settings["r"], "lora_alpha": settings["lora_alpha"],
+              "lora_dropout": settings["lora_dropout"], "bias": "none", "fan_in_fan_out": kind == "gpt2",
+              "target_modules": sorted({re.sub(r"^.*\.\d+\.", "", name.split(".lora_")[0].removeprefix(PEFT_PREFIX))
+                                        for name in tensors}),
+              "base_model_name_or_path": str((out / "base").resolve()), "inference_mode": True}
+    first_new = base_model.tokenizer().get_vocab_size()  # (the ids the chat template added come after)
+    rows = {EMBEDDINGS[kind]: "transformer.wte.weight", "lm_head": "lm_head.weight"}
+    for module, ours in rows.items():
+        if ours in trained and not (module == "lm_head" and model.config.tie_embeddings):
+            config.setdefault("trainable_token_indices", {})[module.rsplit(".", 1)[-1]] = list(
+                range(first_new, model.config.vocab_size))
+            tensors[f"{PEFT_PREFIX}{module}.token_adapter.trainable_tokens_delta"] = trained[ours][first_new:].contiguous()
+    files["adapter_config.json"] = json.dumps(config, indent=2) + "\n"
+    files["adapter_model.safetensors"] = safetensors_bytes(tensors, metadata={"format": "pt"})
+    files["README.md"] = f"""# {out.name}: LoRA adapters
+
+Rank-{settings['r']} LoRA adapters (α = {settings['lora_alpha']}) trained with tinygpt over `base/`, a
+`{hf_config['architectures'][0]}`, the model they adapt. With them merged they compute what
+`{run.path}` computes.
+
+```python
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(out / 'base')!r}), {str(out)!r})
+```
+"""
+    return files
+
+
+def write_folder(out: Path, files: dict[str, str | bytes]) -> None:
+    """The files (names may hold one folder, base/...) into a temporary folder beside `out`,
+    renamed to it when complete: a kill or a full disk never leaves half an export."""
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     try:
         tmp.mkdir()
         for name, data in files.items():
+            (tmp / name).parent.mkdir(exist_ok=True)
             (tmp / name).write_bytes(data if isinstance(data, bytes) else data.encode())
         if out.exists():
             out.rmdir()  # empty, checked above
         os.rename(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"wrote {out}: {hf_config['architectures'][0]}; load it with "
-          f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
 
 
 def export_gguf(checkpoint: Path, out: Path, gguf_type: str) -> None:
@@ -212,6 +281,8 @@ def parse_args(argv):
     p.add_argument("--out", type=Path, required=True, help="new folder for the transformers model, or a new FILE.gguf for llama.cpp")
     p.add_argument("--gguf-type", choices=GGUF_TYPES, help="the matrices of a FILE.gguf in float32 (the default), "
                    "float16 or Q8_0 (8-bit blocks of 32; norms and biases stay float32)")
+    p.add_argument("--adapters", action="store_true", help="a LoRA run: write peft's adapters and, in base/, the "
+                   "model they adapt, instead of the merged model")
     p.add_argument("--threads", type=positive, help=thread_help("export"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     return p.parse_args(argv)
@@ -219,7 +290,7 @@ def parse_args(argv):
 
 def command(args) -> int:
     set_threads("export", args.threads)
-    export(args.checkpoint, args.out, args.gguf_type)
+    export(args.checkpoint, args.out, args.gguf_type, args.adapters)
     return 0
 
 

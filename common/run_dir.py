@@ -129,6 +129,19 @@ class RunDir:
         except (OSError, UnicodeDecodeError) as e:
             raise UserError(f"{path} cannot be read ({e}); copy the run directory again") from None
 
+    def adapters(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """A LoRA run's trained tensors (adapter_model.safetensors, our names) and their
+        settings (adapter_config.json); a one-line refusal for a run without adapters."""
+        from safetensors.torch import load_file
+
+        if not (self.path / self.ADAPTERS).is_file():
+            raise UserError(f"{self.path} has no LoRA adapters ({self.ADAPTERS}): it trained every weight; "
+                            "export it without --adapters")
+        try:
+            return load_file(str(self.path / self.ADAPTERS)), json.loads((self.path / self.ADAPTER_CONFIG).read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"{self.path}'s adapters cannot be read ({e}); copy the run directory again") from None
+
     def special_tokens(self) -> dict[str, str]:
         """The roles of the special tokens of the model the run came from ({} when it kept none)."""
         path = self.path / self.SPECIAL_TOKENS

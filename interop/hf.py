@@ -28,6 +28,11 @@ from model.config import ROPE_SCALING
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # ours -> transformers' name
 ACTIVATIONS_IN = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}  # and back
 LINEARS_GPT2 = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # Conv1D in GPT-2: [in, out]
+LLAMA_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.c_proj": "self_attn.o_proj",
+               "mlp.c_gate": "mlp.gate_proj", "mlp.c_fc": "mlp.up_proj", "mlp.c_proj": "mlp.down_proj"}  # (c_attn: q, k, v)
+PEFT_PREFIX = "base_model.model."  # (a PeftModel's name for the transformers model it wraps)
+EMBEDDINGS = {"gpt2": "transformer.wte", "gpt_neox": "gpt_neox.embed_in", "llama": "model.embed_tokens",
+              "qwen2": "model.embed_tokens"}  # export_kind -> the token embedding's module
 NEOX_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.c_attn": "attention.query_key_value",
               "attn.c_proj": "attention.dense", "mlp.c_fc": "mlp.dense_h_to_4h", "mlp.c_proj": "mlp.dense_4h_to_h"}
 
@@ -139,10 +144,8 @@ def rename_llama(tensors: dict[str, torch.Tensor], c: GPTConfig, to_llama: bool)
     kv = c.n_kv_head * c.head_size
     for i in range(c.n_layer):
         ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
-        names = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight"}
-        for kind in ("weight", "bias") if c.bias else ("weight",):
-            names |= {f"attn.c_proj.{kind}": f"self_attn.o_proj.{kind}", f"mlp.c_gate.{kind}": f"mlp.gate_proj.{kind}",
-                      f"mlp.c_fc.{kind}": f"mlp.up_proj.{kind}", f"mlp.c_proj.{kind}": f"mlp.down_proj.{kind}"}
+        names = {f"{mine}.{part}": f"{other}.{part}" for mine, other in LLAMA_NAMES.items()
+                 for part in ("weight", "bias") if part == "weight" or (c.bias and not mine.startswith("ln_"))}
         for kind in ("weight", "bias") if c.qkv_bias else ("weight",):  # (Qwen2: biases on q, k, v alone)
             parts = [f"{theirs}self_attn.{p}_proj.{kind}" for p in "qkv"]
             if to_llama:
@@ -184,18 +187,58 @@ def with_every_kv_head(c: GPTConfig, state: dict[str, torch.Tensor]) -> tuple[GP
     have no shared key/value heads: each k and v head's rows of c_attn are repeated for the
     n_head / n_kv_head query heads that read it (as the model repeats k and v), so the
     logits are the same and the key/value weights that many times larger."""
-    group = c.n_head // c.n_kv_head
-    if group == 1:
+    if c.n_kv_head == c.n_head:
         return c, state
-    state, kv = dict(state), c.n_kv_head * c.head_size
+    state = dict(state)
     for i in range(c.n_layer):
         for kind in ("weight", "bias") if c.bias else ("weight",):
             name = f"transformer.h.{i}.attn.c_attn.{kind}"
-            q, k, v = state[name].split([c.n_embd, kv, kv])  # k, v: [H_kv d_k, ...]
-            k, v = (t.reshape(c.n_kv_head, c.head_size, *t.shape[1:]).repeat_interleave(group, 0)
-                    .reshape(c.n_embd, *t.shape[1:]) for t in (k, v))  # [H d_k, ...]
-            state[name] = torch.cat([q, k, v])
+            state[name] = every_kv_head(c, state[name])
     return dataclasses.replace(c, n_kv_head=c.n_head), state
+
+
+def every_kv_head(c: GPTConfig, rows: torch.Tensor) -> torch.Tensor:
+    """c_attn's rows (of W, its bias, or a LoRA B) [C + 2 H_kv d_k, ...] -> [3 C, ...], each
+    key/value head's rows repeated for the query heads that share it."""
+    group, kv = c.n_head // c.n_kv_head, c.n_kv_head * c.head_size
+    q, k, v = rows.split([c.n_embd, kv, kv])  # k, v: [H_kv d_k, ...]
+    k, v = (t.reshape(c.n_kv_head, c.head_size, *t.shape[1:]).repeat_interleave(group, 0)
+            .reshape(c.n_embd, *t.shape[1:]) for t in (k, v))  # [H d_k, ...]
+    return torch.cat([q, k, v])
+
+
+def lora_to_transformers(c: GPTConfig, kind: str,
+                         adapters: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """peft's LoRA tensors over the export of `kind` (export_kind's; a Qwen2 written as a
+    Llama is a "llama" here): {our module (transformer.h.{i}.attn.c_attn, ...): (A [r, in],
+    B [out, r])} -> {"base_model.model.<their module>.lora_A.weight": A, ...lora_B.weight: B}.
+    The update B A has W's shape, so whatever the export does to W's rows it does to B's:
+    GPT-2's and GPT-NeoX's key/value heads repeated, GPT-NeoX's per-head order, Llama's
+    split of c_attn into q_proj, k_proj and v_proj (which then share A). GPT-2's Conv1D
+    holds Wᵀ; peft's fan_in_fan_out undoes that, so A and B stay as they are."""
+    kv = c.n_kv_head * c.head_size
+    tensors = {}
+    for ours, (a, b) in adapters.items():
+        i, target = re.fullmatch(r"transformer\.h\.(\d+)\.(.+)", ours).groups()
+        if kind in ("llama", "qwen2"):
+            if target == "attn.c_attn":
+                parts = zip((f"self_attn.{p}_proj" for p in "qkv"), b.split([c.n_embd, kv, kv]))
+            else:
+                parts = [(LLAMA_NAMES[target], b)]
+            modules = [(f"model.layers.{i}.{theirs}", rows) for theirs, rows in parts]
+        else:
+            if target == "attn.c_attn":
+                b = every_kv_head(c, b)
+            if kind == "gpt2":
+                modules = [(ours, b)]
+            else:
+                rows = qkv_layout(b, c.n_head, to_neox=True) if target == "attn.c_attn" else b
+                modules = [(f"gpt_neox.layers.{i}.{NEOX_NAMES[target]}", rows)]
+        for module, rows in modules:
+            tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.clone()  # (q, k, v: one A, stored thrice)
+            tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = rows.contiguous()
+    return tensors
+
 
 
 def with_zero_biases(c: GPTConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -284,11 +284,12 @@ def test_export_command_line_help_requirements_and_debug(tmp_path, capsys):
     assert export.main(["--help"]) == 0
     shown = " ".join(capsys.readouterr().out.split())  # (argparse re-wraps the lines)
     assert shown.startswith("usage: export.py [-h] --checkpoint CHECKPOINT --out OUT [--gguf-type {f32,f16,q8_0}] "
-                            "[--threads THREADS] [--debug]")
+                            "[--adapters] [--threads THREADS] [--debug]")
     assert shown.split(" options:")[0].endswith(" ".join(export.__doc__.split("\n\n")[0].split()))  # all of it
     assert ("--checkpoint CHECKPOINT run directory, e.g. out/tiny --out OUT new folder for the transformers model, or a new FILE.gguf for llama.cpp "
             "--gguf-type {f32,f16,q8_0} the matrices of a FILE.gguf in float32 (the default), float16 or Q8_0 (8-bit blocks "
-            "of 32; norms and biases stay float32) --threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if "
+            "of 32; norms and biases stay float32) --adapters a LoRA run: write peft's adapters and, in base/, the "
+            "model they adapt, instead of the merged model --threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if "
             "set, else 1) --debug show full tracebacks") in shown
     assert export.main(["--out", str(tmp_path / "hf")]) == 2
     assert "the following arguments are required: --checkpoint (see python export.py --help)" in capsys.readouterr().err

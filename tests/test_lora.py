@@ -10,6 +10,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+import export
 import train
 from common.run_dir import RunDir
 from conftest import make_trainer, run_cli
@@ -148,6 +149,49 @@ def test_a_lora_run_resumes_exactly_and_every_program_opens_it(runs, tmp_path):
         assert out.returncode == 0, out.stderr
     exported = load_file(tmp_path / "hf" / "model.safetensors")
     assert not any("lora" in name for name in exported)
+
+
+SHAPES = {"gpt2": ["model.pos_encoding=learned"], "gpt_neox": [],
+          "llama": ["model.norm=rmsnorm", "model.mlp=swiglu", "model.bias=false", "model.tie_embeddings=false"],
+          "qwen2": ["model.norm=rmsnorm", "model.mlp=swiglu", "model.bias=false", "model.qkv_bias=true"]}
+
+
+@pytest.mark.parametrize("kind", [pytest.param("gpt2", marks=pytest.mark.slow), "gpt_neox", "llama",
+                                  pytest.param("qwen2", marks=pytest.mark.slow)])
+def test_the_adapters_export_as_peft_s_over_the_base_with_the_merged_logits(runs, tmp_path, kind):
+    """export.py --adapters: peft's PeftModel over base/ (train.init_from's model, exported)
+    computes the merged export's logits, for each kind the export writes: GPT-2's fused
+    Conv1D, GPT-NeoX's per-head rows, Llama's (and a Qwen2 written as Llama's) q, k and v
+    split, with two query heads a key/value head; the chat markers' trained rows as
+    trainable tokens (an untied head's too)."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    shape = ["model.n_layer=2", *SHAPES[kind]]
+    assert train.main(chat_run(tmp_path, f"data.source={runs / 'sums.txt'}", *shape, out="base")) == 0
+    assert train.main(chat_run(tmp_path, f"train.init_from={tmp_path / 'base'}", *shape, "lora.rank=4",
+                               "train.lr=0.01", data=runs / "add.jsonl", out="lora")) == 0
+    run = str(tmp_path / "lora")
+    assert export.main(["--checkpoint", run, "--out", str(tmp_path / "merged")]) == 0
+    assert export.main(["--checkpoint", run, "--out", str(tmp_path / "peft"), "--adapters"]) == 0
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "peft" / "base").eval()
+    x = torch.randint(0, merged.config.vocab_size, (2, 16))
+    x[:, :4] = torch.arange(merged.config.vocab_size - 4, merged.config.vocab_size)  # (the markers)
+    with torch.no_grad():
+        before = base(x).logits
+        adapted = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+        torch.testing.assert_close(adapted(x).logits, merged(x).logits, atol=2e-5, rtol=0)
+        assert (before - merged(x).logits).abs().max() > 1e-2  # (adapters that change the model)
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((tmp_path / "peft" / "base").resolve())
+    markers = {"trainable_token_indices": {"wte" if kind == "gpt2" else "embed_in" if kind == "gpt_neox"
+                                           else "embed_tokens": list(range(merged.config.vocab_size - 4,
+                                                                           merged.config.vocab_size))}}
+    if kind == "llama":
+        markers["trainable_token_indices"]["lm_head"] = markers["trainable_token_indices"]["embed_tokens"]
+    assert config.items() >= markers.items()
+    assert export.main(["--checkpoint", str(tmp_path / "base"), "--out", str(tmp_path / "none"), "--adapters"]) == 2
+    assert not (tmp_path / "none").exists()
 
 
 def test_lora_needs_a_model_to_adapt(runs):
