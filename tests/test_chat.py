@@ -191,7 +191,13 @@ def test_a_run_on_conversations_keeps_its_template_and_evaluate_scores_it_by_the
     held_out = tmp_path / "held_out.jsonl"
     write_tasks(held_out, task_conversations("add", 10, seed=1))
     assert evaluate.main(["--checkpoint", str(run), "--text", str(held_out), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["conversations"] == 10
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["conversations"] == 10
+    assert evaluate.main(["--checkpoint", str(run), "--text", str(held_out)]) == 0  # the same, in words
+    said = capsys.readouterr().out.splitlines()
+    assert said[0].startswith(f"{held_out}: 10 conversations, {scored['answer_tokens']} answer tokens scored in ")
+    assert said[1] == (f"loss {scored['loss']:.4f} nats/answer token | perplexity {scored['perplexity']:.3f} | "
+                       f"exact match of the last answer {scored['exact_match']:.1%}")
 
 
 @pytest.mark.slow  # (two runs in their own processes)
@@ -381,6 +387,34 @@ def chat_runs(tmp_path_factory):
     assert train.main(chat_run(tmp, f"data.source={tmp / 'sums.txt'}", "train.max_iters=2", out="base")) == 0
     assert train.main(chat_run(tmp, f"train.init_from={tmp / 'base'}", "train.max_iters=2", out="sft")) == 0
     return tmp
+
+
+def test_generate_chat_answers_each_line_as_the_chat_engine_does(chat_runs, monkeypatch, capsys):
+    """generate.py --chat: each line read is a message; each reply is printed on its own line
+    and is the chat engine's for the conversation so far; --seed makes sampled replies
+    repeat; --prompt is refused."""
+    import io
+
+    import generate
+    from common.chat import run_template
+    from common.run_dir import RunDir
+
+    run = chat_runs / "sft"
+    model, tokenizer = RunDir(run).load_model()
+    session = Chat(model.eval(), tokenizer, run_template(run, tokenizer), Sampling(temperature=0), 6,
+                   torch.Generator(), note=lambda text: None)
+    expected = [session.reply(text) for text in ("2+3=", "4+4=")]
+
+    def chat(*flags):
+        monkeypatch.setattr("sys.stdin", io.StringIO("2+3=\n\n4+4=\n"))
+        assert generate.main(["--checkpoint", str(run), "--chat", "--max-new-tokens", "6", *flags]) == 0
+        return capsys.readouterr().out
+
+    assert chat("--temperature", "0") == "".join(f"{reply}\n" for reply in expected)
+    assert chat("--temperature", "2", "--seed", "3") == chat("--temperature", "2", "--seed", "3")
+    assert generate.main(["--checkpoint", str(run), "--chat", "--prompt", "2+3="]) == 2
+    assert capsys.readouterr().err.strip().endswith("--chat reads its messages from the input, one a line; give it "
+                                                    "no --prompt, --prompt-file or --show-attention")
 
 
 def test_a_base_model_grows_its_embedding_by_the_chat_markers_each_the_mean(chat_runs):

@@ -63,6 +63,50 @@ def test_merging_gives_the_adapted_models_logits_and_a_plain_model():
     x = torch.randint(0, SETTINGS["vocab_size"], (2, 12))
     with torch.no_grad():
         assert (adapted(x)[0] - plain(x)[0]).abs().max() < 1e-5
+    assert not any(p.requires_grad for p in plain.parameters())  # (plain weights: nothing left to train)
+
+
+def test_an_adapter_starts_as_nn_linear_starts_a_matrix_and_new_rows_train_alone():
+    """A starts as nn.Linear (and peft) start a matrix (Kaiming-uniform with a = √5), B at
+    zero; train_rows passes the new rows' gradient as it is, in the weight's dtype, and
+    zeroes the others'."""
+    from lora import LoRALinear
+    from lora.adapters import train_rows
+
+    linear = torch.nn.Linear(24, 40)
+    torch.manual_seed(3)
+    layer = LoRALinear(linear, rank=4, alpha=8, dropout=0.0)
+    torch.manual_seed(3)
+    assert torch.equal(layer.lora_A, torch.nn.Linear(24, 4, bias=False).weight)
+    assert not layer.lora_B.any() and layer.bias is linear.bias
+    for dtype in (torch.float32, torch.bfloat16):
+        weight = torch.nn.Parameter(torch.randn(10, 6, dtype=dtype))
+        train_rows(weight, 7)
+        upstream = torch.randn(10, 6, dtype=dtype)
+        (weight * upstream).sum().backward()
+        assert weight.grad.dtype == dtype and not weight.grad[:7].any()
+        assert torch.equal(weight.grad[7:], upstream[7:])
+
+
+def test_the_adapters_saved_load_back_and_no_others_do():
+    """adapter_state / load_adapter_state (a resume): the trained tensors come back in
+    place; a state missing one, or holding one the model does not train, is refused by name."""
+    from lora import adapter_state, load_adapter_state
+
+    torch.manual_seed(0)
+    saved = with_random_updates(add_adapters(GPT(GPTConfig(**SETTINGS)), LoRAConfig(rank=4)))
+    names = list(trained_parameters(saved))
+    state = adapter_state(saved, names)
+    assert sorted(state) == sorted(names)
+    fresh = add_adapters(GPT(GPTConfig(**SETTINGS)), LoRAConfig(rank=4))
+    frozen = {name: t.clone() for name, t in fresh.state_dict().items() if name not in names}
+    load_adapter_state(fresh, state, names)
+    assert all(torch.equal(fresh.state_dict()[name], saved.state_dict()[name]) for name in names)
+    assert all(torch.equal(fresh.state_dict()[name], t) for name, t in frozen.items())
+    with pytest.raises(ValueError, match=r"missing \['transformer.h.0.attn.c_attn.lora_A'\], unexpected \[\]"):
+        load_adapter_state(fresh, {k: v for k, v in state.items() if k != names[0]}, names)
+    with pytest.raises(ValueError, match=r"missing \[\], unexpected \['transformer.wte.weight'\]"):
+        load_adapter_state(fresh, {**state, "transformer.wte.weight": fresh.transformer.wte.weight}, names)
 
 
 def test_only_the_adapters_train_and_the_rank_counts():
