@@ -218,13 +218,13 @@ def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | byte
               "target_modules": sorted({re.sub(r"^.*\.\d+\.", "", name.split(".lora_")[0].removeprefix(PEFT_PREFIX))
                                         for name in tensors}),
               "base_model_name_or_path": str((out / "base").resolve()), "inference_mode": True}
-    first_new = base_model.tokenizer().get_vocab_size()  # (the ids the chat template added come after)
     rows = {EMBEDDINGS[kind]: "transformer.wte.weight", "lm_head": "lm_head.weight"}
     for module, ours in rows.items():
         if ours in trained and not (module == "lm_head" and model.config.tie_embeddings):
             config.setdefault("trainable_token_indices", {})[module.rsplit(".", 1)[-1]] = list(
-                range(first_new, model.config.vocab_size))
-            tensors[f"{PEFT_PREFIX}{module}.token_adapter.trainable_tokens_delta"] = trained[ours][first_new:].contiguous()
+                range(settings["rows_from"][ours], model.config.vocab_size))
+            rows = trained[ours]  # the new tokens' rows (settings["rows_from"][ours] on): peft's trainable tokens
+            tensors[f"{PEFT_PREFIX}{module}.token_adapter.trainable_tokens_delta"] = rows.contiguous()
     files["adapter_config.json"] = json.dumps(config, indent=2) + "\n"
     files["adapter_model.safetensors"] = safetensors_bytes(tensors, metadata={"format": "pt"})
     files["README.md"] = f"""# {out.name}: LoRA adapters

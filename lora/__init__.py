@@ -18,13 +18,13 @@ AdamW (Muon would orthogonalise their updates, which are low-rank by design); ev
 of the model brought in stays bit for bit as it was. Where a chat template's markers were
 added to the tokenizer (data/chat.py), their new embedding rows train too, and only those.
 
-The run folder keeps the adapters apart (adapter_model.safetensors, adapter_config.json)
-and, as model.safetensors, the model with them merged (W + (α/r) B A): every program that
+The run folder keeps the adapters apart (adapter_model.safetensors, adapter_config.json;
+of the embedding, the new tokens' rows alone) and, as model.safetensors, the model with them merged (W + (α/r) B A): every program that
 opens a run reads that, and export.py writes it. adapters.py holds the code.
 """
 
-from .adapters import (LoRAConfig, LoRALinear, add_adapters, adapter_state, load_adapter_state, merged,
-                       trained_count, trained_parameters)
+from .adapters import (LoRAConfig, LoRALinear, add_adapters, adapter_file, adapter_state, load_adapter_state, merged,
+                       new_rows_from, trained_count, trained_parameters)
 
-__all__ = ["LoRAConfig", "LoRALinear", "add_adapters", "adapter_state", "load_adapter_state", "merged",
-           "trained_count", "trained_parameters"]
+__all__ = ["LoRAConfig", "LoRALinear", "add_adapters", "adapter_file", "adapter_state", "load_adapter_state", "merged",
+           "new_rows_from", "trained_count", "trained_parameters"]

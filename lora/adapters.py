@@ -126,6 +126,17 @@ def adapter_state(model: nn.Module, names) -> dict[str, torch.Tensor]:
     return {name: state[name] for name in names}
 
 
+def new_rows_from(model: nn.Module) -> dict[str, int]:
+    """{name: first trained row} of each matrix whose new tokens' rows alone train (train_rows)."""
+    return {name: p.rows_from for name, p in model.named_parameters() if getattr(p, "rows_from", None) is not None}
+
+
+def adapter_file(model: nn.Module, names, rows_from: dict[str, int]) -> dict[str, torch.Tensor]:
+    """adapter_model.safetensors: the trained tensors, and of a matrix whose new tokens'
+    rows alone train (rows_from, new_rows_from's), those rows only."""
+    return {name: t[rows_from[name]:] if name in rows_from else t for name, t in adapter_state(model, names).items()}
+
+
 def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], names) -> None:
     """Put back the trained tensors saved by adapter_state; the others stay as they are."""
     missing = set(names) - set(state)

@@ -166,6 +166,11 @@ def test_a_lora_run_trains_the_adapters_and_the_new_tokens_rows_only(runs):
     assert len(adapters) == 2 * 4 * model.config.n_layer  # A and B beside W_QKV, W_O, W_1, W_2 of each block
     expected = sorted([*adapters, "transformer.wte.weight"])  # (the markers' rows: the whole matrix is saved)
     assert sorted(state["model"]) == sorted(state["average"]) == expected
+    saved = load_file(runs / "trainer" / "adapter_model.safetensors")  # of the embedding, the new rows alone
+    assert sorted(saved) == expected
+    assert torch.equal(saved["transformer.wte.weight"], trainer.eval_model.transformer.wte.weight[vocab:])
+    assert json.loads((runs / "trainer" / "adapter_config.json").read_text())["rows_from"] == {
+        "transformer.wte.weight": vocab}
 
 
 @pytest.mark.slow  # (three runs and four programs: about ten seconds)

@@ -40,7 +40,7 @@ from common.device import peak_flops
 from common.run_dir import RunDir
 from common.threads import AdaptiveThreads
 from data.batches import sampler_for
-from lora import add_adapters, adapter_state, load_adapter_state, merged, trained_parameters
+from lora import add_adapters, adapter_file, adapter_state, load_adapter_state, merged, new_rows_from, trained_parameters
 from model import GPT
 
 from . import logger, resume
@@ -102,6 +102,7 @@ class Trainer:
             first_new = run.base.tokenizer().get_vocab_size()  # (the ids data/chat.py added come after)
             add_adapters(self.model, lora, first_new if run.data.vocab_size > first_new else None)
             self.trained_names = list(trained_parameters(self.model))
+        self.rows_from = new_rows_from(self.model)  # (a matrix whose new tokens' rows alone train: the first)
         self.optimizers = make_optimizers(self.model, settings, device)
         self.schedule = Schedule(settings, settings.max_iters)
         self.average = WeightAverage(self.model, settings.ema) if settings.ema else None
@@ -317,7 +318,8 @@ class Trainer:
 
         def checkpoint() -> None:
             if self.trained_names is not None:  # the adapters alone, beside the merged model
-                self.run_dir.save_adapters(adapter_state(self.eval_model, self.trained_names), self.adapter_config())
+                self.run_dir.save_adapters(adapter_file(self.eval_model, self.trained_names, self.rows_from),
+                                           self.adapter_config())
             self.run_dir.save_checkpoint(self.saved_model, self.run.data.tokenizer, self.summary(),
                                          self.state(ranks).to_dict())
 
@@ -386,7 +388,7 @@ class Trainer:
         lora = self.run.config.lora
         return {"r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
                 "target_modules": lora.targets, "base_model_name_or_path": self.run.config.train.init_from,
-                "trained": self.trained_names}
+                "trained": self.trained_names, "rows_from": self.rows_from}
 
     def tokens_seen(self) -> int:
         """Training tokens so far, across resumes: the real tokens of every batch drawn (a
