@@ -3,7 +3,8 @@
 Loads model.safetensors, config.json and tokenizer.json (no pickle) and samples token
 by token with a KV cache. Several --prompt flags run as one left-padded batch.
 --chat talks with a model fine-tuned on conversations: each line you type is a user's
-message, put in the run's chat template; the reply ends at the end-of-turn token.
+message (a line ending in \\ goes on on the next), put in the run's chat template after
+--system's message; the reply ends at the end-of-turn token.
 Exit codes: 0 ok, 2 bad input.
 """
 
@@ -218,16 +219,16 @@ def interactive(model, tokenizer, settings: Settings, device) -> None:
             print(f"error: {e}", file=sys.stderr)
 
 
-def chat(model, tokenizer, checkpoint: Path, settings: Settings, device) -> None:
-    """generate.py --chat: each line read (from the terminal, or piped in) is the user's message."""
+def chat(model, tokenizer, checkpoint: Path, settings: Settings, device, system: str | None = None) -> None:
+    """generate.py --chat: each line read (from the terminal, or piped in) is the user's
+    message, or lines joined where one ends in a backslash; `system` opens the conversation."""
     session = Chat(model, tokenizer, run_template(checkpoint, tokenizer), settings.sampling, settings.max_new_tokens,
-                   seeded(settings.seed, device), note=lambda text: print(f"\nnote: {text}", file=sys.stderr))
+                   seeded(settings.seed, device), note=lambda text: print(f"\nnote: {text}", file=sys.stderr),
+                   system=system)
     if sys.stdin.isatty():
-        print("Type a message and press Enter (Ctrl-D to quit).", file=sys.stderr)
-    for line in sys.stdin:
-        text = line.rstrip("\n")
-        if not text:
-            continue
+        print("Type a message and press Enter (end a line with \\ to go on on the next; Ctrl-D to quit).",
+              file=sys.stderr)
+    for text in messages(sys.stdin):
         try:
             stream = Stream(sys.stdout, [])
             stream.update(session.reply(text, stream.update), final=True)
@@ -235,6 +236,22 @@ def chat(model, tokenizer, checkpoint: Path, settings: Settings, device) -> None
             sys.stdout.flush()
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
+
+
+def messages(lines):
+    """The messages in the lines typed: one a line, a line ending in a backslash joined to
+    the next (the backslash dropped, the line break kept); empty messages skipped."""
+    held = []
+    for line in lines:
+        line = line.rstrip("\n")
+        if line.endswith("\\"):
+            held.append(line[:-1])
+            continue
+        text, held = "\n".join([*held, line]), []
+        if text.strip():
+            yield text
+    if held and "\n".join(held).strip():
+        yield "\n".join(held)
 
 
 def seeded(seed: int | None, device) -> torch.Generator:
@@ -254,7 +271,9 @@ def parse_args(argv):
                    help="text to continue; repeat for a batch of prompts")
     p.add_argument("--prompt-file", type=Path, help="read one prompt from a file")
     p.add_argument("--chat", action="store_true",
-                   help="talk with a model fine-tuned on conversations: each line is a message")
+                   help="talk with a model fine-tuned on conversations: each line is a message (end a line with \\ "
+                        "to go on on the next)")
+    p.add_argument("--system", help="--chat: the system message the conversation starts with")
     Settings.add_options(p)
     p.add_argument("--show-attention", type=Path, metavar="FILE.png",
                    help="for the first sample, prompt and generated text: every layer's attention maps "
@@ -283,6 +302,8 @@ def command(args) -> int:
     if args.chat and (prompts or args.show_attention is not None):
         raise UserError("--chat reads its messages from the input, one a line; give it no --prompt, --prompt-file "
                         "or --show-attention")
+    if args.system is not None and not args.chat:
+        raise UserError("--system is the system message of a conversation: give it with --chat")
     interactive_mode = args.interactive or (not prompts and sys.stdin.isatty())
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device, training=False)  # 'auto': bf16 on GPUs, float32 on CPUs
@@ -291,7 +312,7 @@ def command(args) -> int:
     model, tokenizer = load_model(args.checkpoint, device, dtype)
     settings = dataclasses.replace(settings, suppress_tokens=suppressed_ids(tokenizer))
     if args.chat:
-        chat(model, tokenizer, args.checkpoint, settings, device)
+        chat(model, tokenizer, args.checkpoint, settings, device, args.system)
     elif interactive_mode:
         interactive(model, tokenizer, dataclasses.replace(settings, interactive=True), device)
     else:

@@ -58,10 +58,10 @@ class Chat:
     messages so far, the KV cache kept across turns (each turn runs only the tokens the
     cache does not hold), the reply ended by the end-of-turn token. When the conversation
     outgrows the context, its oldest turns are dropped (a system message stays) and `note`
-    says so; the cache then starts again."""
+    says so; the cache then starts again. `system`: the system message it starts with."""
 
     def __init__(self, model: GPT, tokenizer, template: ChatTemplate, sampling: Sampling, max_new_tokens: int,
-                 generator: torch.Generator, note: Callable[[str], None]):
+                 generator: torch.Generator, note: Callable[[str], None], system: str | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.template = template
@@ -73,7 +73,7 @@ class Chat:
         self.device = next(model.parameters()).device
         self.cache = KVCache(model.config, 1, self.block_size, self.device, next(model.parameters()).dtype)
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
-        self.messages: list[dict] = []
+        self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
         self.ends = turn_ends(tokenizer)
 
     def prompt(self) -> list[int]:

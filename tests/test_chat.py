@@ -405,16 +405,37 @@ def test_generate_chat_answers_each_line_as_the_chat_engine_does(chat_runs, monk
                    torch.Generator(), note=lambda text: None)
     expected = [session.reply(text) for text in ("2+3=", "4+4=")]
 
-    def chat(*flags):
-        monkeypatch.setattr("sys.stdin", io.StringIO("2+3=\n\n4+4=\n"))
+    def chat(*flags, typed="2+3=\n\n4+4=\n"):
+        monkeypatch.setattr("sys.stdin", io.StringIO(typed))
         assert generate.main(["--checkpoint", str(run), "--chat", "--max-new-tokens", "6", *flags]) == 0
         return capsys.readouterr().out
 
     assert chat("--temperature", "0") == "".join(f"{reply}\n" for reply in expected)
     assert chat("--temperature", "2", "--seed", "3") == chat("--temperature", "2", "--seed", "3")
+    # --system opens the conversation; a line ending in a backslash goes on on the next
+    session = Chat(model.eval(), tokenizer, run_template(run, tokenizer), Sampling(temperature=0), 6,
+                   torch.Generator(), note=lambda text: None, system="B")
+    assert session.messages == [{"role": "system", "content": "B"}]
+    expected = session.reply("2\n3")  # (the 16 tokens of this model's context hold no more)
+    import common.chat
+    seen = []
+    monkeypatch.setattr(common.chat, "prompt_ids", lambda tok, template, messages: (
+        seen.append([dict(m) for m in messages]), prompt_ids(tok, template, messages))[1])
+    assert chat("--temperature", "0", "--system", "B", typed="2\\\n3\n") == f"{expected}\n"
+    assert seen[0] == session.messages[:2] == [{"role": "system", "content": "B"}, {"role": "user", "content": "2\n3"}]
     assert generate.main(["--checkpoint", str(run), "--chat", "--prompt", "2+3="]) == 2
     assert capsys.readouterr().err.strip().endswith("--chat reads its messages from the input, one a line; give it "
                                                     "no --prompt, --prompt-file or --show-attention")
+    assert generate.main(["--checkpoint", str(run), "--system", "Be brief.", "--prompt", "2+3="]) == 2
+    assert capsys.readouterr().err.strip().endswith("--system is the system message of a conversation: give it "
+                                                    "with --chat")
+
+
+def test_the_messages_typed_are_lines_joined_by_a_final_backslash():
+    from generate import messages
+
+    typed = ["2+3=\n", "\n", "first\\\n", "second\\\n", "third\n", "  \n", "last\\\n"]
+    assert list(messages(typed)) == ["2+3=", "first\nsecond\nthird", "last"]
 
 
 def test_a_base_model_grows_its_embedding_by_the_chat_markers_each_the_mean(chat_runs):
