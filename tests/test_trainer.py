@@ -982,3 +982,16 @@ def test_a_trainer_state_of_an_earlier_layout_is_refused_by_name(tmp_path, micro
     err = capsys.readouterr().err
     assert err == (f"error: {state_file} was written by an earlier version of this project and cannot be resumed "
                    "(its model still generates and exports); add --fresh to start over, or set out_dir=PATH\n")
+    # layout 2 (before the run's state was a type) holds the same fields, and resumes
+    state["format"] = 2
+    del state["threads"]  # (added with layout 3, with a default)
+    torch.save(state, state_file)
+    assert train.main(["--config", TINY, *micro("train.max_iters=4")]) == 0
+    assert "resuming at iteration 2" in capsys.readouterr().out
+    # a state that lacks a field without a default is damaged: said by name
+    state = torch.load(state_file, weights_only=True)
+    del state["losses"], state["tokens_seen"]
+    torch.save(state, state_file)
+    assert train.main(["--config", TINY, *micro("train.max_iters=6")]) == 2
+    assert capsys.readouterr().err == (f"error: {state_file} lacks losses, tokens_seen: it is damaged; add --fresh "
+                                       "to start over, or set out_dir=PATH\n")
