@@ -104,6 +104,17 @@ def model_card(run: RunDir, out: Path, model, hf_config: dict) -> str:
            else "nats per answer token (the loss is on the assistant's turns alone)")
     measured = (f"validation loss {val:.4f} {per}, after {summary['iteration']:,} iterations"
                 if val is not None else "not recorded by this run")
+    train = run.run_config().get("train") or {}
+    lora = run.run_config().get("lora") or {}
+    if run.chat_template() is not None:  # fine-tuned on conversations: its template makes the prompt
+        example = (f"from transformers import pipeline\nchat = pipeline(\"text-generation\", model={str(out)!r})\n"
+                   "print(chat([{\"role\": \"user\", \"content\": \"...\"}], max_new_tokens=100)[0][\"generated_text\"][-1])")
+    else:
+        example = (f"from transformers import pipeline\nprint(pipeline(\"text-generation\", model={str(out)!r})"
+                   f"({prompt!r}, max_new_tokens=100)[0][\"generated_text\"])")
+    start = (f"fine-tuned from `{train['init_from']}`" + (f" with LoRA adapters of rank {lora['rank']} (α = "
+             f"{lora.get('alpha')}), merged into the weights here" if lora.get("rank") else ", every weight trained")
+             if train.get("init_from") else "trained from scratch")
     return f"""---
 library_name: transformers
 pipeline_tag: text-generation
@@ -117,10 +128,10 @@ A decoder-only Transformer trained with tinygpt (a small GPT trainer) and export
 {model.num_parameters():,} parameters.
 
 ```python
-from transformers import pipeline
-print(pipeline("text-generation", model={str(out)!r})({prompt!r}, max_new_tokens=100)[0]["generated_text"])
+{example}
 ```
 
+- **Start**: {start}.
 - **Training data**: `{source}` ({data.tokenizer if data else '?'} tokenizer), token files fingerprint
   `{summary.get('data_fingerprint', 'not recorded')}`.
 - **Measured**: {measured}.

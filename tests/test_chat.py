@@ -468,7 +468,10 @@ def test_the_exports_carry_the_chat_template(chat_runs, tmp_path):
     out = tmp_path / "hf"
     assert export.main(["--checkpoint", str(chat_runs / "sft"), "--out", str(out)]) == 0
     assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == DEFAULT_TEMPLATE
-    assert "nats per answer token" in (out / "README.md").read_text()  # (no bits per character of answers alone)
+    card = (out / "README.md").read_text()
+    assert "nats per answer token" in card  # (no bits per character of answers alone)
+    assert f"- **Start**: fine-tuned from `{chat_runs / 'base'}`, every weight trained." in card
+    assert 'chat([{"role": "user", "content": "..."}], max_new_tokens=100)' in card  # (the template makes the prompt)
     _, tokenizer = RunDir(chat_runs / "sft").load_model()
     messages = [{"role": "user", "content": "12+30="}, {"role": "assistant", "content": "42"}]
     theirs = AutoTokenizer.from_pretrained(out).apply_chat_template(messages, tokenize=True)

@@ -114,6 +114,7 @@ def test_an_export_computes_our_logits_with_our_settings(tmp_path, settings):
     assert context == 16  # our block_size: transformers' default would claim 1,024 or 2,048 positions
     card = (tmp_path / "hf" / "README.md").read_text()
     assert ("the export repeats them, one per query head" in card) == ("n_kv_head" in settings)
+    assert "- **Start**: trained from scratch." in card
 
 
 def test_a_bpe_export_ends_at_end_of_text(tmp_path, corpus):

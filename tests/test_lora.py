@@ -223,6 +223,8 @@ def test_the_adapters_export_as_peft_s_over_the_base_with_the_merged_logits(runs
     assert export.main(["--checkpoint", run, "--out", str(tmp_path / "merged")]) == 0
     assert export.main(["--checkpoint", run, "--out", str(tmp_path / "peft"), "--adapters"]) == 0
     merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert (f"fine-tuned from `{tmp_path / 'base'}` with LoRA adapters of rank 4 (α = 16.0), merged into the "
+            "weights here") in (tmp_path / "merged" / "README.md").read_text()
     base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "peft" / "base").eval()
     x = torch.randint(0, merged.config.vocab_size, (2, 16))
     x[:, :4] = torch.arange(merged.config.vocab_size - 4, merged.config.vocab_size)  # (the markers)
