@@ -285,6 +285,17 @@ def test_chat_keeps_the_cache_across_turns_and_answers_as_a_fresh_pass(monkeypat
     assert [m["role"] for m in session.messages] == ["user", "assistant"] * 3
 
 
+def test_chat_keeps_its_cache_in_the_models_dtype():
+    """generate.py --chat --dtype bfloat16: the cache holds bfloat16 keys and values, as the
+    model computes them, and the reply is a fresh pass's."""
+    model, tokenizer = chat_model()
+    model = model.to(torch.bfloat16)
+    template = ChatTemplate(DEFAULT_TEMPLATE)
+    session = Chat(model, tokenizer, template, Sampling(temperature=0), 6, torch.Generator(), note=print)
+    messages = [{"role": "user", "content": "2+3="}]
+    assert session.reply("2+3=") == fresh_reply(model, tokenizer, template, messages, 6)
+
+
 def test_chat_forgets_the_oldest_turns_when_the_context_fills():
     model, tokenizer = chat_model(block_size=24)
     template = ChatTemplate(DEFAULT_TEMPLATE)

@@ -3,6 +3,7 @@
 import io
 import json
 import re
+import shutil
 import sys
 
 import pytest
@@ -52,10 +53,21 @@ def test_greedy_is_the_same_without_the_cache_past_block_size(checkpoint, capsys
     assert cached == uncached and len(cached) > 50  # 50 new tokens, block_size is 16
 
 
-def test_batched_prompts_match_each_prompt_alone(checkpoint, capsys):
+def test_batched_prompts_match_each_prompt_alone(checkpoint, capsys, tmp_path):
+    """Prompts of different lengths run as one left-padded batch; each sample is its prompt's
+    alone. (Weights large enough that attention to the padding would change the text.)"""
+    sharp = tmp_path / "sharp"
+    model = GPT.from_pretrained(checkpoint)
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.dim() == 2:
+                weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(weight.numel()))
+    model.save_pretrained(sharp)
+    shutil.copy(checkpoint / "tokenizer.json", sharp)
     prompts = ["ROMEO:", "Ay", "But soft, what light"]
-    batched = greedy(checkpoint, capsys, *[a for p in prompts for a in ("--prompt", p)])
-    alone = [greedy(checkpoint, capsys, "--prompt", p).rstrip("\n") for p in prompts]
+    batched = greedy(sharp, capsys, *[a for p in prompts for a in ("--prompt", p)])
+    alone = [greedy(sharp, capsys, "--prompt", p).rstrip("\n") for p in prompts]
+    assert len(set(alone)) == 3
     for i, text in enumerate(alone):
         assert f"sample {i + 1} of 3" in batched and text in batched
 
@@ -258,6 +270,13 @@ def test_broken_checkpoint_files(tmp_path, checkpoint, capsys, name, content, me
 def test_bad_options(checkpoint, capsys, args, message):
     code, out, err = run(checkpoint, capsys, *args)
     assert code == 2 and err == f"error: {message}\n" and not out
+
+
+def test_show_attention_into_a_folder_is_refused(checkpoint, capsys, tmp_path):
+    (tmp_path / "maps.png").mkdir()
+    code, out, err = run(checkpoint, capsys, "--prompt", "A", "--show-attention", str(tmp_path / "maps.png"))
+    assert code == 2 and err == f"error: --show-attention {tmp_path / 'maps.png'} is a folder; give a file name " \
+                                "ending in .png\n"
 
 
 def test_a_sample_is_500_new_tokens_unless_told_otherwise():

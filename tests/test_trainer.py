@@ -25,7 +25,7 @@ from common.device import resolve_dtype
 from common.run_dir import RunDir
 from conftest import ROOT, favour_token, make_trainer as trainer_for
 from data.tokenizer import UNK
-from model import GPT
+from model import GPT, GPTConfig
 from training import budget
 from training.average import decay_after
 from training.config import TrainConfig
@@ -995,3 +995,43 @@ def test_a_trainer_state_of_an_earlier_layout_is_refused_by_name(tmp_path, micro
     assert train.main(["--config", TINY, *micro("train.max_iters=6")]) == 2
     assert capsys.readouterr().err == (f"error: {state_file} lacks losses, tokens_seen: it is damaged; add --fresh "
                                        "to start over, or set out_dir=PATH\n")
+
+
+def test_one_step_with_its_defaults_is_the_five_steps_written_out():
+    """training/step.train_step with its defaults (one micro-batch, the gradient's norm
+    clipped to 1.0, the model itself called, no loss scaling): the weights after it are
+    those of the steps written out by hand, bit for bit."""
+    import copy
+
+    from training.step import train_step
+
+    class Constant:  # (a schedule: the same rate at every iteration)
+        def apply(self, optimizers, it):
+            for optimizer in optimizers:
+                optimizer.param_groups[0]["lr"] = 0.5
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    by_hand = copy.deepcopy(model)
+    batches = [(torch.randint(0, 20, (4, 8)), torch.randint(0, 20, (4, 8))) for _ in range(2)]
+    drawn = iter(batches)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    result = train_step(0, model, lambda: next(drawn), [optimizer], Constant())
+
+    _, loss = by_hand(*batches[0])
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(by_hand.parameters(), 1.0)
+    assert norm > 1  # (a norm the clip changes)
+    torch.optim.SGD(by_hand.parameters(), lr=0.5).step()
+    assert result.lr == 0.5 and result.loss == loss.detach() and result.grad_norm == norm
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), by_hand.parameters()))
+
+
+def test_a_resume_that_turns_the_average_on_starts_it_from_the_weights(micro):
+    """train.ema set on a resume of a run that kept no average: the average starts as the
+    weights the run resumes with."""
+    assert train.main(["--config", TINY, *micro("train.max_iters=2", "train.ema=0", "train.sample_tokens=0")]) == 0
+    trainer = make_trainer(micro, "train.max_iters=4", "train.ema=0.9", "train.sample_tokens=0")
+    assert trainer.iteration == 2 and trainer.average is not None
+    assert all(torch.equal(trainer.eval_model.state_dict()[name], weight)
+               for name, weight in trainer.model.state_dict().items())
