@@ -21,6 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import torch
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 
 from common.cli import OneLineParser, UserError, check_output_folder, positive, run_main
@@ -203,25 +204,30 @@ def transformers_files(run: RunDir, model, tokenizer) -> tuple[dict, dict[str, s
 
 
 def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | bytes]:
-    """A LoRA run as peft keeps it: base/, the model the adapters adapt (train.init_from's
-    weights, with the chat markers' rows as the run started them), exported as transformers
-    reads it, and beside it adapter_config.json and adapter_model.safetensors in peft's
-    names for that export (interop/hf.lora_to_transformers); the markers' trained rows as
-    peft's trainable tokens. peft over base/ computes the merged export's logits."""
-    from training.init_from import open_base_model
-
+    """A LoRA run as peft keeps it: base/, the model the adapters adapt, exported as
+    transformers reads it, and beside it adapter_config.json and adapter_model.safetensors
+    in peft's names for that export (interop/hf.lora_to_transformers); the new tokens'
+    trained rows as peft's trainable tokens. The base comes from the run itself, so the
+    model brought in need not be at hand: each adapted matrix is the merged one less
+    (α/r) B A (the frozen W, to float32's rounding), and the new tokens' rows are as the run
+    started them, the mean of the old rows (which never trained). peft over base/ computes
+    the merged export's logits."""
     trained, settings = run.adapters()
-    try:
-        base_model = open_base_model(str(settings["base_model_name_or_path"]))
-    except UserError as e:
-        raise UserError(f"{run.path}'s adapters need the model they adapt: {e}") from None
+    pairs = {name.removesuffix(".lora_A"): (t, trained[name.removesuffix("_A") + "_B"])
+             for name, t in trained.items() if name.endswith(".lora_A")}
+    state = {name: t.clone() for name, t in model.state_dict().items()}
+    with torch.no_grad():
+        for module, (a, b) in pairs.items():
+            state[f"{module}.weight"] -= settings["lora_alpha"] / settings["r"] * (b @ a)
+        for name, first in settings.get("rows_from", {}).items():
+            state[name][first:] = state[name][:first].mean(0)
+    if model.config.tie_embeddings:
+        state["lm_head.weight"] = state["transformer.wte.weight"]  # (one matrix)
     base = GPT(model.config)
-    base.load_state_dict(base_model.state_dict(model.config))
+    base.load_state_dict(state)
     hf_config, files = transformers_files(run, base, tokenizer)
     files = {f"base/{name}": data for name, data in files.items()}
     kind = hf_config["model_type"]
-    pairs = {name.removesuffix(".lora_A"): (t, trained[name.removesuffix("_A") + "_B"])
-             for name, t in trained.items() if name.endswith(".lora_A")}
     tensors = lora_to_transformers(model.config, kind, pairs)
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": settings["r"], "lora_alpha": settings["lora_alpha"],
               "lora_dropout": settings["lora_dropout"], "bias": "none", "fan_in_fan_out": kind == "gpt2",
@@ -233,8 +239,8 @@ def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | byte
         if ours in trained and not (module == "lm_head" and model.config.tie_embeddings):
             config.setdefault("trainable_token_indices", {})[module.rsplit(".", 1)[-1]] = list(
                 range(settings["rows_from"][ours], model.config.vocab_size))
-            rows = trained[ours]  # the new tokens' rows (settings["rows_from"][ours] on): peft's trainable tokens
-            tensors[f"{PEFT_PREFIX}{module}.token_adapter.trainable_tokens_delta"] = rows.contiguous()
+            trained_rows = trained[ours]  # (the new tokens' rows alone, rows_from on)
+            tensors[f"{PEFT_PREFIX}{module}.token_adapter.trainable_tokens_delta"] = trained_rows.contiguous()
     files["adapter_config.json"] = json.dumps(config, indent=2) + "\n"
     files["adapter_model.safetensors"] = safetensors_bytes(tensors, metadata={"format": "pt"})
     files["README.md"] = f"""# {out.name}: LoRA adapters

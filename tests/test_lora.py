@@ -230,6 +230,13 @@ def test_the_adapters_export_as_peft_s_over_the_base_with_the_merged_logits(runs
     x[:, :4] = torch.arange(merged.config.vocab_size - 4, merged.config.vocab_size)  # (the markers)
     with torch.no_grad():
         before = base(x).logits
+        # base/ is the model brought in (to float32's rounding), grown by the markers' rows, each the mean
+        brought, _ = RunDir(tmp_path / "base").load_model()
+        old = torch.randint(0, brought.config.vocab_size, (2, 16))
+        torch.testing.assert_close(base(old).logits[..., :brought.config.vocab_size], brought.eval()(old)[0],
+                                   atol=1e-5, rtol=0)
+        rows = base.get_input_embeddings().weight
+        assert torch.equal(rows[brought.config.vocab_size:], rows[:brought.config.vocab_size].mean(0).expand(4, -1))
         adapted = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
         torch.testing.assert_close(adapted(x).logits, merged(x).logits, atol=2e-5, rtol=0)
         assert (before - merged(x).logits).abs().max() > 1e-2  # (adapters that change the model)
