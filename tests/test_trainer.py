@@ -1025,6 +1025,16 @@ def test_one_step_with_its_defaults_is_the_five_steps_written_out():
     torch.optim.SGD(by_hand.parameters(), lr=0.5).step()
     assert result.lr == 0.5 and result.loss == loss.detach() and result.grad_norm == norm
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), by_hand.parameters()))
+    # two micro-batches, no clip: the gradient of the mean of their losses
+    drawn = iter(batches)
+    result = train_step(1, model, lambda: next(drawn), [optimizer], Constant(), grad_accum=2, grad_clip=0.0)
+    by_hand.zero_grad()
+    loss = sum(by_hand(*batch)[1] for batch in batches) / 2
+    loss.backward()
+    torch.optim.SGD(by_hand.parameters(), lr=0.5).step()
+    torch.testing.assert_close(result.loss, loss.detach(), atol=1e-6, rtol=0)
+    for a, b in zip(model.parameters(), by_hand.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
 def test_a_resume_that_turns_the_average_on_starts_it_from_the_weights(micro):
