@@ -14,7 +14,7 @@ import export
 import train
 from common.run_dir import RunDir
 from conftest import make_trainer, run_cli
-from lora import LoRAConfig, add_adapters, merged, trained_parameters
+from lora import LoRAConfig, add_adapters, merged, trained_count, trained_parameters
 from lora.adapters import adapted_layers
 from model import GPT, GPTConfig
 from test_chat import chat_run
@@ -119,7 +119,9 @@ def test_only_the_adapters_train_and_the_rank_counts():
     trained = trained_parameters(model)
     assert sorted(trained) == [f"transformer.h.{i}.attn.c_attn.lora_{m}" for i in range(2) for m in "AB"]
     C, kv = 32, 2 * 2 * 8  # c_attn: [C + 2 H_kv d_k, C]
-    assert sum(p.numel() for p in trained.values()) == 2 * (4 * C + (C + kv) * 4)
+    assert sum(p.numel() for p in trained.values()) == trained_count(model) == 2 * (4 * C + (C + kv) * 4)
+    grown = add_adapters(GPT(GPTConfig(**SETTINGS)), LoRAConfig(rank=4, targets=["attn.c_attn"]), new_tokens_from=36)
+    assert trained_count(grown) == 2 * (4 * C + (C + kv) * 4) + 4 * C  # and the 4 new rows of the (tied) embedding
     with pytest.raises(ValueError, match="lora.targets"):
         LoRAConfig(rank=4, targets=["attn.c_q"])
 

@@ -723,15 +723,18 @@ def test_throughput_and_mfu_count_every_process_since_the_last_report(micro, mon
     log = SimpleNamespace(progress=lambda *args: None, scalars=lambda it, values: logged.append(values))
     trainer.dist = Distributed(rank=0, world_size=2)  # (report itself exchanges nothing)
     trainer.peak_flops = 1e9
+    for _ in range(5 * 2):  # 5 steps before the last report
+        trainer.sampler.next_batch()
+    before = trainer.sampler.drawn
     for _ in range(10 * 2):  # 10 steps of 2 micro-batches each since the last report
         trainer.sampler.next_batch()
-    trainer.tick, trainer.iteration = (100.0, 0), 20
+    trainer.tick, trainer.iteration = (100.0, before), 30
     monkeypatch.setattr(Trainer, "clock", lambda self: 105.0)
     trainer.report(log, 2.0, 1.0, 1e-3)
     tokens_per_sec = 8 * 32 * 2 * 2 * 10 / 5  # batch × T × grad_accum × processes, 10 steps in 5 s
     assert logged[0]["train/tokens_per_sec"] == tokens_per_sec
     assert logged[0]["train/mfu"] == pytest.approx(trainer.model.flops_per_token(32) * tokens_per_sec / 2 / 1e9)
-    assert trainer.tick == (105.0, 8 * 32 * 2 * 10)
+    assert trainer.tick == (105.0, 8 * 32 * 2 * 15)
 
 
 def test_only_the_main_process_measures_the_peak_that_mfu_divides_by(micro, monkeypatch):
@@ -1045,3 +1048,16 @@ def test_a_resume_that_turns_the_average_on_starts_it_from_the_weights(micro):
     assert trainer.iteration == 2 and trainer.average is not None
     assert all(torch.equal(trainer.eval_model.state_dict()[name], weight)
                for name, weight in trainer.model.state_dict().items())
+
+
+@pytest.mark.parametrize("ema, weights", [("0", "trained"), ("0.9", "average")])
+def test_the_summary_says_the_seconds_the_threads_and_which_weights(micro, monkeypatch, ema, weights):
+    """summary.json: the training's seconds (to 0.1 s), the thread count and the seconds lost
+    to trying the other (to 0.01 s), and whether the saved weights are the average."""
+    trainer = make_trainer(micro, "train.max_iters=2", f"train.ema={ema}", "train.sample_tokens=0")
+    assert trainer.fit() == 0
+    monkeypatch.setattr(trainer.budget, "seconds_used", lambda: 12.3456)
+    trainer.threads.lost = 0.98765
+    summary = trainer.summary()
+    assert (summary["seconds"], summary["weights"]) == (12.3, weights)
+    assert summary["threads"] == {"count": torch.get_num_threads(), "tried_seconds": 0.99}
