@@ -1061,3 +1061,20 @@ def test_the_summary_says_the_seconds_the_threads_and_which_weights(micro, monke
     summary = trainer.summary()
     assert (summary["seconds"], summary["weights"]) == (12.3, weights)
     assert summary["threads"] == {"count": torch.get_num_threads(), "tried_seconds": 0.99}
+
+
+def test_a_signal_at_another_process_stops_this_one_too(micro, monkeypatch):
+    """Under DDP the processes agree on a stop signal when they read the losses: one that
+    was not signalled itself stops with SIGTERM when another was."""
+    import signal
+
+    trainer = make_trainer(micro)
+    read = SimpleNamespace(loss=2.0, bad_at=None, grad_norm=1.0)
+    monkeypatch.setattr(trainer.losses, "read", lambda check_norms: read)
+    log = SimpleNamespace(progress=lambda *args: None, scalars=lambda *args: None)
+    trainer.tick, trainer.peak_flops = (trainer.clock(), 0), 1e9
+    monkeypatch.setattr(trainer.dist, "sum", lambda values, device: [2.0, 0, 0])
+    assert trainer.read_losses(log, 1e-3, 0) == 0
+    monkeypatch.setattr(trainer.dist, "sum", lambda values, device: [2.0, 0, int(signal.SIGINT)])  # another's
+    assert trainer.read_losses(log, 1e-3, 0) == signal.SIGTERM
+    assert trainer.read_losses(log, 1e-3, int(signal.SIGINT)) == signal.SIGINT  # its own comes first
