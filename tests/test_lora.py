@@ -254,6 +254,14 @@ def test_the_adapters_export_as_peft_s_over_the_base_with_the_merged_logits(runs
     assert not (tmp_path / "none").exists()
 
 
+def test_a_lora_run_on_plain_text_trains_the_adapters_alone(runs):
+    """No chat markers were added: no embedding row trains, and the adapter file holds no
+    embedding."""
+    trainer = make_trainer(lora_run(runs, f"data.source={runs / 'sums.txt'}", "train.max_iters=2", out="plain")[2:])
+    assert trainer.trained_names and all("lora_" in name for name in trainer.trained_names)
+    assert trainer.rows_from == {}
+
+
 def test_lora_needs_a_model_to_adapt(runs):
     out = run_cli("train.py", *chat_run(runs, "lora.rank=4", out="nothing"))
     assert out.returncode == 2 and "set train.init_from" in out.stderr.splitlines()[-1]

@@ -1078,3 +1078,15 @@ def test_a_signal_at_another_process_stops_this_one_too(micro, monkeypatch):
     monkeypatch.setattr(trainer.dist, "sum", lambda values, device: [2.0, 0, int(signal.SIGINT)])  # another's
     assert trainer.read_losses(log, 1e-3, 0) == signal.SIGTERM
     assert trainer.read_losses(log, 1e-3, int(signal.SIGINT)) == signal.SIGINT  # its own comes first
+
+
+def test_the_time_budget_counts_what_preparing_the_run_took(micro):
+    """The quick start's five minutes include data preparation: the budget starts with the
+    seconds prepare_run measured."""
+    import dataclasses
+
+    from training.config import load_config
+
+    run = training.preparation.prepare_run(load_config(ROOT / "configs" / "tiny.yaml", micro()))
+    trainer = Trainer(dataclasses.replace(run, seconds=100.0), torch.device("cpu"), torch.float32)
+    assert 100.0 <= trainer.budget.seconds_used() < 160.0
