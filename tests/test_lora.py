@@ -124,6 +124,8 @@ def test_only_the_adapters_train_and_the_rank_counts():
     assert trained_count(grown) == 2 * (4 * C + (C + kv) * 4) + 4 * C  # and the 4 new rows of the (tied) embedding
     with pytest.raises(ValueError, match="lora.targets"):
         LoRAConfig(rank=4, targets=["attn.c_q"])
+    with pytest.raises(ValueError, match=r"lora.rank=-1: must be 0 \(off\) or more, e.g. 8"):
+        LoRAConfig(rank=-1)
 
 
 @pytest.fixture(scope="module")

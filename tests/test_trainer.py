@@ -1090,3 +1090,13 @@ def test_the_time_budget_counts_what_preparing_the_run_took(micro):
     run = training.preparation.prepare_run(load_config(ROOT / "configs" / "tiny.yaml", micro()))
     trainer = Trainer(dataclasses.replace(run, seconds=100.0), torch.device("cpu"), torch.float32)
     assert 100.0 <= trainer.budget.seconds_used() < 160.0
+
+
+def test_an_infinite_gradient_stops_a_float32_run(micro):
+    """In float32 there is no loss scaling to skip a bad step: a gradient norm that is not
+    finite, under a finite loss, stops the run with the last good checkpoint kept."""
+    trainer = make_trainer(micro, "train.max_iters=4", "train.sample_tokens=0")
+    assert not trainer.scaler.is_enabled()
+    trainer.model.lm_head.weight.register_hook(lambda grad: grad * math.inf)
+    with pytest.raises(training.trainer.TrainingError, match=r"\(gradient norm (inf|nan)\) at iteration 1"):
+        trainer.fit()
