@@ -126,6 +126,9 @@ def test_only_the_adapters_train_and_the_rank_counts():
         LoRAConfig(rank=4, targets=["attn.c_q"])
     with pytest.raises(ValueError, match=r"lora.rank=-1: must be 0 \(off\) or more, e.g. 8"):
         LoRAConfig(rank=-1)
+    with pytest.raises(ValueError, match=r"lora.dropout=1.0: must be in \[0, 1\)"):
+        LoRAConfig(rank=4, dropout=1.0)
+    assert LoRAConfig(rank=4, alpha=0.5, dropout=0.99).alpha == 0.5  # (any positive α; any dropout below 1)
 
 
 @pytest.fixture(scope="module")
