@@ -110,8 +110,9 @@ def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int 
 def to_llama(c: GPTConfig, state: dict[str, torch.Tensor], common: dict,
              qkv_bias_as_llama: bool = False) -> tuple[dict, dict]:
     """LlamaForCausalLM (or Qwen2ForCausalLM, for biases on W_Q, W_K, W_V alone, unless
-    qkv_bias_as_llama: then Llama's attention biases, the output projection's zeros): what its defaults would get wrong is written out (the norms' ε, the tying,
-    the key/value heads, the SwiGLU width, the rope base, the context, Qwen2's window left off)."""
+    qkv_bias_as_llama: then Llama's attention biases, the output projection's zeros): what
+    its defaults would get wrong is written out (the norms' ε, the tying, the key/value
+    heads, the SwiGLU width, the rope base, the context, Qwen2's window left off)."""
     hf = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": c.n_embd,
           "intermediate_size": c.ffn_hidden, "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head,
           "num_key_value_heads": c.n_kv_head, "head_dim": c.head_size, "hidden_act": "silu",
