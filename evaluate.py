@@ -12,7 +12,9 @@ A model trained on conversations (data/chat.py) is scored by the rule it was tra
 on a .jsonl file of conversations (--text), or its validation conversations (--split
 val), the loss is over the assistant's tokens alone; and each conversation's last answer
 is written by the model (greedy, up to its end-of-turn token) and compared with the
-reference: the exact-match accuracy.
+reference: the exact-match accuracy. --answers FILE.jsonl keeps each of them (the prompt,
+the expected answer, the model's); --chat-template FILE scores a model with another
+template, or one that has none (the base before fine-tuning).
 Exit codes: 0 ok, 2 bad input.
 """
 
@@ -30,17 +32,19 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common.cli import OneLineParser, positive, UserError, run_main
+from common.cli import OneLineParser, UserError, check_output_folder, positive, run_main
 from common.device import DTYPES, resolve_device, resolve_dtype
 from common.run_dir import RunDir
 from common.threads import AdaptiveThreads, adaptable, set_threads, thread_help
 from data import DataError, unknown_characters
 from data.batches import IGNORE, conversation_rows
 from common.chat import replies, run_template
-from data.chat import ChatTemplate, chat_source, conversation, encode, in_memory, is_conversation, prompt_ids, turn_ends
+from data.chat import (ChatTemplate, chat_source, conversation, encode, in_memory, is_conversation, prompt_ids,
+                       special_token_names, turn_ends)
 from data.prepare import validation_tokens
 from data.sources import check_readable, first_record, json_lines
 from data.tokenizer import Encoder, start_ids
+from model.files import write_atomic
 
 CHUNK = 1 << 20  # characters read (or tokens taken) at a time
 PROGRESS_BYTES = 1 << 20  # a text this long shows a progress bar while it is scored
@@ -179,31 +183,59 @@ def score_conversations(model, tokenizer, template: ChatTemplate, conversations:
         y = y.to(device)
         nll += model.loss(logits, y, reduction="sum").item()
         scored += int((y != IGNORE).sum())
-    right = 0
+    answers = []
     for start in range(0, len(conversations), batch_size):  # the last answers, written batch_size at a time
         batch = conversations[start:start + batch_size]
         lasts = [max(i for i, message in enumerate(messages) if message["role"] == "assistant") for messages in batch]
         prompts = [prompt_ids(tokenizer, template, messages[:last])[-block:] for messages, last in zip(batch, lasts)]
         for written, messages, last in zip(replies(model, prompts, turn_ends(tokenizer), block), batch, lasts):
-            right += tokenizer.decode(written) == messages[last]["content"]
+            got, expected = tokenizer.decode(written), messages[last]["content"]
+            answers.append({"prompt": messages[:last], "expected": expected, "got": got, "right": got == expected})
     return {"loss": nll / max(scored, 1), "answer_tokens": scored, "conversations": len(conversations),
-            "exact_match": right / len(conversations)}
+            "exact_match": sum(a["right"] for a in answers) / len(conversations), "answers": answers}
 
 
 def evaluate_conversations(args, model, tokenizer, conversations, device) -> dict:
-    template = run_template(args.checkpoint, tokenizer)
+    if args.chat_template is not None:  # (another template, or one for a model that has none)
+        template = ChatTemplate(read_template(args.chat_template), special_token_names(tokenizer),
+                                name=f"--chat-template {args.chat_template}")
+    else:
+        template = run_template(args.checkpoint, tokenizer)
     start = time.perf_counter()
     result = score_conversations(model, tokenizer, template, conversations, args.batch_size, device)
+    if args.answers is not None:
+        write_atomic(args.answers, "".join(json.dumps(a, ensure_ascii=False) + "\n" for a in result["answers"]).encode())
     return {**result, "perplexity": math.exp(min(result["loss"], 50)), "seconds": time.perf_counter() - start}
+
+
+def read_template(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--chat-template {path} cannot be read ({e}); give a UTF-8 Jinja file") from None
+
+
+def check_conversation_options(args, conversations) -> None:
+    """--answers and --chat-template are for conversations; --answers never overwrites a file."""
+    if conversations is None:
+        for option, value in (("--answers", args.answers), ("--chat-template", args.chat_template)):
+            if value is not None:
+                raise UserError(f"{option} is for conversations (a .jsonl of them, or a chat run's --split val); "
+                                f"{args.text or 'the validation split'} is plain text")
+    if args.answers is not None:
+        check_output_folder("--answers", args.answers)
+        if args.answers.exists():
+            raise UserError(f"--answers {args.answers} already exists; choose another file name")
 
 
 def evaluate(args) -> dict:
     set_threads("evaluate", args.threads)
     threads = AdaptiveThreads(adaptable("evaluate", args.threads))
     device = resolve_device(args.device)
+    conversations = conversations_to_score(args)
+    check_conversation_options(args, conversations)
     model, tokenizer = RunDir(args.checkpoint).load_model(device)
     model = model.to(resolve_dtype(args.dtype, device, training=False)).eval()
-    conversations = conversations_to_score(args)
     if conversations is not None:
         return evaluate_conversations(args, model, tokenizer, conversations, device)
     block = model.config.block_size
@@ -262,6 +294,10 @@ def parse_args(argv):
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="the weights' dtype while scoring (auto: bfloat16 on a GPU that has it, else float32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--answers", type=Path, metavar="FILE.jsonl", help="conversations: write each last answer, with "
+                   "its prompt and the expected one, a JSON line each")
+    p.add_argument("--chat-template", type=Path, metavar="FILE", help="conversations: the Jinja chat template to "
+                   "use instead of the run's (for a model that has none: the base before fine-tuning)")
     p.add_argument("--threads", type=positive, help=thread_help("evaluate"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = p.parse_args(argv)

@@ -449,6 +449,42 @@ def test_the_messages_typed_are_lines_joined_by_a_final_backslash():
     assert list(messages(typed)) == ["2+3=", "first\nsecond\nthird", "last"]
 
 
+def test_evaluate_keeps_each_answer_and_scores_a_base_with_a_template_given(chat_runs, tmp_path, capsys):
+    """evaluate.py --answers FILE.jsonl: each last answer with its prompt and the expected
+    one (never over an existing file); --chat-template FILE scores a run that has no
+    template, the base before fine-tuning; both are refused for plain text."""
+    held_out = tmp_path / "held_out.jsonl"
+    write_tasks(held_out, task_conversations("add", 6, seed=3))
+    answers = tmp_path / "answers.jsonl"
+    assert evaluate.main(["--checkpoint", str(chat_runs / "sft"), "--text", str(held_out), "--json",
+                          "--answers", str(answers)]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    kept = [json.loads(line) for line in answers.read_text().splitlines()]
+    records = [json.loads(line) for line in held_out.read_text().splitlines()]
+    assert [a["prompt"] for a in kept] == [r["messages"][:-1] for r in records]
+    assert [a["expected"] for a in kept] == [r["messages"][-1]["content"] for r in records]
+    assert all(a["right"] == (a["got"] == a["expected"]) for a in kept)
+    assert sum(a["right"] for a in kept) / len(kept) == scored["exact_match"]
+    before = answers.read_bytes()
+    assert evaluate.main(["--checkpoint", str(chat_runs / "sft"), "--text", str(held_out), "--answers",
+                          str(answers)]) == 2
+    assert capsys.readouterr().err == f"error: --answers {answers} already exists; choose another file name\n"
+    assert answers.read_bytes() == before
+    # the base has no template of its own: given one, it is scored by the same rule
+    assert evaluate.main(["--checkpoint", str(chat_runs / "base"), "--text", str(held_out), "--json"]) == 2
+    assert "has no chat template" in capsys.readouterr().err
+    template = tmp_path / "template.jinja"
+    template.write_text(DEFAULT_TEMPLATE)
+    assert evaluate.main(["--checkpoint", str(chat_runs / "base"), "--text", str(held_out), "--json",
+                          "--chat-template", str(template), "--answers", str(tmp_path / "base.jsonl")]) == 0
+    assert json.loads(capsys.readouterr().out)["conversations"] == 6
+    assert len((tmp_path / "base.jsonl").read_text().splitlines()) == 6
+    (tmp_path / "text.txt").write_text("2+3=5\n")
+    assert evaluate.main(["--checkpoint", str(chat_runs / "sft"), "--text", str(tmp_path / "text.txt"),
+                          "--answers", str(tmp_path / "x.jsonl")]) == 2
+    assert capsys.readouterr().err.startswith("error: --answers is for conversations")
+
+
 def test_a_base_model_grows_its_embedding_by_the_chat_markers_each_the_mean(chat_runs):
     """Fine-tuning a model brought in on conversations with the default template: its
     tokenizer gains the four markers, its embedding four rows, each the mean of the old
