@@ -173,8 +173,18 @@ def limited_environment():
     def raise_exception(message):  # what transformers gives templates to refuse a conversation
         raise TemplateError(message)
 
+    def strftime_now(format: str) -> str:  # today's date, as Llama 3's templates write it
+        import datetime
+
+        return datetime.datetime.now().strftime(format)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # transformers' tojson: JSON as written (Jinja's own escapes <, > and & for HTML)
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
     environment = Limited(trim_blocks=True, lstrip_blocks=True)
-    environment.globals["raise_exception"] = raise_exception
+    environment.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+    environment.filters["tojson"] = tojson
     return environment
 
 
@@ -220,15 +230,16 @@ class ChatTemplate:
         self.special = special or {}
         self.name = name
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        """The conversation as the template writes it; a refusal, an error of the template's
+    def render(self, messages: list[dict], add_generation_prompt: bool = False, tools: list[dict] | None = None) -> str:
+        """The conversation as the template writes it (with the tools a model may call, as
+        transformers passes them: None when there are none); a refusal, an error of the template's
         own code (a division by zero, endless recursion, no memory) or a limit passed
         (RENDER_SECONDS, RENDER_CHARACTERS, LARGEST_DIGITS, LONGEST_REPETITION) is a DataError in one line."""
         from jinja2 import TemplateError
 
         try:
             text = rendered_within(RENDER_SECONDS, lambda: self.template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **self.special))
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools, **self.special))
         except TemplateError as e:
             raise DataError(f"{self.name} refused a conversation: {e}") from None
         except TemplateLimit as e:

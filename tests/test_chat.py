@@ -262,6 +262,25 @@ def test_replies_in_a_batch_are_each_conversations_own():
         assert got == (full[:full.index(end)] if end in full else full)
 
 
+def test_a_template_renders_as_transformers_renders_it_with_its_date_and_json():
+    """The globals and filters transformers gives chat templates: strftime_now (Llama 3's
+    templates write today's date) and tojson as written, not escaped for HTML (tool calls);
+    the same text as transformers' apply_chat_template."""
+    transformers = pytest.importorskip("transformers")
+    source = ("{{ strftime_now('%d %b %Y') }}|{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+              "{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}{{ tools | tojson(indent=2) }}<|im_end|>\n"
+              "{% endfor %}")
+    messages = [{"role": "user", "content": "2+3="},
+                {"role": "assistant", "content": "", "tool_calls": [{"name": "add", "arguments": {"a": 2, "b": "<&>"}}]}]
+    tools = [{"name": "add", "description": "a + b, é"}]
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=default_tokenizer(), chat_template=source)
+    theirs = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    ours = ChatTemplate(source).render(messages, tools=tools)
+    assert ours == theirs and '"b": "<&>"' in ours and "é" in ours
+    import datetime
+    assert ours.startswith(datetime.datetime.now().strftime("%d %b %Y") + "|")
+
+
 def test_chat_keeps_the_cache_across_turns_and_answers_as_a_fresh_pass(monkeypatch):
     """generate.py --chat: each turn runs only the tokens the cache lacks, and every reply is
     the one a pass over the whole conversation without a cache gives."""
