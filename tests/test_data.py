@@ -583,8 +583,12 @@ def test_preparation_memory_does_not_grow_with_the_corpus(tmp_path):
     peaks = {}
     for megabytes in (4, 24):
         for kind, corpus in write_corpus(tmp_path / f"{megabytes}", megabytes).items():
-            code = OURS.format(given=None, source=str(corpus), kind="char", vocab=0, cache=str(tmp_path / "c"))
-            peaks.setdefault(kind, []).append(measured(code, {})["peak_own_mb"])
+            readings = []
+            for attempt in range(2):  # the lower of two, each into an empty cache: CI's busy machine once added 9 MB
+                cache = tmp_path / f"c{megabytes}-{kind}-{attempt}"
+                code = OURS.format(given=None, source=str(corpus), kind="char", vocab=0, cache=str(cache))
+                readings.append(measured(code, {})["peak_own_mb"])
+            peaks.setdefault(kind, []).append(min(readings))
     for kind, (small, large) in peaks.items():  # 10 MB more text, as a string and its tokens, would be +30 MB
         assert large - small < 8, (kind, peaks)
 
