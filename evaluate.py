@@ -204,7 +204,8 @@ def evaluate_conversations(args, model, tokenizer, conversations, device) -> dic
     start = time.perf_counter()
     result = score_conversations(model, tokenizer, template, conversations, args.batch_size, device)
     if args.answers is not None:
-        write_atomic(args.answers, "".join(json.dumps(a, ensure_ascii=False) + "\n" for a in result["answers"]).encode())
+        lines = "".join(json.dumps(answer, ensure_ascii=False) + "\n" for answer in result["answers"])
+        write_atomic(args.answers, lines.encode())
     return {**result, "perplexity": math.exp(min(result["loss"], 50)), "seconds": time.perf_counter() - start}
 
 

@@ -108,7 +108,8 @@ def model_card(run: RunDir, out: Path, model, hf_config: dict) -> str:
     train, lora = settings.get("train") or {}, settings.get("lora") or {}
     if run.chat_template() is not None:  # fine-tuned on conversations: its template makes the prompt
         example = (f"from transformers import pipeline\nchat = pipeline(\"text-generation\", model={str(out)!r})\n"
-                   "print(chat([{\"role\": \"user\", \"content\": \"...\"}], max_new_tokens=100)[0][\"generated_text\"][-1])")
+                   "print(chat([{\"role\": \"user\", \"content\": \"...\"}], "
+                   "max_new_tokens=100)[0][\"generated_text\"][-1])")
     else:
         example = (f"from transformers import pipeline\nprint(pipeline(\"text-generation\", model={str(out)!r})"
                    f"({prompt!r}, max_new_tokens=100)[0][\"generated_text\"])")
@@ -213,13 +214,16 @@ def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | byte
     started them, the mean of the old rows (which never trained). peft over base/ computes
     the merged export's logits."""
     trained, settings = run.adapters()
+    if "rows_from" not in settings and any(not name.endswith(("lora_A", "lora_B")) for name in trained):
+        raise UserError(f"{run.path}'s adapter files were written before they said which embedding rows trained; "
+                        "export the merged model (without --adapters), or train the run on to rewrite them")
     pairs = {name.removesuffix(".lora_A"): (t, trained[name.removesuffix("_A") + "_B"])
              for name, t in trained.items() if name.endswith(".lora_A")}
     state = {name: t.clone() for name, t in model.state_dict().items()}
     with torch.no_grad():
         for module, (a, b) in pairs.items():
             state[f"{module}.weight"] -= settings["lora_alpha"] / settings["r"] * (b @ a)
-        for name, first in settings.get("rows_from", {}).items():
+        for name, first in settings.get("rows_from", {}).items():  # (as training/init_from.grown_embedding began them)
             state[name][first:] = state[name][:first].mean(0)
     if model.config.tie_embeddings:
         state["lm_head.weight"] = state["transformer.wte.weight"]  # (one matrix)
@@ -239,8 +243,7 @@ def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | byte
         if ours in trained and not (module == "lm_head" and model.config.tie_embeddings):
             config.setdefault("trainable_token_indices", {})[module.rsplit(".", 1)[-1]] = list(
                 range(settings["rows_from"][ours], model.config.vocab_size))
-            trained_rows = trained[ours]  # (the new tokens' rows alone, rows_from on)
-            tensors[f"{PEFT_PREFIX}{module}.token_adapter.trainable_tokens_delta"] = trained_rows.contiguous()
+            tensors[f"{PEFT_PREFIX}{module}.token_adapter.trainable_tokens_delta"] = trained[ours].contiguous()
     files["adapter_config.json"] = json.dumps(config, indent=2) + "\n"
     files["adapter_model.safetensors"] = safetensors_bytes(tensors, metadata={"format": "pt"})
     files["README.md"] = f"""# {out.name}: LoRA adapters

@@ -28,8 +28,9 @@ from model.config import ROPE_SCALING
 ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}  # ours -> transformers' name
 ACTIVATIONS_IN = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}  # and back
 LINEARS_GPT2 = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # Conv1D in GPT-2: [in, out]
+# ours -> Llama's (c_attn splits into q_proj, k_proj and v_proj: rename_llama)
 LLAMA_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.c_proj": "self_attn.o_proj",
-               "mlp.c_gate": "mlp.gate_proj", "mlp.c_fc": "mlp.up_proj", "mlp.c_proj": "mlp.down_proj"}  # (c_attn: q, k, v)
+               "mlp.c_gate": "mlp.gate_proj", "mlp.c_fc": "mlp.up_proj", "mlp.c_proj": "mlp.down_proj"}
 PEFT_PREFIX = "base_model.model."  # (a PeftModel's name for the transformers model it wraps)
 EMBEDDINGS = {"gpt2": "transformer.wte", "gpt_neox": "gpt_neox.embed_in", "llama": "model.embed_tokens",
               "qwen2": "model.embed_tokens"}  # export_kind -> the token embedding's module

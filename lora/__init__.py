@@ -19,8 +19,9 @@ of the model brought in stays bit for bit as it was. Where a chat template's mar
 added to the tokenizer (data/chat.py), their new embedding rows train too, and only those.
 
 The run folder keeps the adapters apart (adapter_model.safetensors, adapter_config.json;
-of the embedding, the new tokens' rows alone) and, as model.safetensors, the model with them merged (W + (α/r) B A): every program that
-opens a run reads that, and export.py writes it. adapters.py holds the code.
+of the embedding, the new tokens' rows alone) and, as model.safetensors, the model with
+them merged (W + (α/r) B A): every program that opens a run reads that, and export.py
+writes it. adapters.py holds the code.
 """
 
 from .adapters import (LoRAConfig, LoRALinear, add_adapters, adapter_file, adapter_state, load_adapter_state, merged,

@@ -258,6 +258,11 @@ def test_the_adapters_export_as_peft_s_over_the_base_with_the_merged_logits(runs
     assert config.items() >= markers.items()
     assert export.main(["--checkpoint", str(tmp_path / "base"), "--out", str(tmp_path / "none"), "--adapters"]) == 2
     assert not (tmp_path / "none").exists()
+    settings = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())  # as the first LoRA runs wrote it
+    del settings["rows_from"]
+    (tmp_path / "lora" / "adapter_config.json").write_text(json.dumps(settings))
+    assert export.main(["--checkpoint", run, "--out", str(tmp_path / "old"), "--adapters"]) == 2
+    assert not (tmp_path / "old").exists()
 
 
 def test_a_lora_run_on_plain_text_trains_the_adapters_alone(runs):

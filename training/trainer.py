@@ -40,7 +40,8 @@ from common.device import peak_flops
 from common.run_dir import RunDir
 from common.threads import AdaptiveThreads
 from data.batches import sampler_for
-from lora import add_adapters, adapter_file, adapter_state, load_adapter_state, merged, new_rows_from, trained_parameters
+from lora import (add_adapters, adapter_file, adapter_state, load_adapter_state, merged, new_rows_from,
+                  trained_parameters)
 from model import GPT
 
 from . import logger, resume
