@@ -39,10 +39,9 @@ from common.threads import AdaptiveThreads, adaptable, set_threads, thread_help
 from data import DataError, unknown_characters
 from data.batches import IGNORE, conversation_rows
 from common.chat import replies, run_template
-from data.chat import (ChatTemplate, chat_source, conversation, encode, in_memory, is_conversation, prompt_ids,
-                       special_token_names, turn_ends)
+from data.chat import ChatTemplate, chat_source, encode, in_memory, prompt_ids, special_token_names, turn_ends
 from data.prepare import validation_tokens
-from data.sources import check_readable, first_record, json_lines
+from data.sources import check_readable
 from data.tokenizer import Encoder, start_ids
 from model.files import write_atomic
 
@@ -155,30 +154,35 @@ def val_source(checkpoint: Path, tokenizer, counts: dict, scratch: Path) -> Iter
         yield tokens[start:start + CHUNK]  # (windows gathers them into int64)
 
 
-def conversations_to_score(args) -> list[list[dict]] | None:
-    """The conversations --text or --split val names (None: plain text)."""
+def conversations_to_score(args) -> list[tuple[list[dict], list[dict] | None]] | None:
+    """The conversations --text or --split val names, each (messages, tools) (None: plain text)."""
     if args.text is not None:
-        if args.text.suffix.lower() != ".jsonl" or not is_conversation(first_record(args.text)):
-            return None
-        return [conversation(row, f"{args.text}, line {number}") for number, row in json_lines(args.text)]
+        source = chat_source(str(args.text), 0.5)
+        return None if source is None else [(messages, tools) for _, messages, tools in source.everything()]
     try:
         data_config = RunDir(args.checkpoint).data_config()
     except UserError as e:
         raise UserError(f"--split val needs the run's data settings: {e}") from None
-    source = chat_source(data_config.source, data_config.val_fraction)
-    return None if source is None else [messages for _, messages in source.val()]
+    held_out = []
+    for part, _ in data_config.parts() if data_config.sources is not None else [(data_config, 1.0)]:  # (a mixture's every source)
+        source = chat_source(part.source, part.val_fraction, part.hf_split, part.hf_data_files)
+        if source is None:
+            return None
+        held_out += [(messages, tools) for _, messages, tools in source.val()]
+    return held_out
 
 
 @torch.no_grad()
-def score_conversations(model, tokenizer, template: ChatTemplate, conversations: list[list[dict]], batch_size: int,
-                        device) -> dict:
+def score_conversations(model, tokenizer, template: ChatTemplate,
+                        conversations: list[tuple[list[dict], list[dict] | None]], batch_size: int, device) -> dict:
     """The loss over the assistant's tokens (each conversation cut to block_size + 1 tokens,
-    as training cuts it), and the exact-match accuracy of each conversation's last answer."""
+    as training cuts it), and the exact-match accuracy of each conversation's last answer.
+    conversations: (messages, the tools they may call) each."""
     block = model.config.block_size
-    rows = in_memory([encode(tokenizer, template, messages) for messages in conversations])
+    rows = in_memory([encode(tokenizer, template, messages, tools) for messages, tools in conversations])
     nll, scored = 0.0, 0
     for start in range(0, len(rows), batch_size):
-        x, y = conversation_rows(rows, range(start, min(start + batch_size, len(rows))), block)
+        x, y, _ = conversation_rows(rows, range(start, min(start + batch_size, len(rows))), block)
         logits, _ = model(x.to(device))
         y = y.to(device)
         nll += model.loss(logits, y, reduction="sum").item()
@@ -186,9 +190,10 @@ def score_conversations(model, tokenizer, template: ChatTemplate, conversations:
     answers = []
     for start in range(0, len(conversations), batch_size):  # the last answers, written batch_size at a time
         batch = conversations[start:start + batch_size]
-        lasts = [max(i for i, message in enumerate(messages) if message["role"] == "assistant") for messages in batch]
-        prompts = [prompt_ids(tokenizer, template, messages[:last])[-block:] for messages, last in zip(batch, lasts)]
-        for written, messages, last in zip(replies(model, prompts, turn_ends(tokenizer), block), batch, lasts):
+        lasts = [max(i for i, message in enumerate(messages) if message["role"] == "assistant") for messages, _ in batch]
+        prompts = [prompt_ids(tokenizer, template, messages[:last], tools)[-block:]
+                   for (messages, tools), last in zip(batch, lasts)]
+        for written, (messages, _), last in zip(replies(model, prompts, turn_ends(tokenizer), block), batch, lasts):
             got, expected = tokenizer.decode(written), messages[last]["content"]
             answers.append({"prompt": messages[:last], "expected": expected, "got": got, "right": got == expected})
     return {"loss": nll / max(scored, 1), "answer_tokens": scored, "conversations": len(conversations),

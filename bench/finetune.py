@@ -62,7 +62,7 @@ def before(base: Path, data: Path) -> dict:
     for name in ("transformer.wte.weight", "lm_head.weight"):
         state[name] = grown_embedding(state[name], tokenizer.get_vocab_size())
     grown.load_state_dict(state)
-    held_out = [messages for _, messages in chat_source(str(data), 0.1).val()]
+    held_out = [(messages, tools) for _, messages, tools in chat_source(str(data), 0.1).val()]
     return score_conversations(grown.eval(), tokenizer, ChatTemplate(DEFAULT_TEMPLATE), held_out, 32, "cpu")
 
 

@@ -1,7 +1,10 @@
 """Training batches: random windows of block_size tokens, targets shifted by one; or, for
-conversations, random conversations, one a row, with targets only where the assistant speaks."""
+conversations, epochs of them shuffled, one a row or packed several a row, with targets only
+where the assistant speaks."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -44,12 +47,12 @@ class BatchSampler:
         self.generator = torch.Generator().manual_seed(seed)
         self.drawn = 0  # the real tokens of the batches this process drew (inputs; here every position is one)
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, None]:
         starts = torch.randint(len(self.tokens) - self.block_size, (self.batch_size * self.world_size,),
                                generator=self.generator)
         mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         self.drawn += len(mine) * self.block_size
-        return windows(self.tokens, mine, self.block_size)
+        return *windows(self.tokens, mine, self.block_size), None  # (no attention mask: one text, causal)
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}
@@ -72,23 +75,34 @@ def fixed_windows(tokens: np.ndarray, block_size: int, count: int, seed: int,
 IGNORE = -100  # a target that is not scored (F.cross_entropy's ignore_index, the model's loss)
 
 
-def conversation_rows(conversations: Conversations, indices, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The conversations `indices`, one a row: x its tokens, y the next token where that
-    token is the assistant's, else IGNORE; each cut to its first block_size + 1 tokens.
-    Rows are padded on the right to the longest: a real token never attends to the padding
-    after it (the mask is causal), and the padding is never scored, so one conversation
-    never sees another and nothing but the answers is learnt. x, y [B, L], L <= block_size."""
-    rows = [conversations[int(i)] for i in indices]
-    length = min(block_size, max(len(ids) for ids, _ in rows) - 1)
+def conversation_rows(conversations: Conversations, rows, block_size: int,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Rows of conversations: each row's conversations (an index, or a list of them packed in
+    one row) one after the other; x their tokens, y the next token where that token is the
+    assistant's, else IGNORE; each conversation cut to its first block_size + 1 tokens. Rows
+    are padded on the right to the longest, and the padding is never scored. x, y [B, L],
+    L <= block_size, and the attention mask [B, L] of packed rows (which conversation each
+    token is of: 1, 2, ... in its row, 0 = padding; the model attends within one and starts
+    each one's positions at 0), else None: one conversation a row needs none (the mask is
+    causal, so a real token never attends to the padding after it)."""
+    packed = any(not np.isscalar(row) for row in rows)
+    rows = [[row] if np.isscalar(row) else list(row) for row in rows]
+    pieces = [[conversations[int(i)] for i in row] for row in rows]
+    length = min(block_size, max(sum(len(ids) - 1 for ids, _ in row) for row in pieces))
     x = torch.zeros(len(rows), length, dtype=torch.long)
     y = torch.full((len(rows), length), IGNORE, dtype=torch.long)
-    for row, (ids, mask) in enumerate(rows):
-        ids = ids[:block_size + 1].astype(np.int64)
-        mask = mask[:block_size + 1]
-        n = len(ids) - 1
-        x[row, :n] = torch.from_numpy(ids[:-1])
-        y[row, :n] = torch.from_numpy(np.where(mask[1:] == 1, ids[1:], IGNORE))
-    return x, y
+    sequence = torch.zeros(len(rows), length, dtype=torch.long)
+    for row, conversations_of_row in enumerate(pieces):
+        at = 0
+        for number, (ids, mask) in enumerate(conversations_of_row, 1):
+            ids = ids[:block_size + 1].astype(np.int64)
+            mask = mask[:block_size + 1]
+            n = min(len(ids) - 1, length - at)  # (a packed row's conversations fit: the packer saw to it)
+            x[row, at:at + n] = torch.from_numpy(ids[:n])
+            y[row, at:at + n] = torch.from_numpy(np.where(mask[1:n + 1] == 1, ids[1:n + 1], IGNORE))
+            sequence[row, at:at + n] = number
+            at += n
+    return x, y, sequence if packed else None
 
 
 def answered(conversations: Conversations, block_size: int) -> np.ndarray:
@@ -105,13 +119,38 @@ def longer_than(conversations: Conversations, block_size: int) -> int:
     return int((np.diff(conversations.starts) > block_size + 1).sum())
 
 
+def best_fit(sizes: np.ndarray, capacity: int) -> list[list[int]]:
+    """Pack items of `sizes` (each <= capacity) into as few rows as best-fit decreasing finds:
+    the largest first, each into the row it leaves the least room in (a new row when none
+    has room). Equal sizes keep their order, so a shuffled input packs differently each time.
+    Returns each row's items, by index into sizes."""
+    import bisect
+
+    rows: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (room left, row), sorted
+    for item in np.argsort(-sizes, kind="stable"):
+        size = int(sizes[item])
+        at = bisect.bisect_left(room, (size, -1))  # the row with the least room that still fits it
+        if at == len(room):
+            rows.append([int(item)])
+            bisect.insort(room, (capacity - size, len(rows) - 1))
+        else:
+            left, row = room.pop(at)
+            rows[row].append(int(item))
+            bisect.insort(room, (left - size, row))
+    return rows
+
+
 class ConversationSampler:
-    """Random conversations (among the `answered` ones), one a row, reproducible from a seed
-    and resumable, as BatchSampler's windows; under DDP every rank draws the global batch's
-    picks and keeps its own slice."""
+    """Conversations in epochs: each epoch holds every `answered` conversation once (a mixture's
+    source `weight` times: data/prepare.py), in an order shuffled from (seed, epoch), without
+    replacement; one conversation a row, or with `pack` several, best-fit (the rows then
+    shuffled too). Batches take the next rows, across epochs; the state is where the stream
+    is (epoch, row), so a resumed run goes on mid-epoch with the very rows it would have had.
+    Under DDP every rank takes the global batch's rows and keeps its own slice."""
 
     def __init__(self, conversations: Conversations, block_size: int, batch_size: int, seed: int,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, pack: bool = False, weights: list[tuple[np.ndarray, float]] | None = None):
         self.conversations = conversations
         self.block_size = block_size
         self.batch_size = batch_size
@@ -119,23 +158,68 @@ class ConversationSampler:
         if len(self.usable) == 0:
             raise DataError(f"no training conversation has an answer within the first {block_size + 1} tokens; "
                             "use a larger model.block_size or shorter conversations")
+        # each source's usable conversations and its weight (one source, weight 1, unless mixed)
+        self.weights = [(self.usable, 1.0)] if weights is None else [
+            (np.intersect1d(indices, self.usable), weight) for indices, weight in weights]
+        self.sizes = np.minimum(np.diff(conversations.starts) - 1, block_size)  # the positions each fills
+        self.pack = pack
+        self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        self.generator = torch.Generator().manual_seed(seed)
+        self.epoch = 0
+        self.row = 0  # rows of this epoch already taken
+        self.plan = self.rows_of(0)
         self.drawn = 0  # the real tokens of the batches this process drew (inputs; padding left out)
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        picks = torch.randint(len(self.usable), (self.batch_size * self.world_size,), generator=self.generator)
-        mine = self.usable[picks[self.rank * self.batch_size:(self.rank + 1) * self.batch_size].numpy()]
-        lengths = self.conversations.starts[mine + 1] - self.conversations.starts[mine]
-        self.drawn += int(np.minimum(lengths - 1, self.block_size).sum())
+    def rows_of(self, epoch: int) -> list:
+        """The rows of an epoch, in order: each a conversation's index, or a packed list of them."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        chosen = []
+        for indices, weight in self.weights:  # weight 2.5: each twice, and a random half once more
+            whole, part = divmod(weight, 1.0)
+            chosen += [indices] * int(whole)
+            chosen.append(indices[torch.randperm(len(indices), generator=generator)[:round(part * len(indices))].numpy()])
+        epoch_items = np.concatenate(chosen)
+        epoch_items = epoch_items[torch.randperm(len(epoch_items), generator=generator).numpy()]
+        if not self.pack:
+            return list(epoch_items)
+        rows = [epoch_items[row] for row in best_fit(self.sizes[epoch_items], self.block_size)]
+        return [rows[i] for i in torch.randperm(len(rows), generator=generator).tolist()]
+
+    def rows_in(self, epochs: float) -> int:
+        """How many rows `epochs` epochs hold (a fraction: that share of the last one's)."""
+        whole, part = divmod(epochs, 1.0)
+        rows = sum(len(self.rows_of(epoch)) for epoch in range(int(whole)))
+        return rows + (math.ceil(part * len(self.rows_of(int(whole)))) if part else 0)
+
+    @property
+    def epochs_done(self) -> float:
+        """Epochs taken so far by the stream, e.g. 1.5."""
+        return self.epoch + self.row / len(self.plan)
+
+    def next_row(self):
+        if self.row == len(self.plan):
+            self.epoch += 1
+            self.row = 0
+            self.plan = self.rows_of(self.epoch)
+        self.row += 1
+        return self.plan[self.row - 1]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        rows = [self.next_row() for _ in range(self.batch_size * self.world_size)]
+        mine = rows[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        self.drawn += sum(int(self.sizes[np.atleast_1d(row)].sum()) for row in mine)
         return conversation_rows(self.conversations, mine, self.block_size)
 
     def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state()}
+        return {"epoch": self.epoch, "row": self.row}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
+        if "epoch" not in state:
+            raise DataError("this run's conversations were drawn at random by an earlier version, which cannot "
+                            "be continued in epochs; start it afresh (--fresh) or finish it with that version")
+        self.epoch, self.row = state["epoch"], state["row"]
+        self.plan = self.rows_of(self.epoch)
 
 
 def fixed_conversations(conversations: Conversations, block_size: int, count: int, seed: int,
@@ -147,14 +231,17 @@ def fixed_conversations(conversations: Conversations, block_size: int, count: in
         raise DataError(f"no {split} conversation has an answer within the first {block_size + 1} tokens; "
                         "use a larger model.block_size or shorter conversations")
     order = torch.randperm(len(usable), generator=torch.Generator().manual_seed(seed))[:count]
-    return conversation_rows(conversations, usable[np.sort(order.numpy())], block_size)
+    x, y, _ = conversation_rows(conversations, usable[np.sort(order.numpy())], block_size)
+    return x, y
 
 
-def sampler_for(data, block_size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+def sampler_for(data, block_size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1,
+                pack: bool = False):
     """The training batches of prepared data (data/prepare.py's TokenData): windows of
-    text, or conversations."""
+    text, or conversations (packed several a row with `pack`; a mixture's sources weighted)."""
     if data.chat is not None:
-        return ConversationSampler(data.chat["train"], block_size, batch_size, seed, rank, world_size)
+        return ConversationSampler(data.chat["train"], block_size, batch_size, seed, rank, world_size, pack,
+                                   data.chat_weights)
     return BatchSampler(data.train, block_size, batch_size, seed, rank, world_size)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .sources import DataError
@@ -21,6 +22,8 @@ class DataConfig:
     hf_split: str = "train"  # hf: sources: the dataset's split to read, as load_dataset names it ("train[:10%]")
     hf_data_files: str | None = None  # hf: sources: only the files matching this pattern ("en/*.parquet")
     chat_too_long: str = "cut"  # conversations longer than the context: cut at the end, or refuse the run
+    sources: list | None = None  # a mixture of conversations: each a source as data.source takes it, or
+    # {source: ..., weight: 2.0, hf_split: ..., hf_data_files: ...}; weight: how often its conversations come in an epoch
 
     def __post_init__(self) -> None:
         if self.tokenizer not in KINDS:
@@ -32,6 +35,46 @@ class DataConfig:
             raise DataError(f"data.chat_too_long={self.chat_too_long!r}: must be cut or refuse")
         if not 0.0 < self.val_fraction < 1.0:
             raise DataError(f"data.val_fraction={self.val_fraction}: must be between 0 and 1, e.g. 0.1")
+        if self.sources is not None:
+            self.check_mixture()
+        elif self.source == MIXTURE:
+            raise DataError(f"data.source={MIXTURE} names the conversations of data.sources, which is not set: give "
+                            "data.sources, or another data.source")
         if not self.source.startswith("hf:") and (self.hf_split != "train" or self.hf_data_files is not None):
             raise DataError(f"data.hf_split and data.hf_data_files choose within an hf: dataset; data.source="
                             f"{self.source!r} is not one: remove them")
+
+    def check_mixture(self) -> None:
+        """data.sources: a list of sources (text, or {source, weight, hf_split, hf_data_files});
+        data.source then reads "mixture"."""
+        if not isinstance(self.sources, list) or not self.sources:
+            raise DataError("data.sources must be a list of sources, e.g. [a.jsonl, {source: hf:org/name, weight: 0.5}]")
+        if self.source not in (MIXTURE, DataConfig.source):
+            raise DataError(f"data.source={self.source!r} and data.sources both say where the data is: give one "
+                            "(a mixture's sources all go in data.sources)")
+        for entry in self.sources:
+            fields = entry if isinstance(entry, dict) else {"source": entry}
+            unknown = set(fields) - set(MIXTURE_FIELDS)
+            if not isinstance(fields.get("source"), str) or unknown:
+                raise DataError(f"data.sources entry {entry!r}: each is a source (text) or a mapping with "
+                                f"{', '.join(MIXTURE_FIELDS)} (source required)")
+            weight = fields.get("weight", 1.0)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+                raise DataError(f"data.sources entry {fields['source']!r}: weight={weight!r} must be a positive "
+                                "number (1: each conversation once an epoch, 2: twice, 0.5: a random half)")
+            DataConfig(**self.part_fields(fields))  # (each part checks its own settings)
+        self.source = MIXTURE
+
+    def part_fields(self, fields: dict) -> dict:
+        shared = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("source", "sources", "hf_split",
+                                                                               "hf_data_files")}
+        return shared | {k: v for k, v in fields.items() if k != "weight"}
+
+    def parts(self) -> list[tuple["DataConfig", float]]:
+        """The mixture's sources, each as a DataConfig of its own, with its weight."""
+        entries = [entry if isinstance(entry, dict) else {"source": entry} for entry in self.sources or []]
+        return [(DataConfig(**self.part_fields(entry)), float(entry.get("weight", 1.0))) for entry in entries]
+
+
+MIXTURE = "mixture"  # data.source of a run on data.sources
+MIXTURE_FIELDS = ("source", "weight", "hf_split", "hf_data_files")

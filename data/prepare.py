@@ -40,9 +40,9 @@ from filelock import FileLock
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from .chat import (DEFAULT_TEMPLATE, ChatSource, ChatTemplate, Conversations, chat_source, chat_tokenizer, encode,
-                   special_token_names)
-from .config import DataConfig
+from .chat import (DEFAULT_TEMPLATE, ChatSource, ChatTemplate, Conversations, Record, chat_source, chat_tokenizer,
+                   encode, special_token_names, what_is_said)
+from .config import MIXTURE, DataConfig
 from .sources import END, DataError, Piece, open_source
 from .tokenizer import UNK, Encoder, end_of_text_id, load_tokenizer, start_ids, train_tokenizer
 
@@ -87,6 +87,7 @@ class TokenData:
     meta: dict
     built: bool = False  # made by this call of prepare (not found from an earlier run)
     chat: dict[str, Conversations] | None = None  # conversations: each split's, with the assistant's tokens
+    chat_weights: list[tuple[np.ndarray, float]] | None = None  # a mixture's: each source's training conversations, weight
 
     @property
     def vocab_size(self) -> int:
@@ -109,11 +110,74 @@ def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | No
     A given tokenizer (a model's own, when fine-tuning) is used instead of training one;
     conversations are rendered with its chat_template where it has one, else with
     data/chat.py's default, whose markers are added to the tokenizer."""
+    if config.sources is not None:
+        return prepare_mixture(config, progress, tokenizer, chat_template)
     src, settings, fingerprint, directory = locate(config, tokenizer, chat_template)
     built = not (directory / META).is_file()
     if built:
         build_cache(src, settings, fingerprint, directory, progress, tokenizer, chat_template)
     return dataclasses.replace(load_cache(directory), built=built)
+
+
+def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | None,
+                    chat_template: str | None) -> TokenData:
+    """A mixture of conversation sources (data.sources): each tokenized once into token files
+    of its own (prepare, with one tokenizer: the one given, or one trained on all of their
+    training conversations), then put one after the other; chat_weights says which training
+    conversations are each source's, and its weight. The mixture's folder holds the trained
+    tokenizer and a meta.json of the whole: the parts' folders and fingerprints, the counts added up."""
+    parts = config.parts()
+    sources = []
+    for part, _ in parts:
+        src = chat_source(part.source, part.val_fraction, part.hf_split, part.hf_data_files)
+        if src is None:
+            raise DataError(f"data.sources mixes conversations; {part.source!r} is not conversations (a \"messages\" "
+                            "column, or \"prompt\" and \"response\"): train on a text alone with data.source")
+        sources.append(src)
+    settings = {"tokenizer": config.tokenizer, "vocab_size": config.vocab_size if config.tokenizer == "bpe" else None,
+                "format": FORMAT_VERSION}
+    if tokenizer is not None:
+        settings = {"tokenizer": "given", "sha256": hashlib.sha256(tokenizer.to_str().encode()).hexdigest()}
+    key = {"sources": [src.identity for src in sources], "settings": settings}
+    folder_key = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    directory = Path(config.cache_dir) if config.cache_dir is not None else default_cache()
+    directory = directory / f"{MIXTURE}-{settings['tokenizer']}-{folder_key}"
+    directory.mkdir(parents=True, exist_ok=True)
+    if tokenizer is None:  # one tokenizer for all, trained once on what every source's messages say
+        if not (directory / TOKENIZER).is_file():
+            texts = (piece for src in sources for text in what_is_said(src.train()) for piece in (text, END))
+            trained = train_tokenizer(config.tokenizer, texts, config.vocab_size)
+            trained.save(str(directory / f"{TOKENIZER}.tmp-{os.getpid()}"))
+            os.replace(directory / f"{TOKENIZER}.tmp-{os.getpid()}", directory / TOKENIZER)
+        tokenizer = load_tokenizer(directory / TOKENIZER)
+    datas = [prepare(part, progress, tokenizer, chat_template) for part, _ in parts]
+    starts = np.cumsum([0] + [len(data.chat["train"]) for data in datas])
+    weights = [(np.arange(starts[i], starts[i + 1]), weight) for i, (_, weight) in enumerate(parts)]
+    chat = {split: joined([data.chat[split] for data in datas]) for split in ("train", "val")}
+    counts = {key: sum(data.meta[key] for data in datas) for key in datas[0].meta
+              if key.startswith(("train_", "val_")) and all(key in data.meta for data in datas)}
+    fingerprint = hashlib.sha256(json.dumps([[data.meta["fingerprint"], weight] for data, (_, weight)
+                                             in zip(datas, parts)]).encode()).hexdigest()[:16]
+    meta = {**datas[0].meta, **counts, "fingerprint": fingerprint, "source": {"source": MIXTURE},
+            "parts": [{"source": part.source, "weight": weight, "directory": str(data.directory),
+                       "fingerprint": data.meta["fingerprint"]} for data, (part, weight) in zip(datas, parts)]}
+    write_atomic_text(directory / META, json.dumps(meta, indent=2) + "\n")
+    return TokenData(directory, datas[0].tokenizer, chat["train"].tokens, chat["val"].tokens, meta,
+                     built=any(data.built for data in datas), chat=chat, chat_weights=weights)
+
+
+def joined(parts: list[Conversations]) -> Conversations:
+    """Conversations one after the other, as one split (read into memory)."""
+    offsets = np.cumsum([0] + [len(part.tokens) for part in parts])
+    starts = np.concatenate([parts[0].starts[:1]] + [part.starts[1:] + offset for part, offset in zip(parts, offsets)])
+    return Conversations(np.concatenate([part.tokens for part in parts]), np.concatenate([part.mask for part in parts]),
+                         starts.astype(np.int64))
+
+
+def write_atomic_text(path: Path, text: str) -> None:
+    scratch = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    scratch.write_text(text)
+    os.replace(scratch, path)
 
 
 def discard(data: TokenData) -> None:
@@ -128,7 +192,7 @@ def locate(config: DataConfig, tokenizer: Tokenizer | None = None, chat_template
     """(source, tokenizer settings, fingerprint, folder) of the token files for config:
     with a tokenizer trained on the source, or with the one given (and, for
     conversations, the chat template given, or the default)."""
-    src = chat_source(config.source, config.val_fraction) or open_source(
+    src = chat_source(config.source, config.val_fraction, config.hf_split, config.hf_data_files) or open_source(
         config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
     settings = {"tokenizer": config.tokenizer, "vocab_size": config.vocab_size if config.tokenizer == "bpe" else None,
                 "format": FORMAT_VERSION}
@@ -198,6 +262,11 @@ def content_digest(directory: Path) -> str:
     """A SHA-256 of a prepared folder's tokenizer and token files, whatever their paths and
     times: two machines that prepared the same corpus the same way get the same digest."""
     digest = hashlib.sha256()
+    meta = json.loads((directory / META).read_text()) if (directory / META).is_file() else {}
+    if "parts" in meta:  # a mixture: its sources' token files
+        for part in meta["parts"]:
+            digest.update(content_digest(Path(part["directory"])).encode())
+        return digest.hexdigest()
     names = [TOKENIZER, tokens_file("train"), tokens_file("val")]
     if (directory / mask_file("train")).is_file():  # conversations
         names += [mask_file("train"), starts_file("train"), mask_file("val"), starts_file("val")]
@@ -273,7 +342,7 @@ def build_chat_in(tmp: Path, src: ChatSource, settings: dict, fingerprint: str, 
     log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
     log(f"preparing conversations: {src.name}, {settings['tokenizer']} tokenizer -> {directory}")
     if tokenizer is None:
-        texts = (piece for _, messages in src.train() for message in messages for piece in (message["content"], END))
+        texts = (piece for text in what_is_said(src.train()) for piece in (text, END))
         tokenizer = train_tokenizer(settings["tokenizer"], texts, settings["vocab_size"])
     if chat_template is None:
         tokenizer = chat_tokenizer(tokenizer)
@@ -292,7 +361,7 @@ def build_chat_in(tmp: Path, src: ChatSource, settings: dict, fingerprint: str, 
     (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def write_conversations(conversations: Iterable[tuple[str, list[dict]]], tokenizer: Tokenizer,
+def write_conversations(conversations: Iterable[Record], tokenizer: Tokenizer,
                         template: ChatTemplate, folder: Path, split: str, dtype) -> dict:
     """Each conversation's ids into split.bin, its assistant's flags into split.mask.bin and
     where it starts into split.starts.npy; returns the counts (tokens, conversations, the
@@ -300,8 +369,8 @@ def write_conversations(conversations: Iterable[tuple[str, list[dict]]], tokeniz
     starts, answer_characters, unknown = [0], 0, 0
     unk = tokenizer.token_to_id(UNK)
     with open(folder / tokens_file(split), "wb") as ids_file, open(folder / mask_file(split), "wb") as flags_file:
-        for _, messages in conversations:
-            ids, mask = encode(tokenizer, template, messages)
+        for _, messages, tools in conversations:
+            ids, mask = encode(tokenizer, template, messages, tools)
             ids.astype(dtype).tofile(ids_file)
             mask.tofile(flags_file)
             starts.append(starts[-1] + len(ids))

@@ -203,11 +203,10 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def load_rows(builder: str, files: list[Path] | str | None, text_field: str, split: str = "train",
-              **kwargs) -> Iterator[str]:
-    """Rows of `text_field` of a dataset's `split` (what datasets.load_dataset does, in its
-    steps), read in batches from its memory-mapped Arrow cache, so memory stays bounded
-    however large the files. files: local files, or a pattern of the dataset's own."""
+def load_split(builder: str, files: list[Path] | str | None, split: str = "train", **kwargs):
+    """A dataset's `split`, as datasets.load_dataset makes it (in its steps), memory-mapped
+    from its Arrow cache, so memory stays bounded however large the files. files: local
+    files, or a pattern of the dataset's own. Returns (the dataset, a name for messages)."""
     import datasets
     import pyarrow
     import pyarrow.dataset
@@ -229,11 +228,17 @@ def load_rows(builder: str, files: list[Path] | str | None, text_field: str, spl
     except Exception as e:  # datasets raises many types for malformed files
         where = data_files[0] if isinstance(data_files, list) else builder
         raise DataError(f"could not read {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-    where = data_files[0] if isinstance(data_files, list) else builder
+    return dataset, data_files[0] if isinstance(data_files, list) else builder
+
+
+def load_rows(builder: str, files: list[Path] | str | None, text_field: str, split: str = "train",
+              **kwargs) -> Iterator[str]:
+    """Rows of `text_field` of a dataset's `split` (load_split), read in batches."""
+    dataset, where = load_split(builder, files, split, **kwargs)
     if text_field not in dataset.column_names:
-        conversations = [c for c in ("messages", "conversations") if c in dataset.column_names]
         raise DataError(f"{where} has no field {text_field!r} (it has {', '.join(dataset.column_names)}); "
-                        + (CONVERSATIONS_HERE.format(column=conversations[0]) if conversations else "set data.text_field"))
+                        + (CONVERSATIONS_HERE.format(column="conversations") if "conversations" in dataset.column_names
+                           else "set data.text_field"))
     for batch in dataset.iter(batch_size=1000):
         for text in batch[text_field]:
             if text and not isinstance(text, str):
@@ -244,10 +249,10 @@ def load_rows(builder: str, files: list[Path] | str | None, text_field: str, spl
                 yield text
 
 
-# Conversations outside a .jsonl file: refused in one line, saying what is read
-CONVERSATIONS_HERE = ("its {column!r} column holds conversations, which are read from .jsonl files (a file or a folder "
-                      "of them, one {{\"messages\": [...]}} a line: docs/usage.md); write them as .jsonl, or set "
-                      "data.text_field to a column of text")
+# Conversations in a column other than "messages": refused in one line, saying what is read
+CONVERSATIONS_HERE = ("its {column!r} column holds a list; conversations are read from a \"messages\" column (or "
+                      "\"prompt\" and \"response\") of .jsonl or .parquet files or an hf: dataset (docs/usage.md): "
+                      "name the column messages, or set data.text_field to a column of text")
 
 
 def jsonl_rows(path: Path, text_field: str) -> Iterator[str]:

@@ -161,7 +161,7 @@ def checked_types(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     config: GPTConfig here, and each section of a YAML run config in training/config.py."""
     annotations = {f.name: f.type for f in dataclasses.fields(cls)}
     names = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "dict": "a mapping",
-             "list[str]": "a list of strings, e.g. [a, b]"}
+             "list[str]": "a list of strings, e.g. [a, b]", "list": "a list, e.g. [a, b]"}
     checked = {}
     for name, value in values.items():
         kinds = [k.strip() for k in annotations[name].split("|")]
@@ -181,6 +181,7 @@ def checked_types(cls: type, values: dict[str, Any]) -> dict[str, Any]:
             "str": isinstance(value, str),
             "dict": isinstance(value, dict),
             "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
+            "list": isinstance(value, list),
         }[kind]
         if not ok:
             raise ValueError(f"{name}={value!r}: must be {names[kind]}")

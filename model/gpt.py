@@ -125,6 +125,9 @@ class GPT(nn.Module):
         """idx [B, T] token ids -> (logits [B, T, vocab_size], loss or None). targets [B, T]
         (-100 = ignore) gives the mean cross-entropy of the next token. attention_mask
         [B, S] (1 = real token, 0 = padding) covers the cached tokens and idx, S = past + T.
+        Packed rows number their sequences instead (1, 1, 2, 2, 2, 3, ..., 0 = padding): a
+        token then attends only to earlier tokens of its own sequence, and each sequence's
+        positions start at 0, so it is computed as if it were alone in its row.
         kv_cache: the keys and values of earlier tokens (generation)."""
         logits = self._logits(idx, attention_mask, kv_cache)  # [B, T, vocab_size]
         return logits, None if targets is None else self.loss(logits, targets)
@@ -188,12 +191,19 @@ class GPT(nn.Module):
     @staticmethod
     def _positions(T: int, past: int, attention_mask: torch.Tensor | None,
                    device: torch.device) -> torch.Tensor:
-        """Position of each new token: its index ([1, T], the same for every row), or
-        with padding ([B, T]), the number of real tokens before it, so a left-padded
-        prompt starts at position 0 like one alone."""
+        """Position of each new token: its index ([1, T], the same for every row), or with an
+        attention_mask ([B, T]), the number of real tokens of its own sequence before it, so a
+        left-padded prompt, or the second sequence of a packed row, starts at 0 like one alone."""
         if attention_mask is None:
             return torch.arange(past, past + T, device=device)[None]
-        positions = attention_mask.long().cumsum(dim=-1) - 1  # [B, S]
+        sequence = attention_mask.long()  # [B, S]: 0 = padding, else which sequence
+        real = sequence.ne(0).long().cumsum(dim=-1)  # [B, S]: real tokens up to and including each
+        # where each sequence starts: the first index holding its number
+        index = torch.arange(sequence.size(1), device=device).expand_as(sequence)  # [B, S]
+        first = torch.full((sequence.size(0), int(sequence.max()) + 1), sequence.size(1), device=device)
+        first = first.scatter_reduce(1, sequence, index, "amin")  # [B, sequences + 1]
+        start = first.gather(1, sequence)  # [B, S]: the first index of each token's sequence
+        positions = real - real.gather(1, start)  # [B, S]: its real tokens before this one
         return positions[:, -T:].clamp(min=0)  # [B, T]
 
     @staticmethod
@@ -208,7 +218,10 @@ class GPT(nn.Module):
         key_pos = torch.arange(S, device=device)[None, :]  # [1, S]
         mask = key_pos <= query_pos  # [T, S]: causal, never the future
         if attention_mask is not None:
-            mask = mask & attention_mask.bool()[:, None, None, :]  # [B, 1, T, S]: no padding
+            sequence = attention_mask.long()  # [B, S]: 0 = padding, else which sequence
+            key = sequence[:, None, None, :]  # [B, 1, 1, S]
+            query = sequence[:, None, -T:, None]  # [B, 1, T, 1]
+            mask = mask & (key == query) & (key != 0)  # [B, 1, T, S]: its own sequence, no padding
             # a padding query would have no key left; letting it see itself avoids an
             # empty row (fused GPU kernels may return NaN for one). Real tokens never
             # see padding, so their outputs are unchanged.

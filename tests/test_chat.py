@@ -120,7 +120,7 @@ def test_the_prompts_tokens_get_no_gradient():
     gradient of every other position's logits is exactly zero."""
     tokenizer = default_tokenizer()
     rows = rows_of([TWO_TURNS, TWO_TURNS[1:3]], tokenizer)
-    x, y = conversation_rows(rows, [0, 1], 64)
+    x, y, _ = conversation_rows(rows, [0, 1], 64)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=64, n_layer=1, n_head=2, n_embd=16))
     logits, _ = model(x)
@@ -136,10 +136,10 @@ def test_a_conversation_never_sees_another_or_the_padding():
     """Each row's logits in a padded batch are the row's alone."""
     tokenizer = default_tokenizer()
     rows = rows_of([TWO_TURNS, TWO_TURNS[1:3]], tokenizer)
-    x, _ = conversation_rows(rows, [0, 1], 64)
+    x, _, _ = conversation_rows(rows, [0, 1], 64)
     model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=64, n_layer=2, n_head=2, n_embd=16)).eval()
     short = len(rows[1][0]) - 1
-    alone, _ = conversation_rows(rows, [1], 64)
+    alone, _, _ = conversation_rows(rows, [1], 64)
     assert x.shape[1] > short and alone.shape == (1, short)
     with torch.no_grad():
         assert torch.allclose(model(x)[0][1, :short], model(alone)[0][0], atol=1e-6)
@@ -149,17 +149,17 @@ def test_a_conversation_longer_than_the_context_is_cut_at_its_end():
     tokenizer = default_tokenizer()
     rows = rows_of([TWO_TURNS, TWO_TURNS[1:3]], tokenizer)
     first_answer_at = int(np.argmax(rows[0][1]))  # where the first answer's token is
-    x, y = conversation_rows(rows, [0], first_answer_at - 1)  # cut just before it: nothing to learn
+    x, y, _ = conversation_rows(rows, [0], first_answer_at - 1)  # cut just before it: nothing to learn
     assert x.shape == (1, first_answer_at - 1) and (y == IGNORE).all()
     assert answered(rows, first_answer_at - 1).tolist() == [1]  # so a sampler leaves it out
-    x, y = conversation_rows(rows, [0], first_answer_at)  # one more: the answer's first token is the last target
+    x, y, _ = conversation_rows(rows, [0], first_answer_at)  # one more: the answer's first token is the last target
     assert (y[0, :-1] == IGNORE).all() and y[0, -1] == rows[0][0][first_answer_at]
     assert answered(rows, first_answer_at).tolist() == [0, 1]
     sampler = ConversationSampler(rows, first_answer_at - 1, 4, seed=0)
     assert set(sampler.usable.tolist()) == {1}
     # tokens/s and tokens_seen count what a batch holds of its conversations, not its padding
     sampler = ConversationSampler(rows, 1000, 8, seed=0)
-    x, _ = sampler.next_batch()
+    x, _, _ = sampler.next_batch()
     long, short = sorted((rows[i][0] for i in range(2)), key=len, reverse=True)
     real = [next(len(ids) - 1 for ids in (long, short) if row[:len(ids) - 1].tolist() == ids[:-1].tolist()) for row in x]
     assert sampler.drawn == sum(real) < x.numel()
@@ -279,6 +279,33 @@ def test_a_template_renders_as_transformers_renders_it_with_its_date_and_json():
     assert ours == theirs and '"b": "<&>"' in ours and "é" in ours
     import datetime
     assert ours.startswith(datetime.datetime.now().strftime("%d %b %Y") + "|")
+
+
+GENERATION = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}{% generation %}"
+              "{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}<|im_end|>{% endif %}\n"
+              "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_generation_blocks_mark_the_answers_as_transformers_marks_them():
+    """A template's {% generation %} blocks (transformers' return_assistant_tokens_mask, trl's
+    assistant_only_loss) say which tokens are learnt: the same mask as transformers', the same
+    text as without the blocks, and a block that wraps the user's turn is learnt too (the
+    blocks, not the roles, decide)."""
+    transformers = pytest.importorskip("transformers")
+    tokenizer = train_tokenizer("bpe", ["Be brief. 2+3= 5 and 4+4= 8, of course system user assistant"], 300)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")])
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, chat_template=GENERATION)
+    template = ChatTemplate(GENERATION)
+    assert template.marks_answers and not ChatTemplate(CHATML).marks_answers
+    ids, mask = encode(tokenizer, template, TWO_TURNS)
+    expected = theirs.apply_chat_template(TWO_TURNS, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert ids.tolist() == list(expected["input_ids"]) and mask.tolist() == list(expected["assistant_masks"])
+    assert learnt(tokenizer, ids, mask) == "5<|im_end|>8, of course<|im_end|>"
+    plain = GENERATION.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    assert template.render(TWO_TURNS) == ChatTemplate(plain).render(TWO_TURNS)
+    everyone = GENERATION.replace("{% if m.role == 'assistant' %}", "{% if m.role != 'system' %}")
+    ids, mask = encode(tokenizer, ChatTemplate(everyone), TWO_TURNS)
+    assert learnt(tokenizer, ids, mask) == "2+3=<|im_end|>5<|im_end|>and 4+4=<|im_end|>8, of course<|im_end|>"
 
 
 def test_chat_keeps_the_cache_across_turns_and_answers_as_a_fresh_pass(monkeypatch):
@@ -506,7 +533,7 @@ def test_evaluate_keeps_each_answer_and_scores_a_base_with_a_template_given(chat
 
 def test_a_base_model_grows_its_embedding_by_the_chat_markers_each_the_mean(chat_runs):
     """Fine-tuning a model brought in on conversations with the default template: its
-    tokenizer gains the four markers, its embedding four rows, each the mean of the old
+    tokenizer gains the five markers, its embedding five rows, each the mean of the old
     ones; every old row is the base model's."""
     from conftest import make_trainer
     from common.run_dir import RunDir
@@ -515,10 +542,10 @@ def test_a_base_model_grows_its_embedding_by_the_chat_markers_each_the_mean(chat
     trainer = make_trainer(chat_run(chat_runs, f"train.init_from={chat_runs / 'base'}", out="fresh")[2:])
     grown = trainer.model.transformer.wte.weight.detach()
     old = base.transformer.wte.weight.detach()
-    assert grown.shape[0] == old.shape[0] + 4 == trainer.run.data.tokenizer.get_vocab_size()
+    assert grown.shape[0] == old.shape[0] + 5 == trainer.run.data.tokenizer.get_vocab_size()
     assert torch.equal(grown[:old.shape[0]], old)
-    assert torch.allclose(grown[old.shape[0]:], old.mean(0).expand(4, -1))
-    assert trainer.run.data.tokenizer.token_to_id("<|end|>") == old.shape[0] + 3
+    assert torch.allclose(grown[old.shape[0]:], old.mean(0).expand(5, -1))
+    assert trainer.run.data.tokenizer.token_to_id("<|end|>") == old.shape[0] + 4
 
 
 def test_the_exports_carry_the_chat_template(chat_runs, tmp_path):
@@ -566,9 +593,9 @@ def test_a_folder_of_conversation_shards_is_read_in_order_and_split_at_its_end(t
     (folder / "README.md").write_text("not data")
     source = chat_source(str(folder), 0.2)
     every = task_conversations("add", 4, seed=0) + task_conversations("add", 6, seed=1)
-    assert [m for _, m in source.train()] == [r["messages"] for r in every[:8]]
-    assert [m for _, m in source.val()] == [r["messages"] for r in every[8:]]
-    assert [where for where, _ in source.val()] == [f"{folder / 'part-1.jsonl'}, line {n}" for n in (5, 6)]
+    assert [m for _, m, _ in source.train()] == [r["messages"] for r in every[:8]]
+    assert [m for _, m, _ in source.val()] == [r["messages"] for r in every[8:]]
+    assert [where for where, _, _ in source.val()] == [f"{folder / 'part-1.jsonl'}, line {n}" for n in (5, 6)]
     (folder / "part-2.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
     with pytest.raises(DataError, match="part-2.jsonl, line 1: no assistant message"):
         list(chat_source(str(folder), 0.2).train())

@@ -276,14 +276,14 @@ def test_token_files_reused_and_rebuilt_on_change(tmp_path, capsys):
 def test_batches_are_shifted_reproducible_and_resumable():
     tokens = np.arange(1000, dtype=np.uint16)
     sampler = BatchSampler(tokens, block_size=8, batch_size=4, seed=1)
-    x, y = sampler.next_batch()
-    assert x.shape == y.shape == (4, 8) and x.dtype == torch.int64
+    x, y, mask = sampler.next_batch()
+    assert x.shape == y.shape == (4, 8) and x.dtype == torch.int64 and mask is None
     assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
     state = sampler.state_dict()
     ahead = [sampler.next_batch() for _ in range(3)]
     replay = BatchSampler(tokens, block_size=8, batch_size=4, seed=999)
     replay.load_state_dict(torch.load(_roundtrip(state), weights_only=True))
-    for (a, b), (c, d) in zip(ahead, [replay.next_batch() for _ in range(3)]):
+    for (a, b, _), (c, d, _) in zip(ahead, [replay.next_batch() for _ in range(3)]):
         assert torch.equal(a, c) and torch.equal(b, d)
     same_seed = BatchSampler(tokens, 8, 4, seed=1)
     assert torch.equal(same_seed.next_batch()[0], x)
@@ -690,12 +690,13 @@ def test_bad_hub_and_table_data_name_the_source_and_the_fault(tmp_path):
     pd.DataFrame({"body": ["x"], "id": [1]}).to_csv(tmp_path / "d.csv", index=False)
     with pytest.raises(DataError, match=r"d.csv has no field 'text' \(it has body, id\); set data.text_field$"):
         prepare(DataConfig(str(tmp_path / "d.csv"), cache_dir=tmp_path / "c"), progress=False)
-    # conversations in a table: refused in one line that says where they are read from
-    chats = [{"messages": [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]}] * 3
+    # conversations in a column of another name (ShareGPT's): refused in one line that says where they are read from
+    chats = [{"conversations": [{"from": "human", "value": "1+1="}, {"from": "gpt", "value": "2"}]}] * 3
     pd.DataFrame(chats).to_parquet(tmp_path / "chats.parquet")
-    for field in ("text", "messages"):
-        with pytest.raises(DataError, match=r"chats.parquet.*its 'messages' column holds conversations, which are "
-                                            r"read from .jsonl files .*; write them as .jsonl, or set data.text_field "
+    for field, said in (("text", r" has no field 'text' \(it has conversations\); its 'conversations' column"),
+                        ("conversations", r": 'conversations' holds a list, not text; its 'conversations' column")):
+        with pytest.raises(DataError, match=r"chats.parquet" + said + r" holds a list; conversations are read from a "
+                                            r"\"messages\" column .*name the column messages, or set data.text_field "
                                             r"to a column of text$"):
             prepare(DataConfig(str(tmp_path / "chats.parquet"), text_field=field, cache_dir=tmp_path / "c"),
                     progress=False)

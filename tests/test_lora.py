@@ -167,7 +167,7 @@ def test_a_lora_run_trains_the_adapters_and_the_new_tokens_rows_only(runs):
         ours = model.state_dict()[name]
         assert torch.equal(ours[:weight.size(0)], weight), name  # (the embedding: its old rows)
     vocab = base.config.vocab_size
-    assert not torch.equal(model.transformer.wte.weight[vocab:], base.transformer.wte.weight.mean(0).expand(4, -1))
+    assert not torch.equal(model.transformer.wte.weight[vocab:], base.transformer.wte.weight.mean(0).expand(5, -1))
     assert any(p.abs().sum() > 0 for name, p in model.named_parameters() if "lora_B" in name)
     state = torch.load(runs / "trainer" / "trainer_state.pt", weights_only=True)
     adapters = [name for name in model.state_dict() if "lora_A" in name or "lora_B" in name]
@@ -235,7 +235,7 @@ def test_the_adapters_export_as_peft_s_over_the_base_with_the_merged_logits(runs
             "weights here") in (tmp_path / "merged" / "README.md").read_text()
     base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "peft" / "base").eval()
     x = torch.randint(0, merged.config.vocab_size, (2, 16))
-    x[:, :4] = torch.arange(merged.config.vocab_size - 4, merged.config.vocab_size)  # (the markers)
+    x[:, :5] = torch.arange(merged.config.vocab_size - 5, merged.config.vocab_size)  # (the markers)
     with torch.no_grad():
         before = base(x).logits
         # base/ is the model brought in (to float32's rounding), grown by the markers' rows, each the mean
@@ -244,14 +244,14 @@ def test_the_adapters_export_as_peft_s_over_the_base_with_the_merged_logits(runs
         torch.testing.assert_close(base(old).logits[..., :brought.config.vocab_size], brought.eval()(old)[0],
                                    atol=1e-5, rtol=0)
         rows = base.get_input_embeddings().weight
-        assert torch.equal(rows[brought.config.vocab_size:], rows[:brought.config.vocab_size].mean(0).expand(4, -1))
+        assert torch.equal(rows[brought.config.vocab_size:], rows[:brought.config.vocab_size].mean(0).expand(5, -1))
         adapted = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
         torch.testing.assert_close(adapted(x).logits, merged(x).logits, atol=2e-5, rtol=0)
         assert (before - merged(x).logits).abs().max() > 1e-2  # (adapters that change the model)
     config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str((tmp_path / "peft" / "base").resolve())
     markers = {"trainable_token_indices": {"wte" if kind == "gpt2" else "embed_in" if kind == "gpt_neox"
-                                           else "embed_tokens": list(range(merged.config.vocab_size - 4,
+                                           else "embed_tokens": list(range(merged.config.vocab_size - 5,
                                                                            merged.config.vocab_size))}}
     if kind == "llama":
         markers["trainable_token_indices"]["lm_head"] = markers["trainable_token_indices"]["embed_tokens"]

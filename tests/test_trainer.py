@@ -94,8 +94,8 @@ class FakeDDP:
         self.module, self.syncing, self.backwards = module, True, []
         next(module.parameters()).register_hook(lambda grad: self.backwards.append(self.syncing))
 
-    def __call__(self, *args):
-        return self.module(*args)
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
 
     @contextmanager
     def no_sync(self):
@@ -1016,7 +1016,7 @@ def test_one_step_with_its_defaults_is_the_five_steps_written_out():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
     by_hand = copy.deepcopy(model)
-    batches = [(torch.randint(0, 20, (4, 8)), torch.randint(0, 20, (4, 8))) for _ in range(2)]
+    batches = [(torch.randint(0, 20, (4, 8)), torch.randint(0, 20, (4, 8)), None) for _ in range(2)]
     drawn = iter(batches)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     result = train_step(0, model, lambda: next(drawn), [optimizer], Constant())

@@ -33,6 +33,8 @@ class ConfigError(UserError):
 @dataclass
 class TrainConfig:
     max_iters: int = 2000
+    epochs: float | None = None  # conversations: end after this many passes over them (or at max_iters, if sooner)
+    packing: bool = False  # conversations: several a row (best-fit), each attending to itself alone
     max_minutes: float | None = None  # a time budget: max_iters is set to fit, from the measured speed
     batch_size: int = 32  # sequences per micro-batch, per process
     grad_accum: int = 1  # micro-batches per optimizer step
@@ -72,6 +74,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         rules = [
             ("max_iters", self.max_iters >= 1, "must be at least 1"),
+            ("epochs", self.epochs is None or self.epochs > 0, "must be positive, e.g. 2 (or unset)"),
             ("max_minutes", self.max_minutes is None or self.max_minutes > 0, "must be positive (or unset)"),
             ("batch_size", self.batch_size >= 1, "must be at least 1"),
             ("grad_accum", self.grad_accum >= 1, "must be at least 1"),

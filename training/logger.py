@@ -83,16 +83,18 @@ BUSY_SAID = 0.25  # the share of a budgeted run's training time on a busy machin
 
 
 def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, prompt: str | None,
-                 barely_trained: dict | None, continue_command: str, got: dict | None = None) -> str:
+                 barely_trained: dict | None, continue_command: str, got: dict | None = None,
+                 epochs: float | None = None) -> str:
     """The last lines: iterations, the run's whole time (and this process's part, after a
     resume), the loss, and a prompt the run's tokenizer can encode to try the model (None: a
     run on conversations, tried with --chat); under a
     time budget, the iterations against those the same time would have reached at the best
     pace the run measured here (`got`: TimeBudget.report), and when the machine was busy for
     a large part of it, that it was; when the model is barely trained, why, and the command
-    that trains it on."""
+    that trains it on. `epochs`: the passes over a run's conversations (None: a text's windows)."""
     part = f", {mine / 60:.1f} min ({mine:.0f} s) of them in this process" if total > mine + 0.5 else ""
-    done = (f"done: {it} iterations in {total / 60:.1f} min ({total:.0f} s){part}; val loss {val_loss:.4f} "
+    passes = f" ({epochs:.2f} epochs of the conversations)" if epochs is not None else ""
+    done = (f"done: {it} iterations{passes} in {total / 60:.1f} min ({total:.0f} s){part}; val loss {val_loss:.4f} "
             f"(best {best:.4f}); model in {out_dir}\n")
     if got is not None:
         done += (f"at the best pace this run measured on this machine ({1000 * got['best_pace']:.0f} ms an iteration), "

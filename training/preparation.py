@@ -23,7 +23,7 @@ from common.run_dir import RunDir
 from data import DataError, TokenData, content_digest, discard, prepare
 from data.batches import answered, check_length, longer_than
 from data.tokenizer import suggest_prompt, tokenizer_kind
-from model import GPT, GPTConfig
+from model import GPTConfig
 
 from .config import RunConfig
 from .distributed import Distributed

@@ -47,6 +47,7 @@ from model import GPT
 from . import logger, resume
 from .average import WeightAverage
 from .budget import TimeBudget
+from .config import ConfigError
 from .distributed import Distributed
 from .evaluation import Evaluator, StepLosses
 from .logger import RunLogger
@@ -89,10 +90,11 @@ class Trainer:
         self.run_dir = RunDir(run.config.out_dir)
         state = resume.check(self.run_dir, run, dist)  # the run's state to go on from (None: a new run)
         self.grad_accum = run.grad_accum if state is None else resume.grad_accum_for(state, dist, settings)
-        self.budget = TimeBudget(settings.max_minutes, settings.max_iters, settings.eval_interval, self.clock,
-                                 seconds_before=run.seconds)
         self.sampler = sampler_for(run.data, run.model_config.block_size, settings.batch_size, settings.seed,
-                                   dist.rank, dist.world_size)  # windows of text, or conversations
+                                   dist.rank, dist.world_size, settings.packing)  # windows of text, or conversations
+        length = min(settings.max_iters, self.iterations_for_epochs())
+        self.budget = TimeBudget(settings.max_minutes, length, settings.eval_interval, self.clock,
+                                 seconds_before=run.seconds)
         resume.seed_everything(settings.seed + dist.rank)
         self.model = GPT.initialised(run.model_config, settings.seed + dist.rank).to(device)  # (DDP: rank 0's for all)
         lora = run.config.lora
@@ -105,7 +107,7 @@ class Trainer:
             self.trained_names = list(trained_parameters(self.model))
         self.rows_from = new_rows_from(self.model)  # (a matrix whose new tokens' rows alone train: the first)
         self.optimizers = make_optimizers(self.model, settings, device)
-        self.schedule = Schedule(settings, settings.max_iters)
+        self.schedule = Schedule(settings, length)
         self.average = WeightAverage(self.model, settings.ema) if settings.ema else None
         self.evaluator = Evaluator(run, self.grad_accum, dist, device, dtype)
         self.snapshots = Snapshots.for_run(self.run_dir, settings.snapshots, settings.snapshot_every, self.model,
@@ -128,8 +130,25 @@ class Trainer:
 
     @property
     def max_iters(self) -> int:
-        """Where training ends: train.max_iters, or what train.max_minutes fits (the budget's)."""
+        """Where training ends: train.max_iters (or train.epochs, if sooner), or what
+        train.max_minutes fits (the budget's)."""
         return self.budget.max_iters
+
+    def iterations_for_epochs(self) -> int | float:
+        """The iterations that take train.epochs passes over the conversations (inf: unset)."""
+        epochs = self.settings.epochs
+        if epochs is None:
+            return math.inf
+        if self.run.data.chat is None:
+            raise ConfigError(f"train.epochs={epochs:g} counts passes over conversations; this run trains on a "
+                              "text's random windows: set train.max_iters (or train.max_minutes) instead")
+        rows = self.sampler.rows_in(epochs)
+        return max(1, math.ceil(rows / (self.settings.batch_size * self.grad_accum * self.dist.world_size)))
+
+    @property
+    def epochs_done(self) -> float | None:
+        """The passes over the conversations so far (None: a text's windows)."""
+        return getattr(self.sampler, "epochs_done", None)
 
     @property
     def eval_model(self) -> GPT:
@@ -408,7 +427,7 @@ class Trainer:
                 "data_fingerprint": data.meta["fingerprint"], "prompt": self.run.prompt,
                 "seconds": round(self.budget.seconds_used(), 1), "tokens": self.tokens_seen(),
                 "weights": "average" if self.average is not None else "trained",
-                "barely_trained": self.barely_trained(), "pace": self.budget.report(),
+                "barely_trained": self.barely_trained(), "pace": self.budget.report(), "epochs": self.epochs_done,
                 "threads": {"count": torch.get_num_threads(), "tried_seconds": round(self.threads.lost, 2)}}
 
     def barely_trained(self) -> dict | None:
@@ -441,7 +460,7 @@ class Trainer:
             prompt = None if self.run.data.chat is not None else self.run.prompt
             print(logger.done_message(self.iteration, self.budget.seconds_used(), mine, self.val_loss, self.best_val_loss,
                                       self.run_dir, prompt, self.barely_trained(), self.continue_command(),
-                                      self.budget.report()))
+                                      self.budget.report(), self.epochs_done))
 
     def continue_command(self) -> str:
         """The command that trains this run on: the run's own config with twice the length."""
@@ -449,6 +468,8 @@ class Trainer:
             longer = f"train.max_minutes={2 * self.settings.max_minutes:g}"
             if self.iteration >= self.settings.max_iters:
                 longer += f" train.max_iters={2 * self.settings.max_iters}"
+        elif self.settings.epochs is not None and self.iteration < self.settings.max_iters:
+            longer = f"train.epochs={2 * self.settings.epochs:g}"
         else:
             longer = f"train.max_iters={2 * self.iteration}"
         return f"python train.py --config {self.run_dir.path / RunDir.RUN_CONFIG} {longer}"
