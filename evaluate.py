@@ -15,11 +15,15 @@ is written by the model (greedy, up to its end-of-turn token) and compared with 
 reference: the exact-match accuracy. --answers FILE.jsonl keeps each of them (the prompt,
 the expected answer, the model's); --chat-template FILE scores a model with another
 template, or one that has none (the base before fine-tuning).
+A transformers model folder (as train.init_from reads it) is scored as it is: the base before
+fine-tuning, with its own chat template, or with --chat-template default (the template
+fine-tuning gives a model that has none, its markers added the same way).
 Exit codes: 0 ok, 2 bad input.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -30,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from common.cli import OneLineParser, UserError, check_output_folder, positive, run_main
@@ -38,8 +43,11 @@ from common.run_dir import RunDir
 from common.threads import AdaptiveThreads, adaptable, set_threads, thread_help
 from data import DataError, unknown_characters
 from data.batches import IGNORE, conversation_rows
-from common.chat import replies, run_template
-from data.chat import ChatTemplate, chat_source, encode, in_memory, prompt_ids, special_token_names, turn_ends
+from common.chat import replies
+from data.chat import (DEFAULT_TEMPLATE, ChatTemplate, chat_source, chat_tokenizer, encode, in_memory, prompt_ids,
+                       special_token_names, turn_ends)
+from interop.base_model import grown_embedding, open_base_model, read_json
+from model import GPT
 from data.prepare import validation_tokens
 from data.sources import check_readable
 from data.tokenizer import Encoder, start_ids
@@ -47,6 +55,8 @@ from model.files import write_atomic
 
 CHUNK = 1 << 20  # characters read (or tokens taken) at a time
 PROGRESS_BYTES = 1 << 20  # a text this long shows a progress bar while it is scored
+
+DEFAULT = "default"  # --chat-template default: the template fine-tuning gives a model that has none
 
 
 def text_chunks(path: Path, counts: dict) -> Iterator[str]:
@@ -200,12 +210,50 @@ def score_conversations(model, tokenizer, template: ChatTemplate,
             "exact_match": sum(a["right"] for a in answers) / len(conversations), "answers": answers}
 
 
-def evaluate_conversations(args, model, tokenizer, conversations, device) -> dict:
+def scored_model(checkpoint: Path, device) -> tuple[GPT, Tokenizer, str | None]:
+    """The model, its tokenizer and its own chat template (None: it has none) of a run folder,
+    or of a transformers model folder (Llama, Qwen2, GPT-2 or GPT-NeoX shaped, read as
+    train.init_from reads it): the base before fine-tuning."""
+    if (checkpoint / RunDir.MODEL_CONFIG).is_file() and "model_type" in read_json(checkpoint / RunDir.MODEL_CONFIG):
+        base = open_base_model(str(checkpoint), label=f"--checkpoint {checkpoint}")
+        model = GPT(base.config)
+        model.load_state_dict(base.state_dict(base.config))
+        return model.to(device), base.tokenizer(), base.chat_template()
+    model, tokenizer = RunDir(checkpoint).load_model(device)
+    return model, tokenizer, RunDir(checkpoint).chat_template()
+
+
+def chosen_template(args, tokenizer, own: str | None) -> ChatTemplate:
+    """--chat-template's (a file, or `default`: the template fine-tuning gives a model that has
+    none), else the model's own, else a one-line refusal."""
+    if args.chat_template == DEFAULT:
+        return ChatTemplate(DEFAULT_TEMPLATE, special_token_names(chat_tokenizer(tokenizer)),
+                            name="the default chat template")
     if args.chat_template is not None:  # (another template, or one for a model that has none)
-        template = ChatTemplate(read_template(args.chat_template), special_token_names(tokenizer),
-                                name=f"--chat-template {args.chat_template}")
-    else:
-        template = run_template(args.checkpoint, tokenizer)
+        return ChatTemplate(read_template(Path(args.chat_template)), special_token_names(tokenizer),
+                            name=f"--chat-template {args.chat_template}")
+    if own is None:
+        raise UserError(f"{args.checkpoint} has no chat template: it was trained on plain text; conversations are "
+                        f"scored with --chat-template {DEFAULT} (the template fine-tuning gives it) or --chat-template "
+                        "FILE")
+    return ChatTemplate(own, special_token_names(tokenizer), name=f"the chat template of {args.checkpoint}")
+
+
+def with_chat_markers(model: GPT, tokenizer: Tokenizer) -> tuple[GPT, Tokenizer]:
+    """The model as fine-tuning with the default template starts it: the template's markers
+    added to the tokenizer, and the embedding (and an untied head) grown by their rows, each the
+    mean of the old ones (interop/base_model.grown_embedding)."""
+    tokenizer = chat_tokenizer(tokenizer)
+    config = dataclasses.replace(model.config, vocab_size=tokenizer.get_vocab_size())
+    state = model.state_dict()
+    for name in ("transformer.wte.weight", "lm_head.weight"):
+        state[name] = grown_embedding(state[name], config.vocab_size)
+    grown = GPT(config).to(state["lm_head.weight"].device)
+    grown.load_state_dict(state)
+    return grown, tokenizer
+
+
+def evaluate_conversations(args, model, tokenizer, template: ChatTemplate, conversations, device) -> dict:
     start = time.perf_counter()
     result = score_conversations(model, tokenizer, template, conversations, args.batch_size, device)
     if args.answers is not None:
@@ -240,10 +288,14 @@ def evaluate(args) -> dict:
     device = resolve_device(args.device)
     conversations = conversations_to_score(args)
     check_conversation_options(args, conversations)
-    model, tokenizer = RunDir(args.checkpoint).load_model(device)
-    model = model.to(resolve_dtype(args.dtype, device, training=False)).eval()
+    model, tokenizer, own_template = scored_model(args.checkpoint, device)
     if conversations is not None:
-        return evaluate_conversations(args, model, tokenizer, conversations, device)
+        template = chosen_template(args, tokenizer, own_template)
+        if args.chat_template == DEFAULT:  # its markers come in as fine-tuning brings them in
+            model, tokenizer = with_chat_markers(model, tokenizer)
+        model = model.to(resolve_dtype(args.dtype, device, training=False)).eval()
+        return evaluate_conversations(args, model, tokenizer, template, conversations, device)
+    model = model.to(resolve_dtype(args.dtype, device, training=False)).eval()
     block = model.config.block_size
     stride = max(1, block // 2) if args.stride is None else args.stride
     if not 1 <= stride <= block:
@@ -290,7 +342,8 @@ def command(args) -> int:
 
 def parse_args(argv):
     p = OneLineParser(prog="evaluate.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", type=Path, required=True, help="run directory, e.g. out/tiny")
+    p.add_argument("--checkpoint", type=Path, required=True, help="run directory, e.g. out/tiny, or a transformers "
+                   "model folder")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--text", type=Path, help="a UTF-8 text file to score")
     which.add_argument("--split", choices=["val"], help="the run's own validation split")
@@ -302,8 +355,9 @@ def parse_args(argv):
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--answers", type=Path, metavar="FILE.jsonl", help="conversations: write each last answer, with "
                    "its prompt and the expected one, a JSON line each")
-    p.add_argument("--chat-template", type=Path, metavar="FILE", help="conversations: the Jinja chat template to "
-                   "use instead of the run's (for a model that has none: the base before fine-tuning)")
+    p.add_argument("--chat-template", metavar="FILE", help="conversations: the Jinja chat template to use instead "
+                   f"of the model's, or {DEFAULT}: the template a model without one is given when it is fine-tuned, "
+                   "its markers added the same way: the base as fine-tuning starts it")
     p.add_argument("--threads", type=positive, help=thread_help("evaluate"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = p.parse_args(argv)

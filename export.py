@@ -223,7 +223,7 @@ def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | byte
     with torch.no_grad():
         for module, (a, b) in pairs.items():
             state[f"{module}.weight"] -= settings["lora_alpha"] / settings["r"] * (b @ a)
-        for name, first in settings.get("rows_from", {}).items():  # (as training/init_from.grown_embedding began them)
+        for name, first in settings.get("rows_from", {}).items():  # (as interop/base_model.grown_embedding began them)
             state[name][first:] = state[name][:first].mean(0)
     if model.config.tie_embeddings:
         state["lm_head.weight"] = state["transformer.wte.weight"]  # (one matrix)

@@ -46,24 +46,17 @@ def held_out_answers(run: Path) -> dict:
     return json.loads(done.stdout)
 
 
-def before(base: Path, data: Path) -> dict:
-    """The held-out answers of the model fine-tuning starts from: the base model, its
-    tokenizer with the default template's markers, its embedding grown by their rows."""
-    from common.run_dir import RunDir
-    from data.chat import DEFAULT_TEMPLATE, ChatTemplate, chat_source, chat_tokenizer
-    from evaluate import score_conversations
-    from model import GPT
-    from training.init_from import grown_embedding
+def before(base: Path, data: Path, tmp: Path) -> dict:
+    """The held-out answers of the model fine-tuning starts from, by evaluate.py's one command:
+    the base with the default template's markers added as fine-tuning adds them."""
+    from data.chat import chat_source
 
-    model, tokenizer = RunDir(base).load_model()
-    tokenizer = chat_tokenizer(tokenizer)
-    grown = GPT(type(model.config)(**{**model.config.to_dict(), "vocab_size": tokenizer.get_vocab_size()}))
-    state = model.state_dict()
-    for name in ("transformer.wte.weight", "lm_head.weight"):
-        state[name] = grown_embedding(state[name], tokenizer.get_vocab_size())
-    grown.load_state_dict(state)
-    held_out = [(messages, tools) for _, messages, tools in chat_source(str(data), 0.1).val()]
-    return score_conversations(grown.eval(), tokenizer, ChatTemplate(DEFAULT_TEMPLATE), held_out, 32, "cpu")
+    held_out = tmp / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps({"messages": messages}) + "\n"
+                                for _, messages, _ in chat_source(str(data), 0.1).val()))
+    done = subprocess.run([sys.executable, "evaluate.py", "--checkpoint", str(base), "--text", str(held_out),
+                           "--chat-template", "default", "--json"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
 
 
 def teaches(base: Path, task: str, count: int, iters: int, tmp: Path) -> list[dict]:
@@ -71,7 +64,7 @@ def teaches(base: Path, task: str, count: int, iters: int, tmp: Path) -> list[di
 
     data = tmp / f"{task}.jsonl"
     write(data, conversations(task, count, seed=0))
-    rows = [{"model": "base, before fine-tuning", **before(base, data)}]
+    rows = [{"model": "base, before fine-tuning", **before(base, data, tmp)}]
     common = [f"data.source={data}", f"data.cache_dir={tmp / 'cache'}", f"train.init_from={base}",
               f"train.max_iters={iters}", f"train.eval_interval={iters}"]
     for name, extra in (("full fine-tuning", []), ("LoRA, rank 8", LORA)):
@@ -80,8 +73,9 @@ def teaches(base: Path, task: str, count: int, iters: int, tmp: Path) -> list[di
     return rows
 
 
-def ten_million(folder: Path) -> Path:
-    """A run folder of a model of about 10 M parameters (random weights) and a char tokenizer."""
+def random_base(folder: Path, n_layer: int = 6, n_embd: int = 384) -> Path:
+    """A run folder of a model of random weights (6 × 384: about 10 M parameters; 14 × 768:
+    about 100 M) and a char tokenizer of the built-in Shakespeare."""
     from common.run_dir import RunDir
     from data import shakespeare
     from data.tokenizer import train_tokenizer
@@ -89,8 +83,8 @@ def ten_million(folder: Path) -> Path:
 
     tokenizer = train_tokenizer("char", ["\n".join(s for speeches in shakespeare.load_plays().values() for s in speeches)],
                                 0)
-    config = GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=128, n_layer=6, n_head=6, n_embd=384,
-                       pos_encoding="rope")
+    config = GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=128, n_layer=n_layer, n_head=n_embd // 64,
+                       n_embd=n_embd, pos_encoding="rope")
     RunDir(folder).save_model(GPT.initialised(config, 0), tokenizer)
     return folder
 
@@ -110,19 +104,38 @@ def small_base(folder: Path, task: str) -> Path:
     return folder
 
 
-def costs(iters: int, tmp: Path) -> list[dict]:
-    base = ten_million(tmp / "base10m")
+# what each costs, on a model of about 10 M parameters and one of about 100 M (with the memory savers)
+COSTS = {
+    "10m": ((6, 384), [("full fine-tuning", []), ("LoRA, rank 8", LORA)]),
+    "100m": ((14, 768), [("full fine-tuning", []),
+                         ("full, checkpointing", ["train.checkpointing=true"]),
+                         ("LoRA, rank 8", LORA),
+                         ("LoRA, checkpointing", [*LORA, "train.checkpointing=true"]),
+                         ("LoRA, checkpointing, bfloat16 base", [*LORA, "train.checkpointing=true",
+                                                                  "train.base_dtype=bfloat16"])]),
+}
+
+
+def costs(size: str, iters: int, tmp: Path) -> list[dict]:
+    from common.run_dir import RunDir
+
+    (n_layer, n_embd), recipes = COSTS[size]
+    base = random_base(tmp / f"base-{size}", n_layer, n_embd)
+    dtype = "train.dtype=bfloat16" if size == "100m" else "train.dtype=float32"
     common = [f"train.init_from={base}", "data.source=shakespeare", f"data.cache_dir={tmp / 'cache'}",
-              f"train.max_iters={iters}", f"train.eval_interval={iters}", "train.eval_iters=1", "train.batch_size=16"]
-    fine_tune(tmp / "warm-up", *common, "train.max_iters=1")  # the token files, made before anything is measured
+              f"train.max_iters={iters}", f"train.eval_interval={iters}", "train.eval_iters=1", "train.batch_size=16",
+              dtype]
+    fine_tune(tmp / f"warm-up-{size}", *common, "train.max_iters=1")  # the token files, made before anything is measured
     rows = []
-    for name, extra in (("full fine-tuning", []), ("LoRA, rank 8", LORA)):
-        out = tmp / f"cost-{len(rows)}"
+    for name, extra in recipes:
+        out = tmp / f"cost-{size}-{len(rows)}"
         command = [sys.executable, "train.py", *CONFIG, f"out_dir={out}", *common, *extra]
         peak, anonymous, wall = peak_of(command)
         summary = json.loads((out / "summary.json").read_text())
         trained = sum(t.numel() for t in (torch.load(out / "trainer_state.pt", weights_only=True)["model"].values()))
-        rows.append({"model": name, "trained_parameters": trained, "peak_mb": peak, "anonymous_mb": anonymous,
+        rows.append({"size": size, "model": name, "parameters": RunDir(base).load_model()[0].num_parameters(),
+                     "trained_parameters": trained,
+                     "peak_mb": peak, "anonymous_mb": anonymous,
                      "tokens_per_second": summary["tokens"] / summary["seconds"], "seconds": summary["seconds"]})
     return rows
 
@@ -134,21 +147,23 @@ def main() -> None:
     p.add_argument("--count", type=int, default=3000, help="conversations (the last tenth held out)")
     p.add_argument("--iters", type=int, default=1500)
     p.add_argument("--cost-iters", type=int, default=30)
+    p.add_argument("--sizes", default="10m,100m", help="the models whose costs are measured (10m, 100m)")
     p.add_argument("--quick", action="store_true", help="few iterations and conversations: a smoke test")
     p.add_argument("--only", choices=["teaches", "costs"], help="measure one of the two")
     p.add_argument("--out", help="JSON results (default bench/results/finetune.json)")
     args = p.parse_args()
     if args.quick:
-        args.count, args.iters, args.cost_iters = 200, 5, 3
+        args.count, args.iters, args.cost_iters, args.sizes = 200, 5, 3, "10m"
     with tempfile.TemporaryDirectory() as tmp:
         if args.quick and not args.base.is_dir():
             args.base = small_base(Path(tmp) / "base", args.task)
         taught = [] if args.only == "costs" else teaches(args.base, args.task, args.count, args.iters, Path(tmp))
         print(table(["model", "held-out exact match", "loss on the answers", "conversations"],
                     [[r["model"], f"{r['exact_match']:.1%}", r["loss"], r["conversations"]] for r in taught]))
-        cost = [] if args.only == "teaches" else costs(args.cost_iters, Path(tmp))
-        print(table(["~10 M parameters", "trained parameters", "peak memory (MB)", "anonymous (MB)", "tokens/s"],
-                    [[r["model"], f"{r['trained_parameters']:,}", r["peak_mb"], r["anonymous_mb"],
+        cost = [] if args.only == "teaches" else [row for size in args.sizes.split(",")
+                                                  for row in costs(size, args.cost_iters, Path(tmp))]
+        print(table(["model", "trained parameters", "peak memory (MB)", "anonymous (MB)", "tokens/s"],
+                    [[f"{r['size']}: {r['model']}", f"{r['trained_parameters']:,}", r["peak_mb"], r["anonymous_mb"],
                       r["tokens_per_second"]] for r in cost]))
     path = save("finetune", {"machine": machine(torch.get_num_threads()), "base": str(args.base), "task": args.task,
                              "iters": args.iters, "results": taught + cost}, args.out)

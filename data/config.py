@@ -50,8 +50,8 @@ class DataConfig:
         if not isinstance(self.sources, list) or not self.sources:
             raise DataError("data.sources must be a list of sources, e.g. [a.jsonl, {source: hf:org/name, weight: 0.5}]")
         if self.source not in (MIXTURE, DataConfig.source):
-            raise DataError(f"data.source={self.source!r} and data.sources both say where the data is: give one "
-                            "(a mixture's sources all go in data.sources)")
+            raise DataError(f"data.source={self.source!r} and data.sources both say where the data is: a mixture's "
+                            f"sources all go in data.sources; remove data.source, or set data.source={MIXTURE}")
         for entry in self.sources:
             fields = entry if isinstance(entry, dict) else {"source": entry}
             unknown = set(fields) - set(MIXTURE_FIELDS)

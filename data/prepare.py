@@ -191,9 +191,20 @@ def discard(data: TokenData) -> None:
 def locate(config: DataConfig, tokenizer: Tokenizer | None = None, chat_template: str | None = None):
     """(source, tokenizer settings, fingerprint, folder) of the token files for config:
     with a tokenizer trained on the source, or with the one given (and, for
-    conversations, the chat template given, or the default)."""
-    src = chat_source(config.source, config.val_fraction, config.hf_split, config.hf_data_files) or open_source(
-        config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
+    conversations, the chat template given, or the default). Whether an hf: dataset holds
+    conversations is found by loading it; token files made from it as text are used without."""
+    text = None
+    if config.source.startswith("hf:"):
+        text = open_source(config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
+        found = located(text, config, tokenizer, chat_template)
+        if (found[3] / META).is_file():
+            return found
+    src = chat_source(config.source, config.val_fraction, config.hf_split, config.hf_data_files) or text or \
+        open_source(config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
+    return located(src, config, tokenizer, chat_template)
+
+
+def located(src, config: DataConfig, tokenizer: Tokenizer | None, chat_template: str | None):
     settings = {"tokenizer": config.tokenizer, "vocab_size": config.vocab_size if config.tokenizer == "bpe" else None,
                 "format": FORMAT_VERSION}
     if tokenizer is not None:

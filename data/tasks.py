@@ -4,6 +4,7 @@ conversations in the {"messages": [...]} form of the hub's chat datasets.
 
     python -m data.tasks add --count 3000 --out add.jsonl        "47+38=" -> "85"
     python -m data.tasks reverse --count 3000 --out reverse.jsonl    "reverse: stone" -> "enots"
+    python -m data.tasks dates --count 3000 --out dates.jsonl        "Write 1999-12-31 in words." -> "31 December 1999"
 
 --turns N gives each conversation 1 to N questions, each answered before the next (a chat
 model must answer the last one, whatever came before). --plain writes plain text instead,
@@ -30,7 +31,16 @@ def reverse(rng: random.Random) -> tuple[str, str]:
     return f"reverse: {word}", word[::-1]
 
 
-TASKS = {"add": addition, "reverse": reverse}
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December")
+
+
+def dates(rng: random.Random) -> tuple[str, str]:
+    year, month, day = rng.randint(1900, 2099), rng.randint(1, 12), rng.randint(1, 28)
+    return f"Write {year}-{month:02d}-{day:02d} in words.", f"{day} {MONTHS[month - 1]} {year}"
+
+
+TASKS = {"add": addition, "reverse": reverse, "dates": dates}
 
 
 def conversations(task: str, count: int, seed: int = 0, turns: int = 1) -> list[dict]:

@@ -15,7 +15,8 @@ C = 576 and r = 8, an adapter on a 576 × 576 matrix trains 9,216 numbers instea
 attn.c_attn is W_Q, W_K and W_V fused in one matrix (model/attention.py), so its adapter is
 one B A for the three: q, k and v each get their rows of B. Only the adapters train, with
 AdamW (Muon would orthogonalise their updates, which are low-rank by design); every weight
-of the model brought in stays bit for bit as it was. Where a chat template's markers were
+of the model brought in stays bit for bit as it was (with train.base_dtype=bfloat16, its
+adapted matrices are kept rounded to bfloat16, as autocast computes with them: half the memory). Where a chat template's markers were
 added to the tokenizer (data/chat.py), their new embedding rows train too, and only those.
 
 The run folder keeps the adapters apart (adapter_model.safetensors, adapter_config.json;
@@ -24,8 +25,8 @@ them merged (W + (α/r) B A): every program that opens a run reads that, and exp
 writes it. adapters.py holds the code.
 """
 
-from .adapters import (LoRAConfig, LoRALinear, add_adapters, adapter_file, adapter_state, load_adapter_state, merged,
-                       new_rows_from, trained_count, trained_parameters)
+from .adapters import (LoRAConfig, LoRALinear, add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state,
+                       merged, new_rows_from, trained_count, trained_parameters)
 
-__all__ = ["LoRAConfig", "LoRALinear", "add_adapters", "adapter_file", "adapter_state", "load_adapter_state", "merged",
-           "new_rows_from", "trained_count", "trained_parameters"]
+__all__ = ["LoRAConfig", "LoRALinear", "add_adapters", "adapter_file", "adapter_state", "frozen_in", "load_adapter_state",
+           "merged", "new_rows_from", "trained_count", "trained_parameters"]

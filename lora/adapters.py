@@ -54,7 +54,9 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)  # x Aᵀ Bᵀ: [..., r] -> [..., out]
-        return super().forward(x) + self.scale * update
+        # (a frozen W kept in bfloat16, train.base_dtype: autocast computes with it as it is; else in x's dtype)
+        weight = self.weight if torch.is_autocast_enabled(x.device.type) else self.weight.to(x.dtype)
+        return F.linear(x, weight, self.bias) + self.scale * update
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
@@ -62,7 +64,7 @@ class LoRALinear(nn.Linear):
         the meta device and then given its tensors, so that no random numbers are drawn
         for a start it never has: a resumed run draws the same ones as one that went on.)"""
         linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
-        linear.weight = nn.Parameter(self.weight + self.scale * (self.lora_B @ self.lora_A).to(self.weight.dtype))
+        linear.weight = nn.Parameter(self.weight.float() + self.scale * (self.lora_B @ self.lora_A).float())
         if self.bias is not None:
             linear.bias = nn.Parameter(self.bias.clone())
         return linear
@@ -93,6 +95,14 @@ def add_adapters(model: GPT, config: LoRAConfig, new_tokens_from: int | None = N
         for weight in {id(w): w for w in heads}.values():  # (a tied head is the embedding)
             train_rows(weight, new_tokens_from)
     return model
+
+
+def frozen_in(model: GPT, dtype: torch.dtype) -> None:
+    """Keep the adapted layers' frozen matrices in `dtype` (train.base_dtype: bfloat16 halves
+    their memory; autocast computed with them in it anyway, so the results are the same)."""
+    for module in model.modules():
+        if isinstance(module, LoRALinear):
+            module.weight = nn.Parameter(module.weight.detach().to(dtype), requires_grad=False)
 
 
 def train_rows(weight: nn.Parameter, start: int) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from .attention import KVCache
 from .block import Block, make_norm
@@ -73,6 +74,9 @@ class GPT(nn.Module):
         else:
             self.rotary = RotaryEmbedding(config.head_size, config.rope_base, config.rope_scaling)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # gradient checkpointing (train.checkpointing): in training, each block's activations are
+        # dropped after its forward and computed again in the backward, memory traded for time
+        self.checkpointing = False
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight  # weight tying
 
@@ -180,7 +184,11 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
             record = trace.layers[layer] if trace is not None else None
-            x = block(x, mask, rope, kv_cache, record, None if head_mask is None else head_mask[..., layer, :])
+            if self.checkpointing and self.training and torch.is_grad_enabled() and trace is None and kv_cache is None:
+                # (the same result: the recomputation replays the forward's random state, dropout's too)
+                x = torch.utils.checkpoint.checkpoint(block, x, mask, rope, use_reentrant=False)
+            else:
+                x = block(x, mask, rope, kv_cache, record, None if head_mask is None else head_mask[..., layer, :])
         if kv_cache is not None:
             kv_cache.length += T
         final = self.transformer.ln_f(x)  # [B, T, C]

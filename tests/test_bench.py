@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer", "elastic", "prepare", "snapshots",
-           "finetune", "induction"]
+           "finetune", "induction", "packing"]
 
 
 @pytest.mark.slow

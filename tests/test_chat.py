@@ -518,7 +518,8 @@ def test_evaluate_keeps_each_answer_and_scores_a_base_with_a_template_given(chat
     assert answers.read_bytes() == before
     # the base has no template of its own: given one, it is scored by the same rule
     assert evaluate.main(["--checkpoint", str(chat_runs / "base"), "--text", str(held_out), "--json"]) == 2
-    assert "has no chat template" in capsys.readouterr().err
+    assert "has no chat template: it was trained on plain text; conversations are scored with --chat-template " \
+           "default" in capsys.readouterr().err
     template = tmp_path / "template.jinja"
     template.write_text(DEFAULT_TEMPLATE)
     assert evaluate.main(["--checkpoint", str(chat_runs / "base"), "--text", str(held_out), "--json",
@@ -529,6 +530,42 @@ def test_evaluate_keeps_each_answer_and_scores_a_base_with_a_template_given(chat
     assert evaluate.main(["--checkpoint", str(chat_runs / "sft"), "--text", str(tmp_path / "text.txt"),
                           "--answers", str(tmp_path / "x.jsonl")]) == 2
     assert capsys.readouterr().err.startswith("error: --answers is for conversations")
+
+
+def test_evaluate_scores_a_base_as_fine_tuning_starts_it_and_a_transformers_folder_as_the_run(chat_runs, tmp_path,
+                                                                                                capsys):
+    """Before and after from one command each: --chat-template default scores the base with
+    the markers added as fine-tuning adds them (the loss of the fine-tuning run's model at its
+    start); a transformers folder exported from the fine-tuned run scores as the run does."""
+    import export
+    from conftest import make_trainer
+    from evaluate import score_conversations
+
+    held_out = tmp_path / "held_out.jsonl"
+    write_tasks(held_out, task_conversations("add", 6, seed=3))
+    records = [(r["messages"], None) for r in task_conversations("add", 6, seed=3)]
+
+    def scored(checkpoint, *extra):
+        assert evaluate.main(["--checkpoint", str(checkpoint), "--text", str(held_out), "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    start = make_trainer(chat_run(chat_runs, f"train.init_from={chat_runs / 'base'}", out="start")[2:])
+    expected = score_conversations(start.model.eval(), start.run.data.tokenizer, ChatTemplate(DEFAULT_TEMPLATE),
+                                   records, 16, "cpu")
+    capsys.readouterr()
+    before = scored(chat_runs / "base", "--chat-template", "default")
+    assert before["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert before["exact_match"] == expected["exact_match"]
+    after = scored(chat_runs / "sft")
+    assert export.main(["--checkpoint", str(chat_runs / "sft"), "--out", str(tmp_path / "hf")]) == 0
+    assert "model_type" in json.loads((tmp_path / "hf" / "config.json").read_text())
+    capsys.readouterr()
+    exported = scored(tmp_path / "hf")  # (its chat template came with it)
+    assert exported["loss"] == pytest.approx(after["loss"], rel=1e-4)
+    assert exported["exact_match"] == after["exact_match"]
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    assert evaluate.main(["--checkpoint", str(tmp_path / "hf"), "--text", str(held_out)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --checkpoint {tmp_path / 'hf'} is neither a run directory")
 
 
 def test_a_base_model_grows_its_embedding_by_the_chat_markers_each_the_mean(chat_runs):
@@ -556,7 +593,7 @@ def test_the_exports_carry_the_chat_template(chat_runs, tmp_path):
     from transformers import AutoTokenizer
 
     from common.run_dir import RunDir
-    from training.init_from import open_base_model
+    from interop.base_model import open_base_model
 
     out = tmp_path / "hf"
     assert export.main(["--checkpoint", str(chat_runs / "sft"), "--out", str(out)]) == 0

@@ -365,7 +365,7 @@ def test_init_from_a_run_directory(runs, tmp_path, corpus):
 
 @pytest.mark.parametrize("name", ["rope", "learned-tanh"])
 def test_an_exported_model_comes_back_unchanged(runs, exported, name):
-    from training.init_from import open_base_model
+    from interop.base_model import open_base_model
 
     ours, _ = RunDir(runs[name]).load_model()
     source = open_base_model(str(exported[name]))
@@ -392,7 +392,7 @@ def gpt2_folder(tmp_path_factory, corpus):
 
 
 def test_init_from_a_gpt2_folder_gives_its_logits(gpt2_folder):
-    from training.init_from import open_base_model
+    from interop.base_model import open_base_model
 
     source = open_base_model(str(gpt2_folder))
     model = GPT(source.config)
@@ -469,7 +469,7 @@ def test_init_from_a_hub_id_downloads_the_three_files(gpt2_folder, tmp_path, cor
     import huggingface_hub
 
     from data import sources
-    from training.init_from import DOWNLOAD
+    from interop.base_model import DOWNLOAD
 
     asked = []
     monkeypatch.setattr(huggingface_hub, "snapshot_download",

@@ -26,7 +26,7 @@ ALLOWED = {
     "explorer": {"explorer", "inspection", "common", "model", "data"},
     "bench": {*PACKAGES, *PROGRAMS},  # it measures the whole project, so it may use anything
     "generate": {"inspection", "common", "model", "data"},  # sampling needs nothing of training or the explorer
-    "evaluate": {"common", "model", "data"},
+    "evaluate": {"interop", "common", "model", "data"},  # (a transformers model, scored before fine-tuning)
     "export": {"interop", "common", "model", "data"},
     "train": {"inspection", "common", "model", "data", "training"},
     "explore": {"inspection", "common", "model", "data", "explorer"},

@@ -77,7 +77,7 @@ def llama_folder(request, tmp_path_factory, corpus):
 
 
 def test_a_llama_folder_loads_with_transformers_logits_and_greedy_text(llama_folder):
-    from training.init_from import open_base_model
+    from interop.base_model import open_base_model
 
     base = open_base_model(str(llama_folder))
     c = base.config
@@ -159,7 +159,7 @@ def test_weights_sharded_over_several_files_come_in_exact(llama_folder, tmp_path
     """A model over a few GB ships model-0000N-of-0000M.safetensors with an index: the
     shards together are the model, logits equal transformers'; an index naming a file
     outside the folder is refused."""
-    from training.init_from import open_base_model
+    from interop.base_model import open_base_model
 
     hf = transformers.LlamaForCausalLM.from_pretrained(llama_folder).eval()
     sharded = tmp_path / "sharded"
@@ -193,7 +193,7 @@ def test_llama3s_rope_scaling_comes_in_and_goes_out_exact(tmp_path, corpus):
     """Llama 3.x stretches its slow rotary frequencies (rope_type llama3): with sizes chosen
     so that one pair keeps its speed, two are mixed and one is stretched, our logits equal
     transformers' past the original context, and the export is a Llama 3 again."""
-    from training.init_from import open_base_model
+    from interop.base_model import open_base_model
 
     tokenizer = llama_tokenizer(corpus.read_text())
     scaling = {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 64}
@@ -236,7 +236,7 @@ def test_qwen2_comes_in_and_goes_out_exact(tmp_path, corpus, tied):
     """Qwen2 (and Qwen2.5): Llama's block with biases on q, k and v alone, and a sliding
     window its config names but leaves off. Our logits equal transformers'; the export is
     a Qwen2ForCausalLM again, and a GGUF of llama.cpp's qwen2 architecture with the biases."""
-    from training.init_from import open_base_model
+    from interop.base_model import open_base_model
 
     tokenizer = llama_tokenizer(corpus.read_text())
     config = transformers.Qwen2Config(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=88,

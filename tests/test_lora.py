@@ -181,6 +181,31 @@ def test_a_lora_run_trains_the_adapters_and_the_new_tokens_rows_only(runs):
         "transformer.wte.weight": vocab}
 
 
+def test_a_bfloat16_base_keeps_the_frozen_matrices_in_half_the_memory_with_the_same_results(runs, capsys):
+    """train.base_dtype=bfloat16: the adapted layers' frozen matrices are kept in bfloat16 (half
+    the bytes), training under bfloat16 autocast is that of float32 kept weights, and the
+    saved model is float32, the adapters merged; it needs LoRA and bfloat16."""
+    kept = make_trainer(lora_run(runs, "train.dtype=bfloat16", "lora.dropout=0", out="kept")[2:], torch.bfloat16)
+    halved = make_trainer(lora_run(runs, "train.dtype=bfloat16", "lora.dropout=0", "train.base_dtype=bfloat16",
+                                   out="halved")[2:], torch.bfloat16)
+    frozen = [(name, p) for name, p in halved.model.named_parameters() if not p.requires_grad and p.dim() == 2
+              and "wte" not in name and "lm_head" not in name]
+    assert frozen and all(p.dtype == torch.bfloat16 for _, p in frozen)
+    kept_bytes = sum(p.numel() * p.element_size() for p in kept.model.parameters())
+    halved_bytes = sum(p.numel() * p.element_size() for p in halved.model.parameters())
+    assert kept_bytes - halved_bytes == sum(p.numel() * 2 for _, p in frozen)
+    for trainer in (kept, halved):
+        assert trainer.fit() == 0
+    capsys.readouterr()
+    assert kept.val_loss == halved.val_loss  # the same computation, step for step: the same adapters
+    trained = trained_parameters(kept.model)
+    assert all(torch.equal(p, trained_parameters(halved.model)[name]) for name, p in trained.items())
+    saved = load_file(runs / "halved" / "model.safetensors")
+    assert all(t.dtype == torch.float32 for t in saved.values())
+    assert train.main(lora_run(runs, "train.base_dtype=bfloat16", "train.dtype=float32", out="refused")) == 2
+    assert "train.base_dtype=bfloat16 keeps LoRA's frozen matrices in bfloat16, which needs" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # (three runs and four programs: about ten seconds)
 def test_a_lora_run_resumes_exactly_and_every_program_opens_it(runs, tmp_path):
     assert train.main(lora_run(runs, out="straight")) == 0

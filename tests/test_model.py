@@ -548,3 +548,40 @@ def test_logits_equal_hugging_face_gpt2(impl):
     idx = torch.randint(0, 97, (2, 32))
     with torch.no_grad():
         torch.testing.assert_close(model(idx)[0], hf(idx).logits, atol=1e-4, rtol=0)
+
+
+def test_gradient_checkpointing_recomputes_each_block_and_gives_the_same_gradients(monkeypatch):
+    """model.checkpointing (train.checkpointing): each block runs again in the backward, its
+    activations not kept (far fewer tensors saved for the backward), and the gradients are
+    those of the plain pass, dropout's random masks included."""
+    from model.block import Block
+
+    forward = Block.forward
+    calls = [0]
+
+    def counted(self, *args, **kwargs):
+        calls[0] += 1
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(Block, "forward", counted)
+    grads, runs, saved = [], [], []
+    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
+    for checkpointing in (False, True):
+        model = tiny(dropout=0.1).train()
+        model.checkpointing = checkpointing
+        calls[0], kept = 0, [0]
+        torch.manual_seed(2)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: (kept.__setitem__(0, kept[0] + 1), t)[1], lambda t: t):
+            loss = model(idx, idx)[1]
+        loss.backward()
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+        runs.append(calls[0])
+        saved.append(kept[0])
+    assert runs == [model.config.n_layer, 2 * model.config.n_layer]
+    assert saved[1] < saved[0] / 2
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=0)
+    calls[0] = 0
+    with torch.no_grad():  # (nothing is recomputed where nothing is learnt)
+        model(idx)
+    assert calls[0] == model.config.n_layer

@@ -67,6 +67,8 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # auto, float32, bfloat16, float16 (autocast)
     compile: bool = False
+    checkpointing: bool = False  # gradient checkpointing: each block's activations computed again in the backward
+    base_dtype: str = "float32"  # LoRA: the frozen matrices of the model brought in, kept in float32 or bfloat16
     threads: int = 0  # torch's CPU threads; 0: $OMP_NUM_THREADS if set, else one per core (common/threads.py)
     seed: int = 1337
     init_from: str | None = None  # start from these weights: a run directory or a GPT-2 family model
@@ -105,6 +107,7 @@ class TrainConfig:
             ("snapshot_every", self.snapshot_every >= 1, "must be at least 1"),
             ("dtype", self.dtype in ("auto", *DTYPES), f"must be one of auto, {', '.join(DTYPES)}"),
             ("threads", self.threads >= 0, "must be 0 (torch's default) or more"),
+            ("base_dtype", self.base_dtype in ("float32", "bfloat16"), "must be float32 or bfloat16"),
         ]
         for key, ok, message in rules:
             if not ok:

@@ -20,6 +20,7 @@ from typing import Callable
 from common.cli import UserError
 from common.threads import adaptable, set_threads
 from common.run_dir import RunDir
+from interop.base_model import BaseModel, open_base_model
 from data import DataError, TokenData, content_digest, discard, prepare
 from data.batches import answered, check_length, longer_than
 from data.tokenizer import suggest_prompt, tokenizer_kind
@@ -27,7 +28,7 @@ from model import GPTConfig
 
 from .config import RunConfig
 from .distributed import Distributed
-from .init_from import BaseModel, config_for, open_base_model
+from .init_from import config_for
 
 
 @dataclass

@@ -40,7 +40,7 @@ from common.device import peak_flops
 from common.run_dir import RunDir
 from common.threads import AdaptiveThreads
 from data.batches import sampler_for
-from lora import (add_adapters, adapter_file, adapter_state, load_adapter_state, merged, new_rows_from,
+from lora import (add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state, merged, new_rows_from,
                   trained_parameters)
 from model import GPT
 
@@ -105,6 +105,13 @@ class Trainer:
             first_new = run.base.tokenizer().get_vocab_size()  # (the ids data/chat.py added come after)
             add_adapters(self.model, lora, first_new if run.data.vocab_size > first_new else None)
             self.trained_names = list(trained_parameters(self.model))
+        if settings.base_dtype == "bfloat16":  # the frozen matrices as autocast computes with them: half the memory
+            if not lora.rank or dtype != torch.bfloat16:
+                raise ConfigError("train.base_dtype=bfloat16 keeps LoRA's frozen matrices in bfloat16, which needs "
+                                  "lora.rank > 0 and train.dtype=bfloat16 (autocast computes with them as they are); "
+                                  "remove it, or set both")
+            frozen_in(self.model, torch.bfloat16)
+        self.model.checkpointing = settings.checkpointing  # (less memory, a forward more per block)
         self.rows_from = new_rows_from(self.model)  # (a matrix whose new tokens' rows alone train: the first)
         self.optimizers = make_optimizers(self.model, settings, device)
         self.schedule = Schedule(settings, length)
