@@ -169,6 +169,9 @@ class ConversationSampler:
         self.epoch = 0
         self.row = 0  # rows of this epoch already taken
         self.plan = self.rows_of(0)
+        if not self.plan:
+            raise DataError("the data.sources weights leave no conversation in an epoch (a weight below 1 takes "
+                            "that share of a source's conversations); raise them")
         self.drawn = 0  # the real tokens of the batches this process drew (inputs; padding left out)
 
     def rows_of(self, epoch: int) -> list:

@@ -589,8 +589,10 @@ def test_preparation_memory_does_not_grow_with_the_corpus(tmp_path):
                 code = OURS.format(given=None, source=str(corpus), kind="char", vocab=0, cache=str(cache))
                 readings.append(measured(code, {})["peak_own_mb"])
             peaks.setdefault(kind, []).append(min(readings))
-    for kind, (small, large) in peaks.items():  # 10 MB more text, as a string and its tokens, would be +30 MB
-        assert large - small < 8, (kind, peaks)
+    # 10 MB more text, as a string and its tokens, would be +30 MB; a busy machine moves a reading by up to 9 MB
+    # either way (CI: one .txt folder 9 MB lower at 24 MB than at 4, one .jsonl file 8.4 MB higher)
+    for kind, (small, large) in peaks.items():
+        assert large - small < 15, (kind, peaks)
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from data import DataError
 from data.batches import IGNORE, ConversationSampler, best_fit, conversation_rows
 from data.chat import DEFAULT_TEMPLATE, ChatTemplate, encode, in_memory
 from data.tasks import conversations as task_conversations
@@ -96,6 +97,8 @@ def test_a_sources_weight_is_how_often_its_conversations_come_in_an_epoch():
     assert len([i for i in epoch if i >= 20]) == len(set(i for i in epoch if i >= 20)) == 10
     other = {int(i) for i in sampler.rows_of(1) if i >= 20}
     assert other != {i for i in epoch if i >= 20}  # another half of it the next epoch
+    with pytest.raises(DataError, match="the data.sources weights leave no conversation in an epoch"):
+        ConversationSampler(rows, 64, 4, seed=0, weights=[(first, 0.01)])
 
 
 def test_a_run_in_epochs_packed_ends_after_them_and_resumes_exactly(tmp_path, capsys):
