@@ -240,19 +240,22 @@ def parquet_columns(path: Path) -> list[str]:
 
 def hub_chat_source(source: str, val_fraction: float, split: str, data_files: str | None) -> ChatSource | None:
     """The conversations of an hf: dataset (a local folder in the hub's layout, or a hub
-    name) whose split has a "messages" column (or "prompt" and "response"), else None.
-    Finding out loads the dataset (datasets caches it), as preparing its text would."""
+    name) whose split has a "messages" column (or "prompt" and "response"), else None. The
+    columns are read from the dataset's description or its first file where it can, else by
+    loading it (datasets caches it) as preparing its text would; the rows are read only when
+    the token files are made."""
     spec = source[3:]
     name, _, config = spec.partition(":")
     if not name:
         return None  # (the text path says what is missing)
     if not Path(name).is_dir() and not os.environ.get("HF_HUB_OFFLINE") and not hub_reachable():
         return None  # (the text path says the hub cannot be reached, or uses the token files it made)
-    dataset, where = load_split(name, data_files, split, name=config or None)
-    if not has_conversations(dataset.column_names):
+    columns = dataset_columns(name, config, split, data_files)
+    if not has_conversations(columns):
         return None
 
     def rows() -> Iterator[tuple[str, object]]:
+        dataset, _ = load_split(name, data_files, split, name=config or None)
         number = 0
         for batch in dataset.iter(batch_size=1000):
             for row in (dict(zip(batch, values)) for values in zip(*batch.values())):
@@ -264,6 +267,28 @@ def hub_chat_source(source: str, val_fraction: float, split: str, data_files: st
     if Path(name).is_dir():
         identity["files"] = file_stats(sorted(p for p in Path(name).rglob("*") if p.is_file()))
     return split_records(source, identity, lambda: checked_records(rows()), val_fraction)
+
+
+def dataset_columns(name: str, config: str, split: str, data_files: str | None) -> list[str]:
+    """The columns of an hf: dataset's split: from its description (the hub's dataset info), or
+    from the schema or first record of its first local file, else by loading it."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        builder = datasets.load_dataset_builder(name, data_files=data_files, name=config or None)
+    except Exception:  # (datasets raises many kinds; the text path says what is wrong)
+        return []
+    if builder.info.features is not None:
+        return list(builder.info.features)
+    files = (builder.config.data_files or {}).get(split.split("[")[0]) or []
+    first = Path(str(files[0])) if files else None
+    if first is not None and first.is_file():
+        if first.suffix.lower() == ".parquet":
+            return parquet_columns(first)
+        if first.suffix.lower() == ".jsonl" and isinstance(record := first_record(first), dict):
+            return list(record)
+    return load_split(name, data_files, split, name=config or None)[0].column_names
 
 
 RENDER_SECONDS = 2.0  # a template may take this long to render one conversation
