@@ -38,6 +38,7 @@ def lesson_start(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # (the lesson's text prepared and 60 steps trained: about 35 s of one core while the others run)
 def test_the_lessons_first_steps_start_where_nothing_can_be_predicted(lesson_start):
     """A fixed length, float32 and a pinned thread count (the figures are the learner's);
     64 symbols, each once in each copy of the probe, so that a perfect induction head scores
