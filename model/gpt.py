@@ -208,8 +208,9 @@ class GPT(nn.Module):
         real = sequence.ne(0).long().cumsum(dim=-1)  # [B, S]: real tokens up to and including each
         # where each sequence starts: the first index holding its number
         index = torch.arange(sequence.size(1), device=device).expand_as(sequence)  # [B, S]
-        first = torch.full((sequence.size(0), int(sequence.max()) + 1), sequence.size(1), device=device)
-        first = first.scatter_reduce(1, sequence, index, "amin")  # [B, sequences + 1]
+        # (a row holds at most S sequences: S + 1 columns, without reading the mask's largest number back)
+        first = torch.full((sequence.size(0), sequence.size(1) + 1), sequence.size(1), device=device)
+        first = first.scatter_reduce(1, sequence, index, "amin")  # [B, S + 1]
         start = first.gather(1, sequence)  # [B, S]: the first index of each token's sequence
         positions = real - real.gather(1, start)  # [B, S]: its real tokens before this one
         return positions[:, -T:].clamp(min=0)  # [B, T]
