@@ -134,10 +134,7 @@ def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | N
             raise DataError(f"data.sources mixes conversations; {part.source!r} is not conversations (a \"messages\" "
                             "column, or \"prompt\" and \"response\"): train on a text alone with data.source")
         sources.append(src)
-    settings = {"tokenizer": config.tokenizer, "vocab_size": config.vocab_size if config.tokenizer == "bpe" else None,
-                "format": FORMAT_VERSION}
-    if tokenizer is not None:
-        settings = {"tokenizer": "given", "sha256": hashlib.sha256(tokenizer.to_str().encode()).hexdigest()}
+    settings = tokenizer_settings(config, tokenizer)
     key = {"sources": [src.identity for src in sources], "settings": settings}
     folder_key = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     directory = Path(config.cache_dir) if config.cache_dir is not None else default_cache()
@@ -146,9 +143,7 @@ def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | N
     if tokenizer is None:  # one tokenizer for all, trained once on what every source's messages say
         if not (directory / TOKENIZER).is_file():
             texts = (piece for src in sources for text in what_is_said(src.train()) for piece in (text, END))
-            trained = train_tokenizer(config.tokenizer, texts, config.vocab_size)
-            trained.save(str(directory / f"{TOKENIZER}.tmp-{os.getpid()}"))
-            os.replace(directory / f"{TOKENIZER}.tmp-{os.getpid()}", directory / TOKENIZER)
+            write_atomic_text(directory / TOKENIZER, train_tokenizer(config.tokenizer, texts, config.vocab_size).to_str())
         tokenizer = load_tokenizer(directory / TOKENIZER)
     datas = [prepare(part, progress, tokenizer, chat_template) for part, _ in parts]
     starts = np.cumsum([0] + [len(data.chat["train"]) for data in datas])
@@ -204,12 +199,18 @@ def locate(config: DataConfig, tokenizer: Tokenizer | None = None, chat_template
     return located(src, config, tokenizer, chat_template)
 
 
-def located(src, config: DataConfig, tokenizer: Tokenizer | None, chat_template: str | None):
-    settings = {"tokenizer": config.tokenizer, "vocab_size": config.vocab_size if config.tokenizer == "bpe" else None,
-                "format": FORMAT_VERSION}
+def tokenizer_settings(config: DataConfig, tokenizer: Tokenizer | None) -> dict:
+    """What the token files' fingerprint sees of the tokenizer: the settings of one trained on
+    the source, or the given one's digest."""
     if tokenizer is not None:
-        settings = {"tokenizer": "given", "sha256": hashlib.sha256(tokenizer.to_str().encode()).hexdigest(),
-                    "format": FORMAT_VERSION}
+        return {"tokenizer": "given", "sha256": hashlib.sha256(tokenizer.to_str().encode()).hexdigest(),
+                "format": FORMAT_VERSION}
+    return {"tokenizer": config.tokenizer, "vocab_size": config.vocab_size if config.tokenizer == "bpe" else None,
+            "format": FORMAT_VERSION}
+
+
+def located(src, config: DataConfig, tokenizer: Tokenizer | None, chat_template: str | None):
+    settings = tokenizer_settings(config, tokenizer)
     if isinstance(src, ChatSource):
         template = chat_template or DEFAULT_TEMPLATE
         settings |= {"chat_format": CHAT_FORMAT, "chat_template": hashlib.sha256(template.encode()).hexdigest()}
