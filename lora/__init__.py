@@ -16,8 +16,9 @@ attn.c_attn is W_Q, W_K and W_V fused in one matrix (model/attention.py), so its
 one B A for the three: q, k and v each get their rows of B. Only the adapters train, with
 AdamW (Muon would orthogonalise their updates, which are low-rank by design); every weight
 of the model brought in stays bit for bit as it was (with train.base_dtype=bfloat16, its
-adapted matrices are kept rounded to bfloat16, as autocast computes with them: half the memory). Where a chat template's markers were
-added to the tokenizer (data/chat.py), their new embedding rows train too, and only those.
+adapted matrices are kept rounded to bfloat16, as autocast computes with them: half the
+memory). Where a chat template's markers were added to the tokenizer (data/chat.py), their
+new embedding rows train too, and only those.
 
 The run folder keeps the adapters apart (adapter_model.safetensors, adapter_config.json;
 of the embedding, the new tokens' rows alone) and, as model.safetensors, the model with
