@@ -599,9 +599,10 @@ def test_preparation_memory_does_not_grow_with_the_corpus(tmp_path):
 @pytest.mark.skipif(sys.platform != "linux", reason="reads RssAnon from /proc")
 def test_parquet_rows_cost_no_more_memory_however_many(tmp_path):
     """An hf: dataset (here a local folder of Parquet files: nothing is downloaded) and a
-    local .parquet file go through datasets' Arrow cache. Preparing 16 MB and 160 MB of
-    rows costs the same own memory, give or take its noise (±30 MB here). Arrow's
-    pre-buffering, left on, read each whole file into memory: +110 MB at 160 MB."""
+    local .parquet file go through datasets' Arrow cache. Preparing 16 MB and 320 MB of
+    rows costs the same own memory, give or take its noise (+21 MB quiet; while other work
+    runs a reading can rise by 75 MB, with this project's code of before 2026-12-05 too).
+    Arrow's pre-buffering, left on, reads each whole file into memory: +227 MB at 320 MB."""
     import pyarrow
     import pyarrow.json
     import pyarrow.parquet
@@ -610,18 +611,18 @@ def test_parquet_rows_cost_no_more_memory_however_many(tmp_path):
 
     rows = pyarrow.json.read_json(write_corpus(tmp_path / "corpus", 8)["jsonl file"])  # 4 MB of rows
     peaks = []
-    for megabytes in (16, 160):
+    for megabytes in (16, 320):
         (tmp_path / f"{megabytes}").mkdir()
         pyarrow.parquet.write_table(pyarrow.concat_tables([rows] * (megabytes // 4)),
                                     tmp_path / f"{megabytes}" / "train.parquet", row_group_size=500)
         readings = []
-        for attempt in range(2):  # the lower of two, each from empty caches: a busy machine once added 70 MB to one
+        for attempt in range(2):  # the lower of two, each from empty caches: a busy machine adds up to 75 MB to one
             code = OURS.format(given=None, source=f"hf:{tmp_path / f'{megabytes}'}", kind="char", vocab=0,
                                cache=str(tmp_path / f"c{megabytes}-{attempt}"))
             env = {"HF_DATASETS_CACHE": str(tmp_path / f"hf-cache{megabytes}-{attempt}"), "HF_HUB_OFFLINE": "1"}
             readings.append(measured(code, env)["peak_own_mb"])
         peaks.append(min(readings))
-    assert peaks[1] - peaks[0] < 50, peaks
+    assert peaks[1] - peaks[0] < 120, peaks
 
 
 def test_the_builtin_source_yields_each_plays_split(plays):
