@@ -8,7 +8,7 @@ after the first is scored once. Prints the loss (nats per token), perplexity, bi
 character and per UTF-8 byte (these two compare char and BPE models), and the counts;
 --json prints them as one JSON object. Memory stays bounded however long the text.
 
-A model trained on conversations (data/chat.py) is scored by the rule it was trained by:
+A model trained on conversations (data/template.py) is scored by the rule it was trained by:
 on a .jsonl file of conversations (--text), or its validation conversations (--split
 val), the loss is over the assistant's tokens alone; and each conversation's last answer
 is written by the model (greedy, up to its end-of-turn token) and compared with the
@@ -23,7 +23,6 @@ Exit codes: 0 ok, 2 bad input.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -41,16 +40,16 @@ from common.cli import OneLineParser, UserError, check_output_folder, positive, 
 from common.device import DTYPES, resolve_device, resolve_dtype
 from common.run_dir import RunDir
 from common.threads import AdaptiveThreads, adaptable, set_threads, thread_help
-from data import DataError, unknown_characters
-from data.batches import IGNORE, conversation_rows
-from common.chat import replies
-from data.chat import (DEFAULT_TEMPLATE, ChatTemplate, chat_source, chat_tokenizer, encode, in_memory, prompt_ids,
-                       special_token_names, turn_ends)
-from interop.base_model import grown_embedding, open_base_model, read_json
-from model import GPT
+from common.chat import replies, run_template
+from data.batches import IGNORE, conversation_rows, in_memory
+from data.conversations import chat_source
 from data.prepare import validation_tokens
-from data.sources import check_readable
-from data.tokenizer import Encoder, start_ids
+from data.readers import check_readable
+from data.shared import DataError
+from data.template import ChatTemplate, chat_tokenizer, encode, prompt_ids, template_for, turn_ends
+from data.tokenizer import Encoder, start_ids, unknown_characters
+from interop.base_model import open_base_model, read_json, with_chat_markers
+from model import GPT
 from model.files import write_atomic
 
 CHUNK = 1 << 20  # characters read (or tokens taken) at a time
@@ -227,30 +226,11 @@ def chosen_template(args, tokenizer, own: str | None) -> ChatTemplate:
     """--chat-template's (a file, or `default`: the template fine-tuning gives a model that has
     none), else the model's own, else a one-line refusal."""
     if args.chat_template == DEFAULT:
-        return ChatTemplate(DEFAULT_TEMPLATE, special_token_names(chat_tokenizer(tokenizer)),
-                            name="the default chat template")
+        return template_for(chat_tokenizer(tokenizer))
     if args.chat_template is not None:  # (another template, or one for a model that has none)
-        return ChatTemplate(read_template(Path(args.chat_template)), special_token_names(tokenizer),
-                            name=f"--chat-template {args.chat_template}")
-    if own is None:
-        raise UserError(f"{args.checkpoint} has no chat template: it was trained on plain text; conversations are "
-                        f"scored with --chat-template {DEFAULT} (the template fine-tuning gives it) or --chat-template "
-                        "FILE")
-    return ChatTemplate(own, special_token_names(tokenizer), name=f"the chat template of {args.checkpoint}")
-
-
-def with_chat_markers(model: GPT, tokenizer: Tokenizer) -> tuple[GPT, Tokenizer]:
-    """The model as fine-tuning with the default template starts it: the template's markers
-    added to the tokenizer, and the embedding (and an untied head) grown by their rows, each the
-    mean of the old ones (interop/base_model.grown_embedding)."""
-    tokenizer = chat_tokenizer(tokenizer)
-    config = dataclasses.replace(model.config, vocab_size=tokenizer.get_vocab_size())
-    state = model.state_dict()
-    for name in ("transformer.wte.weight", "lm_head.weight"):
-        state[name] = grown_embedding(state[name], config.vocab_size)
-    grown = GPT(config).to(state["lm_head.weight"].device)
-    grown.load_state_dict(state)
-    return grown, tokenizer
+        return template_for(tokenizer, read_template(Path(args.chat_template)), f"--chat-template {args.chat_template}")
+    return run_template(args.checkpoint, tokenizer, own, otherwise=f"conversations are scored with --chat-template "
+                        f"{DEFAULT} (the template fine-tuning gives it) or --chat-template FILE")
 
 
 def evaluate_conversations(args, model, tokenizer, template: ChatTemplate, conversations, device) -> dict:

@@ -29,7 +29,7 @@ from common.run_dir import RunDir
 from common.threads import set_threads, thread_help
 from interop.gguf import GGUF_TYPES, write_gguf
 from interop.hf import EMBEDDINGS, PEFT_PREFIX, Unsupported, lora_to_transformers, to_transformers
-from data.chat import turn_ends
+from data.template import turn_ends
 from data.tokenizer import EOT, UNK, end_of_text_id, end_of_text_ids, start_ids, suppressed_ids
 from model import GPT
 from model.files import safetensors_bytes
@@ -223,7 +223,7 @@ def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | byte
     with torch.no_grad():
         for module, (a, b) in pairs.items():
             state[f"{module}.weight"] -= settings["lora_alpha"] / settings["r"] * (b @ a)
-        for name, first in settings.get("rows_from", {}).items():  # (as interop/base_model.grown_embedding began them)
+        for name, first in settings.get("rows_from", {}).items():  # (as interop/base_model.grown_vocabulary began them)
             state[name][first:] = state[name][:first].mean(0)
     if model.config.tie_embeddings:
         state["lm_head.weight"] = state["transformer.wte.weight"]  # (one matrix)

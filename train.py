@@ -21,7 +21,7 @@ import torch
 from common.cli import OneLineParser, UserError, locale_language, positive, run_main
 from common.device import resolve_device, resolve_dtype
 from common.run_dir import RunDir
-from data import DataError
+from data.shared import DataError
 from training.config import load_config
 from training.distributed import JoinError, join_process_group
 from training.preparation import prepare_run
@@ -68,7 +68,7 @@ def train(args) -> int:
 def explain(run, dtype: torch.dtype, lang: str) -> str:
     """The shape report of the run's model, at its initialisation, on one batch of its
     training data (inspection/shapes.py). Nothing is trained or written."""
-    from data import fixed_windows
+    from data.batches import fixed_windows
     from inspection.shapes import report
     from model import GPT
 

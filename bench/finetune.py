@@ -49,7 +49,7 @@ def held_out_answers(run: Path) -> dict:
 def before(base: Path, data: Path, tmp: Path) -> dict:
     """The held-out answers of the model fine-tuning starts from, by evaluate.py's one command:
     the base with the default template's markers added as fine-tuning adds them."""
-    from data.chat import chat_source
+    from data.conversations import chat_source
 
     held_out = tmp / "held_out.jsonl"
     held_out.write_text("".join(json.dumps({"messages": messages}) + "\n"

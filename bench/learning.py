@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from bench.common import ROOT, alternate, machine, save, table, timed
-from data import prepare
+from data.prepare import prepare
 from model import GPT
 from training.config import load_config
 

@@ -81,7 +81,8 @@ def main() -> None:
         results.append({"job": "train tiny", "iters": iters, "peak_rss_mb": rss, "peak_anon_mb": anon,
                         "seconds": wall})
         for tokenizer in ("char", "bpe"):
-            code = (f"from data import DataConfig, prepare; prepare(DataConfig({str(text)!r}, {tokenizer!r}, 4096, "
+            code = ("from data.config import DataConfig; from data.prepare import prepare; "
+                    f"prepare(DataConfig({str(text)!r}, {tokenizer!r}, 4096, "
                     f"cache_dir={str(tmp / ('prep-' + tokenizer))!r}), progress=False)")
             rss, anon, wall = peak_of([sys.executable, "-c", code])
             rows.append([f"prepare {size_mb:.0f} MB of text, {tokenizer} tokenizer", rss, anon, wall, size_mb / wall])

@@ -125,7 +125,9 @@ def folder_mb(path: Path) -> float:
 
 
 OURS = """
-from data import DataConfig, prepare, load_tokenizer
+from data.config import DataConfig
+from data.prepare import prepare
+from data.tokenizer import load_tokenizer
 given = {given!r}
 prepare(DataConfig(source={source!r}, tokenizer={kind!r}, vocab_size={vocab}, cache_dir={cache!r}),
         progress=False, tokenizer=load_tokenizer(given) if given else None)

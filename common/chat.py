@@ -1,5 +1,5 @@
 """Talking with a model fine-tuned on conversations, the one way generate.py --chat and
-evaluate.py both do it: the run's chat template (data/chat.py renders it in Jinja's
+evaluate.py both do it: the run's chat template (data/template.py renders it in Jinja's
 sandbox), and replies written until the end of the assistant's turn, either one
 conversation at a time with the KV cache kept across turns (Chat) or many conversations
 at once, greedily (replies).
@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from data.chat import ChatTemplate, prompt_ids, special_token_names, turn_ends
+from data.template import ChatTemplate, prompt_ids, template_for, turn_ends
 from model import GPT, Sampling
 from model.attention import KVCache
 from model.sampling import sample_next
@@ -22,13 +22,15 @@ from .prompt import left_padded
 from .run_dir import RunDir
 
 
-def run_template(checkpoint: Path, tokenizer) -> ChatTemplate:
-    """The chat template a run was fine-tuned with, or a one-line refusal for a run on plain text."""
-    source = RunDir(checkpoint).chat_template()
+def run_template(checkpoint: Path, tokenizer, source: str | None = None, otherwise: str | None = None) -> ChatTemplate:
+    """The chat template a model was fine-tuned with (its run folder's chat_template.jinja, or
+    `source`: the template of a transformers folder), or a one-line refusal for a model of
+    plain text, which says what to do `otherwise`."""
+    source = source if source is not None else RunDir(checkpoint).chat_template()
     if source is None:
-        raise UserError(f"{checkpoint} has no chat template (chat_template.jinja): it was trained on plain text; "
-                        "chat and conversation scores need a model fine-tuned on conversations (docs/usage.md)")
-    return ChatTemplate(source, special_token_names(tokenizer), name=f"the chat template of {checkpoint}")
+        otherwise = otherwise or "chat and conversation scores need a model fine-tuned on conversations (docs/usage.md)"
+        raise UserError(f"{checkpoint} has no chat template: it was trained on plain text; {otherwise}")
+    return template_for(tokenizer, source, f"the chat template of {checkpoint}")
 
 
 @torch.no_grad()

@@ -7,8 +7,7 @@ import sys
 
 import torch
 
-from data import unknown_characters
-from data.tokenizer import encode_or_start
+from data.tokenizer import encode_or_start, unknown_characters
 
 from .cli import UserError
 

@@ -4,7 +4,7 @@ a RunDir; no other module names a file in it.
     out_dir/
       config.json, model.safetensors   the model (GPT.save_pretrained's two files)
       tokenizer.json                   the tokenizer, in Hugging Face tokenizers' format
-      chat_template.jinja              a run on conversations: the template that renders them (data/chat.py)
+      chat_template.jinja              a run on conversations: the template that renders them (data/template.py)
       special_tokens_map.json          a run from a transformers model: the roles it gave its special tokens
       adapter_model.safetensors        a run with LoRA adapters (lora/): the adapters alone (model.safetensors
       adapter_config.json              holds the model with them merged), and their settings
@@ -41,7 +41,8 @@ import yaml
 from filelock import FileLock, Timeout
 from tokenizers import Tokenizer
 
-from data import DataConfig, load_tokenizer
+from data.config import DataConfig
+from data.tokenizer import load_tokenizer
 from model import GPT
 from model.config import checked_types
 from model.files import write_atomic
@@ -122,7 +123,7 @@ class RunDir:
 
     def chat_template(self) -> str | None:
         """The Jinja template of a run trained on conversations (None: a run on plain text).
-        It is text that data/chat.py runs in Jinja's sandbox, never Python."""
+        It is text that data/template.py runs in Jinja's sandbox, never Python."""
         path = self.path / self.CHAT_TEMPLATE
         try:
             return path.read_text(encoding="utf-8") if path.is_file() else None

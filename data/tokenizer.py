@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .sources import END, Piece
+from .shared import END, Piece
 
 UNK = "<unk>"
 EOT = "<|endoftext|>"

@@ -27,8 +27,9 @@ import torch
 
 from common.cli import UserError
 from common.prompt import encode_prompt
-from data import DataError, fixed_windows
+from data.batches import fixed_windows
 from data.prepare import validation_tokens
+from data.shared import DataError
 from data.token_text import readable_decode, token_text, token_views
 from data.tokenizer import suppressed_ids
 from inspection.attention_maps import VIRIDIS

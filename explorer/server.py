@@ -27,9 +27,8 @@ import torch
 from common.cli import UserError
 from common.prompt import encode_prompt
 from common.run_dir import RunDir
-from data import unknown_characters
 from data.token_text import readable_decode
-from data.tokenizer import suppressed_ids
+from data.tokenizer import suppressed_ids, unknown_characters
 from model import Sampling
 from model.sampling import sample_next
 

@@ -8,6 +8,7 @@ before fine-tuning.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -19,10 +20,9 @@ from tokenizers import Tokenizer
 from common.cli import UserError
 from common.run_dir import RunDir
 from interop.hf import Unsupported, config_from_transformers, state_from_transformers
-from data import load_tokenizer
-from data.chat import turn_ends
-from data.tokenizer import END_OF_TEXT, end_of_text_ids
-from model import GPTConfig
+from data.template import chat_tokenizer, turn_ends
+from data.tokenizer import END_OF_TEXT, end_of_text_ids, load_tokenizer
+from model import GPT, GPTConfig
 
 # (a run folder's model files, RunDir's names, are also what a transformers model folder names them)
 # a model over a few GB ships its weights in shards, with an index naming the shard of each tensor
@@ -53,7 +53,7 @@ class BaseModel:
             raise UserError(f"{self.label}: {e}") from None
 
     def chat_template(self) -> str | None:
-        """The folder's chat template (Jinja text, run only in data/chat.py's sandbox), or None."""
+        """The folder's chat template (Jinja text, run only in data/template.py's sandbox), or None."""
         if (self.folder / RunDir.CHAT_TEMPLATE).is_file():
             return (self.folder / RunDir.CHAT_TEMPLATE).read_text(encoding="utf-8")
         if (self.folder / TOKENIZER_CONFIG).is_file():
@@ -81,7 +81,7 @@ class BaseModel:
     def state_dict(self, config: GPTConfig) -> dict[str, torch.Tensor]:
         """The weights in our names, cut to config.block_size (learned positions), with the
         embedding (and head) grown to config.vocab_size where a chat template's markers
-        were added to the tokenizer (grown_embedding)."""
+        were added to the tokenizer (grown_vocabulary)."""
         from safetensors.torch import load_file
 
         tensors = {}
@@ -96,19 +96,30 @@ class BaseModel:
             tensors["transformer.wte.weight"] = tensors["lm_head.weight"]  # one tensor, stored once (tied)
         if "transformer.wpe.weight" in tensors:
             tensors["transformer.wpe.weight"] = tensors["transformer.wpe.weight"][:config.block_size]
-        for name in ("transformer.wte.weight", "lm_head.weight"):
-            if name in tensors:
-                tensors[name] = grown_embedding(tensors[name], config.vocab_size)
-        return tensors
+        return grown_vocabulary(tensors, config.vocab_size)
 
 
-def grown_embedding(rows: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """rows [V, C] with new rows up to vocab_size, each the mean of the old ones: a new
-    token starts as an average token, neither favoured nor far off by the head (the
-    mean-embedding start transformers' resize_token_embeddings uses); fine-tuning then
-    teaches it."""
-    grow = vocab_size - rows.size(0)
-    return rows if grow <= 0 else torch.cat([rows, rows.mean(0, keepdim=True).expand(grow, -1)])
+def grown_vocabulary(state: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
+    """A model's weights with the embedding (and an untied head) grown to vocab_size rows,
+    each new row the mean of the old ones: a new token starts as an average token, neither
+    favoured nor far off by the head (the mean-embedding start transformers'
+    resize_token_embeddings uses); fine-tuning then teaches it."""
+    for name in ("transformer.wte.weight", "lm_head.weight"):
+        rows = state.get(name)
+        if rows is not None and vocab_size > rows.size(0):
+            state[name] = torch.cat([rows, rows.mean(0, keepdim=True).expand(vocab_size - rows.size(0), -1)])
+    return state
+
+
+def with_chat_markers(model: GPT, tokenizer: Tokenizer) -> tuple[GPT, Tokenizer]:
+    """The model as fine-tuning with the default template starts it (evaluate.py scores the
+    base this way): the template's markers added to the tokenizer (data/template.py), and the
+    embedding (and an untied head) grown by their rows (grown_vocabulary)."""
+    tokenizer = chat_tokenizer(tokenizer)
+    config = dataclasses.replace(model.config, vocab_size=tokenizer.get_vocab_size())
+    grown = GPT(config).to(model.lm_head.weight.device)
+    grown.load_state_dict(grown_vocabulary(model.state_dict(), config.vocab_size))
+    return grown, tokenizer
 
 
 def weight_files(folder: Path, label: str) -> list[Path]:
@@ -173,7 +184,7 @@ def open_base_model(init_from: str, label: str | None = None) -> BaseModel:
 def check_end_of_text(base: BaseModel, declared) -> None:
     """The end-of-text tokens a transformers folder declares must be ones this project
     stops generation at and separates documents with (data.tokenizer.END_OF_TEXT), or the
-    end of a chat turn (data.chat.TURN_ENDS: a chat model's)."""
+    end of a chat turn (data.template.TURN_ENDS: a chat model's)."""
     tokenizer = base.tokenizer()
     known = set(end_of_text_ids(tokenizer)) | turn_ends(tokenizer)
     for token_id in [] if declared is None else declared if isinstance(declared, list) else [declared]:
@@ -187,7 +198,7 @@ def download(repo_id: str) -> Path:
     """A hub model's config, weights and tokenizer, through huggingface_hub's cache."""
     from huggingface_hub import snapshot_download
 
-    from data.sources import hub_reachable
+    from data.readers import hub_reachable
 
     offline = bool(os.environ.get("HF_HUB_OFFLINE"))
     if not offline and not hub_reachable():

@@ -20,7 +20,7 @@ import torch
 from tokenizers import Tokenizer, pre_tokenizers
 
 from interop.hf import export_kind, with_zero_biases
-from data.chat import END_OF_TURN
+from data.template import END_OF_TURN
 from data.tokenizer import UNK, end_of_text_id, start_ids
 from model import GPTConfig
 
@@ -216,5 +216,5 @@ def write_special_tokens(writer, tokenizer: Tokenizer) -> None:
     writer.add_add_bos_token(bool(start))
     writer.add_add_eos_token(False)
     end_of_turn = tokenizer.token_to_id(END_OF_TURN)
-    if end_of_turn is not None:  # a chat model's turns end here (data/chat.py's default template)
+    if end_of_turn is not None:  # a chat model's turns end here (data/template.py's default template)
         writer.add_eot_token_id(end_of_turn)

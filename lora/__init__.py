@@ -17,7 +17,7 @@ one B A for the three: q, k and v each get their rows of B. Only the adapters tr
 AdamW (Muon would orthogonalise their updates, which are low-rank by design); every weight
 of the model brought in stays bit for bit as it was (with train.base_dtype=bfloat16, its
 adapted matrices are kept rounded to bfloat16, as autocast computes with them: half the
-memory). Where a chat template's markers were added to the tokenizer (data/chat.py), their
+memory). Where a chat template's markers were added to the tokenizer (data/template.py), their
 new embedding rows train too, and only those.
 
 The run folder keeps the adapters apart (adapter_model.safetensors, adapter_config.json;

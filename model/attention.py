@@ -112,12 +112,11 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
-                record: LayerTrace | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+                record: LayerTrace | None = None) -> torch.Tensor:
         """x [B, T, C] -> [B, T, C]. mask [B, 1, T, S] (True = may attend), or None for plain
         causal attention over x itself. rope: (cos, sin) for rotary positions. cache: past
-        keys and values. record: the layer's trace, to fill with q, k, v, weights and heads
-        (then the five steps run, whatever attn_impl is). head_mask [H] or [B, H]: 0 switches a head
-        off (its output is zeroed before W_O), 1 leaves it as it is."""
+        keys and values. record: the layer's trace (GPT.trace), to fill with q, k, v and the
+        weights (then the five steps run, whatever attn_impl is)."""
         B, T, C = x.shape
         H, H_kv, d_k = self.n_head, self.n_kv_head, self.d_k
         # X W_Q, X W_K, X W_V side by side, then each split into heads:
@@ -147,11 +146,8 @@ class MultiHeadAttention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
                                                is_causal=causal)  # [B, H, T, d_k]
-        if head_mask is not None:
-            y = y * head_mask.view(-1, H, 1, 1).to(y.dtype)  # [B or 1, H, 1, 1]
         if record is not None:
             record.weights = weights
-            record.heads = y
         # merge heads: [B, H, T, d_k] -> [B, T, H, d_k] -> [B, T, C]
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))  # W_O

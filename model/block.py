@@ -33,10 +33,8 @@ class FeedForward(nn.Module):
         self.c_proj = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)  # W_2
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, record: LayerTrace | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.gelu(self.c_fc(x))  # [B, T, F]
-        if record is not None:
-            record.mlp_hidden = hidden
         return self.dropout(self.c_proj(hidden))  # [B, T, C]
 
 
@@ -56,10 +54,8 @@ class SwiGLU(nn.Module):
         self.c_proj = nn.Linear(config.ffn_hidden, config.n_embd, bias=config.bias)  # W_2 (W_down)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, record: LayerTrace | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = F.silu(self.c_gate(x)) * self.c_fc(x)  # [B, T, F]
-        if record is not None:
-            record.mlp_hidden = hidden
         return self.dropout(self.c_proj(hidden))  # [B, T, C]
 
 
@@ -81,26 +77,13 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
-                record: LayerTrace | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x [B, T, C] -> [B, T, C]; `record`, if given, receives every piece (model/trace.py)."""
-        residual_in = x
+                record: LayerTrace | None = None) -> torch.Tensor:
+        """x [B, T, C] -> [B, T, C]. mask, rope and cache are attention's; record: the layer's
+        trace, which attention fills with its insides (GPT.trace hooks the rest)."""
         if self.pre_norm:
-            normed = self.ln_1(x)
-            attended = self.attn(normed, mask, rope, cache, record, head_mask)
-            x = x + attended
-            normed_2 = self.ln_2(x)
-            fed = self.mlp(normed_2, record)
-            x = x + fed
+            x = x + self.attn(self.ln_1(x), mask, rope, cache, record)
+            x = x + self.mlp(self.ln_2(x))
         else:
-            attended = self.attn(x, mask, rope, cache, record, head_mask)
-            x = normed = self.ln_1(x + attended)
-            fed = self.mlp(x, record)
-            x = normed_2 = self.ln_2(x + fed)
-        if record is not None:
-            record.residual_in = residual_in
-            record.ln_1 = normed
-            record.attn = attended
-            record.ln_2 = normed_2
-            record.mlp = fed
-            record.residual_out = x
+            x = self.ln_1(x + self.attn(x, mask, rope, cache, record))
+            x = self.ln_2(x + self.mlp(x))
         return x

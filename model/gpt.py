@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint
 
 from .attention import KVCache
 from .block import Block, make_norm
@@ -25,7 +24,7 @@ from .config import GPTConfig
 from .files import safetensors_bytes, write_atomic
 from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .sampling import Sampling, sample_next
-from .trace import Trace
+from .trace import Trace, recording, switch_off_heads
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -74,9 +73,6 @@ class GPT(nn.Module):
         else:
             self.rotary = RotaryEmbedding(config.head_size, config.rope_base, config.rope_scaling)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # gradient checkpointing (train.checkpointing): in training, each block's activations are
-        # dropped after its forward and computed again in the backward, memory traded for time
-        self.checkpointing = False
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight  # weight tying
 
@@ -124,16 +120,16 @@ class GPT(nn.Module):
     # ---- forward -------------------------------------------------------------
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx [B, T] token ids -> (logits [B, T, vocab_size], loss or None). targets [B, T]
-        (-100 = ignore) gives the mean cross-entropy of the next token. attention_mask
-        [B, S] (1 = real token, 0 = padding) covers the cached tokens and idx, S = past + T.
-        Packed rows number their sequences instead (1, 1, 2, 2, 2, 3, ..., 0 = padding): a
-        token then attends only to earlier tokens of its own sequence, and each sequence's
-        positions start at 0, so it is computed as if it were alone in its row.
-        kv_cache: the keys and values of earlier tokens (generation)."""
-        logits = self._logits(idx, attention_mask, kv_cache)  # [B, T, vocab_size]
+        (-100 = ignore) gives the mean cross-entropy of the next token. attention_mask [B, S]
+        (1 = real token, 0 = padding) covers the cached tokens and idx, S = past + T.
+        kv_cache: the keys and values of earlier tokens (generation). position_ids [B, T]:
+        the rows are packed with several sequences, each numbered from 0 (Hugging Face's
+        convention for packed rows): a token attends only to the earlier tokens of its own
+        sequence, so each is computed as if it were alone in its row."""
+        logits = self._logits(idx, attention_mask, kv_cache, position_ids)  # [B, T, vocab_size]
         return logits, None if targets is None else self.loss(logits, targets)
 
     @staticmethod
@@ -156,15 +152,23 @@ class GPT(nn.Module):
         n_head]: 0 switches a head off (its output is zeroed before W_O; transformers'
         name), 1 leaves it as it is."""
         trace = Trace.empty(self.config.n_layer)
-        trace.logits = self._logits(idx, None, None, trace, head_mask)
+        switched = [] if head_mask is None else switch_off_heads(self, head_mask)  # (before the recording hooks)
+        try:
+            with recording(self, trace):
+                trace.logits = self._logits(idx, trace=trace)
+        finally:
+            for hook in switched:
+                hook.remove()
+        if trace.position is not None:  # ([1, T, C]: the same for every row)
+            trace.position = trace.position.expand_as(trace.token)
         if targets is not None:
             trace.loss = self.loss(trace.logits, targets)
         return trace
 
-    def _logits(self, idx: torch.Tensor, attention_mask: torch.Tensor | None, kv_cache: KVCache | None,
-                trace: Trace | None = None, head_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _logits(self, idx: torch.Tensor, attention_mask: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                position_ids: torch.Tensor | None = None, trace: Trace | None = None) -> torch.Tensor:
         """The forward pass: embedding -> positions -> blocks -> final norm -> LM head.
-        trace and head_mask are for `trace` above; `forward` leaves them out."""
+        trace: `trace` above, whose records attention fills."""
         B, T = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
         if past + T > self.config.block_size:
@@ -172,65 +176,47 @@ class GPT(nn.Module):
         if attention_mask is not None and attention_mask.shape != (B, past + T):
             raise ValueError(f"attention_mask must have shape {(B, past + T)}, got {tuple(attention_mask.shape)}")
 
-        positions = self._positions(T, past, attention_mask, idx.device)  # [B or 1, T]
-        mask = self._attention_mask(T, past, attention_mask, idx.device)  # [B, 1, T, S] or None: causal
-        x = token = self.transformer.wte(idx)  # [B, T, C]
-        position, rope = None, None
+        positions = position_ids if position_ids is not None else self._positions(T, past, attention_mask, idx.device)
+        mask = self._attention_mask(T, past, attention_mask, position_ids, idx.device)  # [B, 1, T, S] or None: causal
+        x = self.transformer.wte(idx)  # [B, T, C]
+        rope = None
         if self.rotary is None:
-            position = self.transformer.wpe(positions).to(x.dtype).expand_as(x)  # [B, T, C]
-            x = x + position
+            x = x + self.transformer.wpe(positions).to(x.dtype)  # + [B or 1, T, C]
         else:
-            rope = self.rotary(positions)  # (cos, sin) [B or 1, 1, T, d_k]
+            rope = self.rotary(positions)  # (cos, sin) [B or 1, 1, T, d_k]: q and k are rotated instead
         x = self.transformer.drop(x)
         for layer, block in enumerate(self.transformer.h):
-            record = trace.layers[layer] if trace is not None else None
-            if self.checkpointing and self.training and torch.is_grad_enabled() and trace is None and kv_cache is None:
-                # (the same result: the recomputation replays the forward's random state, dropout's too)
-                x = torch.utils.checkpoint.checkpoint(block, x, mask, rope, use_reentrant=False)
-            else:
-                x = block(x, mask, rope, kv_cache, record, None if head_mask is None else head_mask[..., layer, :])
+            x = block(x, mask, rope, kv_cache, trace.layers[layer] if trace is not None else None)
         if kv_cache is not None:
             kv_cache.length += T
-        final = self.transformer.ln_f(x)  # [B, T, C]
-        if trace is not None:
-            trace.token, trace.position, trace.ln_f = token, position, final
-        return self.lm_head(final)  # [B, T, vocab_size]
+        return self.lm_head(self.transformer.ln_f(x))  # [B, T, vocab_size]
 
     @staticmethod
-    def _positions(T: int, past: int, attention_mask: torch.Tensor | None,
-                   device: torch.device) -> torch.Tensor:
+    def _positions(T: int, past: int, attention_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         """Position of each new token: its index ([1, T], the same for every row), or with an
-        attention_mask ([B, T]), the number of real tokens of its own sequence before it, so a
-        left-padded prompt, or the second sequence of a packed row, starts at 0 like one alone."""
+        attention_mask ([B, T]), the number of real tokens before it, so that a left-padded
+        prompt starts at 0 like one alone."""
         if attention_mask is None:
             return torch.arange(past, past + T, device=device)[None]
-        sequence = attention_mask.long()  # [B, S]: 0 = padding, else which sequence
-        real = sequence.ne(0).long().cumsum(dim=-1)  # [B, S]: real tokens up to and including each
-        # where each sequence starts: the first index holding its number
-        index = torch.arange(sequence.size(1), device=device).expand_as(sequence)  # [B, S]
-        # (a row holds at most S sequences: S + 1 columns, without reading the mask's largest number back)
-        first = torch.full((sequence.size(0), sequence.size(1) + 1), sequence.size(1), device=device)
-        first = first.scatter_reduce(1, sequence, index, "amin")  # [B, S + 1]
-        start = first.gather(1, sequence)  # [B, S]: the first index of each token's sequence
-        positions = real - real.gather(1, start)  # [B, S]: its real tokens before this one
-        return positions[:, -T:].clamp(min=0)  # [B, T]
+        real_before = attention_mask.long().cumsum(dim=-1) - 1  # [B, S]: -1 before the first real token
+        return real_before[:, -T:].clamp(min=0)  # [B, T]
 
     @staticmethod
-    def _attention_mask(T: int, past: int, attention_mask: torch.Tensor | None,
+    def _attention_mask(T: int, past: int, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
                         device: torch.device) -> torch.Tensor | None:
-        """Which keys each new token may attend to (True = may attend), or None when
-        the plain causal pattern suffices (no padding, and no cache or a single token)."""
-        if attention_mask is None and (past == 0 or T == 1):
+        """Which keys each new token may attend to (True = may attend), or None when the plain
+        causal pattern suffices (no padding, no packed rows, and no cache or a single token)."""
+        if attention_mask is None and position_ids is None and (past == 0 or T == 1):
             return None
         S = past + T
         query_pos = torch.arange(past, S, device=device)[:, None]  # [T, 1]
         key_pos = torch.arange(S, device=device)[None, :]  # [1, S]
         mask = key_pos <= query_pos  # [T, S]: causal, never the future
+        if position_ids is not None:  # packed rows (no cache: S = T): each sequence starts at position 0
+            sequence = (position_ids == 0).long().cumsum(dim=-1)  # [B, T]: which sequence each token is of
+            mask = mask & (sequence[:, None, :, None] == sequence[:, None, None, :])  # [B, 1, T, T]
         if attention_mask is not None:
-            sequence = attention_mask.long()  # [B, S]: 0 = padding, else which sequence
-            key = sequence[:, None, None, :]  # [B, 1, 1, S]
-            query = sequence[:, None, -T:, None]  # [B, 1, T, 1]
-            mask = mask & (key == query) & (key != 0)  # [B, 1, T, S]: its own sequence, no padding
+            mask = mask & attention_mask.bool()[:, None, None, :]  # [B, 1, T, S]: no padding key
             # a padding query would have no key left; letting it see itself avoids an
             # empty row (fused GPU kernels may return NaN for one). Real tokens never
             # see padding, so their outputs are unchanged.

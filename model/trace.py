@@ -2,7 +2,8 @@
 learner (and the explorer, --explain and the attention maps) can follow a token through
 the whole model with the model's own numbers.
 
-Each block fills its LayerTrace as it runs; nothing is computed twice. With pre-LN (GPT-2):
+Forward hooks keep what each module hands on (`recording`), and attention fills in its own
+insides (q, k, v, the weights): nothing is computed twice. With pre-LN (GPT-2):
     ln_1 = LN(residual_in); attn = concat(heads) W_O + b_O; mid = residual_in + attn
     ln_2 = LN(mid); mlp = mlp_hidden W_2 + b_2; residual_out = mid + mlp
 With post-LN (the paper) the norms come after each residual:
@@ -11,9 +12,12 @@ With post-LN (the paper) the norms come after each residual:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn as nn
 
 
 @dataclass
@@ -70,3 +74,57 @@ class Trace:
     v = property(lambda self: self.stacked("v"))
     weights = property(lambda self: self.stacked("weights"))
     heads = property(lambda self: self.stacked("heads"))
+
+
+@contextmanager
+def recording(model: nn.Module, trace: Trace) -> Iterator[Trace]:
+    """Inside the block, every forward pass of `model` (a GPT) writes what its modules hand on
+    into `trace`: forward hooks on the embeddings, each block and its norms, attention, W_O's
+    input (the heads, after any switched off) and the feed-forward network, and the final
+    norm. Attention's q, k, v and weights are filled by attention itself (the pass's record)."""
+    def output_as(record, name: str):
+        return lambda module, args, output: setattr(record, name, output)
+
+    def input_as(record, name: str):
+        return lambda module, args: setattr(record, name, args[0])
+
+    def heads_of(record, n_head: int):  # W_O's input [B, T, C] as the heads [B, H, T, d_k]
+        return lambda module, args: setattr(record, "heads", args[0].unflatten(-1, (n_head, -1)).transpose(1, 2))
+
+    transformer = model.transformer
+    hooks = [transformer.wte.register_forward_hook(output_as(trace, "token")),
+             transformer.ln_f.register_forward_hook(output_as(trace, "ln_f"))]
+    if "wpe" in transformer:
+        hooks.append(transformer.wpe.register_forward_hook(output_as(trace, "position")))
+    for block, layer in zip(transformer.h, trace.layers):
+        hooks += [block.register_forward_pre_hook(input_as(layer, "residual_in")),
+                  block.ln_1.register_forward_hook(output_as(layer, "ln_1")),
+                  block.attn.c_proj.register_forward_pre_hook(heads_of(layer, block.attn.n_head)),
+                  block.attn.register_forward_hook(output_as(layer, "attn")),
+                  block.ln_2.register_forward_hook(output_as(layer, "ln_2")),
+                  block.mlp.c_proj.register_forward_pre_hook(input_as(layer, "mlp_hidden")),
+                  block.mlp.register_forward_hook(output_as(layer, "mlp")),
+                  block.register_forward_hook(output_as(layer, "residual_out"))]
+    try:
+        yield trace
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def switch_off_heads(model: nn.Module, head_mask: torch.Tensor) -> list:
+    """Switch heads of `model` (a GPT) off: head_mask [n_layer, n_head], or [B, n_layer,
+    n_head] for one pattern a batch row; 0 zeroes the head's output before W_O (transformers'
+    head_mask), 1 leaves it as it is. A forward pre-hook on each block's W_O does it, so that
+    the model's own pass runs as ever. Returns the hooks (`.remove()` each to switch them on)."""
+    hooks = []
+    for layer, block in enumerate(model.transformer.h):
+        n_head = block.attn.n_head
+
+        def zero_heads(module, args, layer=layer, n_head=n_head):
+            heads = args[0].unflatten(-1, (n_head, -1))  # [B, T, C] -> [B, T, H, d_k]
+            keep = head_mask[..., layer, :].to(heads.dtype).view(-1, 1, n_head, 1)  # [B or 1, 1, H, 1]
+            return ((heads * keep).flatten(-2),)  # [B, T, C]
+
+        hooks.append(block.attn.c_proj.register_forward_pre_hook(zero_heads))
+    return hooks

@@ -158,7 +158,7 @@ def test_attention_weights_on_request(impl):
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))
     torch.testing.assert_close(out, attn(x), atol=1e-6, rtol=0)  # the same output either way
     filled = sorted(name for name, value in vars(record).items() if value is not None)
-    assert filled == ["heads", "k", "q", "v", "weights"]  # attention's pieces; the block fills the rest
+    assert filled == ["k", "q", "v", "weights"]  # attention's insides; GPT.trace's hooks keep the rest
 
 
 @pytest.mark.parametrize("impl", ["explicit", "sdpa"])

@@ -1,4 +1,4 @@
-"""Conversations (data/chat.py): records, templates, which tokens are the answers, the batches
+"""Conversations (data/conversations.py, data/template.py): records, templates, which tokens are the answers, the batches
 they make (data/batches.py), and a fine-tuning run on them scored by evaluate.py."""
 
 import json
@@ -10,9 +10,10 @@ from tokenizers import AddedToken
 
 import evaluate
 from conftest import ROOT, run_cli
-from data import DataError
-from data.batches import IGNORE, ConversationSampler, answered, conversation_rows
-from data.chat import (DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer, conversation, encode, in_memory, prompt_ids)
+from data.shared import DataError
+from data.batches import IGNORE, ConversationSampler, answered, conversation_rows, in_memory
+from data.conversations import conversation
+from data.template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer, encode, prompt_ids
 from data.tasks import conversations as task_conversations
 from data.tasks import write as write_tasks
 from data.tokenizer import train_tokenizer
@@ -234,7 +235,7 @@ def chat_model(block_size=64):
 
 def fresh_reply(model, tokenizer, template, messages, count):
     """The greedy reply to messages, computed afresh with no cache, up to the end of its turn."""
-    from data.chat import turn_ends
+    from data.template import turn_ends
 
     ids = prompt_ids(tokenizer, template, messages)
     new = model.generate(torch.tensor([ids]), count, temperature=0, use_cache=False)[0, len(ids):].tolist()
@@ -409,7 +410,7 @@ def test_a_runs_template_knows_its_end_of_text_and_its_name(tmp_path):
     from common.cli import UserError
 
     tokenizer = train_tokenizer("bpe", ["2+3= 5 and 4+4= 8 " * 20], 300)
-    with pytest.raises(UserError, match="has no chat template .*: it was trained on plain text; chat and "
+    with pytest.raises(UserError, match="has no chat template: it was trained on plain text; chat and "
                                         r"conversation scores need a model fine-tuned on conversations \(docs"):
         run_template(tmp_path, tokenizer)
     (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")
@@ -621,7 +622,7 @@ def test_the_exports_carry_the_chat_template(chat_runs, tmp_path):
 
 
 def test_a_folder_of_conversation_shards_is_read_in_order_and_split_at_its_end(tmp_path):
-    from data.chat import chat_source
+    from data.conversations import chat_source
 
     folder = tmp_path / "shards"
     folder.mkdir()

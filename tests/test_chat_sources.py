@@ -1,4 +1,4 @@
-"""Conversations from wherever a practitioner keeps them (data/chat.py, data/prepare.py): Parquet
+"""Conversations from wherever a practitioner keeps them (data/conversations.py, data/prepare.py): Parquet
 files and hf: datasets (local folders in the hub's layout stand in for the hub), the tool role
 with the tools a conversation may call, and a mixture of sources with weights."""
 
@@ -9,8 +9,11 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 
-from data import DataConfig, DataError, prepare
-from data.chat import DEFAULT_TEMPLATE, ChatTemplate, chat_source, encode
+from data.config import DataConfig
+from data.conversations import chat_source
+from data.prepare import prepare
+from data.shared import DataError
+from data.template import DEFAULT_TEMPLATE, ChatTemplate, encode
 from data.tasks import conversations as task_conversations
 from test_chat import default_tokenizer, learnt
 
@@ -71,15 +74,15 @@ def test_an_hf_folder_in_the_hubs_layout_is_read_as_conversations_and_fingerprin
     (hub / "README.md").write_text("---\nlicense: mit\n---\n")
     config = DataConfig(f"hf:{hub}", tokenizer="char", cache_dir=str(tmp_path / "c"))
     data = prepare(config, progress=False)
-    assert data.chat is not None and len(data.chat["train"]) == 36 and len(data.chat["val"]) == 4
+    assert len(data.conversations["train"]) == 36 and len(data.conversations["val"]) == 4
     again = prepare(config, progress=False)
     assert again.directory == data.directory and not again.built
     test = prepare(DataConfig(f"hf:{hub}", tokenizer="char", hf_split="test", cache_dir=str(tmp_path / "c")),
                    progress=False)
-    assert test.directory != data.directory and len(test.chat["train"]) + len(test.chat["val"]) == 10
+    assert test.directory != data.directory and len(test.conversations["train"]) + len(test.conversations["val"]) == 10
     write_parquet(hub / "data" / "train-00000-of-00001.parquet", task_conversations("add", 50, seed=0))
     changed = prepare(config, progress=False)
-    assert changed.directory != data.directory and len(changed.chat["train"]) == 45
+    assert changed.directory != data.directory and len(changed.conversations["train"]) == 45
 
 
 def test_a_mixture_prepares_each_source_once_and_weighs_them(tmp_path):
@@ -90,21 +93,21 @@ def test_a_mixture_prepares_each_source_once_and_weighs_them(tmp_path):
                        cache_dir=str(tmp_path / "c"))
     assert mixed.source == "mixture"
     data = prepare(mixed, progress=False)
-    assert len(data.chat["train"]) == 27 + 18 and len(data.chat["val"]) == 3 + 2
-    (first, one), (second, half) = data.chat_weights
+    assert len(data.conversations["train"]) == 27 + 18 and len(data.conversations["val"]) == 3 + 2
+    (first, one), (second, half) = data.weights
     assert first.tolist() == list(range(27)) and second.tolist() == list(range(27, 45)) and (one, half) == (1.0, 0.5)
     parts = data.meta["parts"]
     assert [p["weight"] for p in parts] == [1.0, 0.5] and len({p["directory"] for p in parts}) == 2
     # the conversations are each source's own, in order, encoded by the one tokenizer
     alone = prepare(DataConfig(str(reverses), cache_dir=str(tmp_path / "c")), progress=False, tokenizer=None)
-    assert len(alone.chat["train"]) == 18
+    assert len(alone.conversations["train"]) == 18
     assert data.meta["train_conversations"] == 45
     # a second preparation reuses every folder; another weight reuses the sources' token files
     again = prepare(DataConfig(sources=[str(adds), {"source": str(reverses), "weight": 2}], tokenizer="char",
                                cache_dir=str(tmp_path / "c")), progress=False)
     assert [p["directory"] for p in again.meta["parts"]] == [p["directory"] for p in parts]
     assert not again.built and again.meta["fingerprint"] != data.meta["fingerprint"]
-    assert np.array_equal(again.chat["train"].tokens, data.chat["train"].tokens)
+    assert np.array_equal(again.conversations["train"].tokens, data.conversations["train"].tokens)
 
 
 @pytest.mark.parametrize("sources, said", [

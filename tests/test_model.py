@@ -551,10 +551,11 @@ def test_logits_equal_hugging_face_gpt2(impl):
 
 
 def test_gradient_checkpointing_recomputes_each_block_and_gives_the_same_gradients(monkeypatch):
-    """model.checkpointing (train.checkpointing): each block runs again in the backward, its
+    """train.checkpointing (training/recompute.py): each block runs again in the backward, its
     activations not kept (far fewer tensors saved for the backward), and the gradients are
     those of the plain pass, dropout's random masks included."""
     from model.block import Block
+    from training.recompute import recompute_in_backward
 
     forward = Block.forward
     calls = [0]
@@ -568,7 +569,8 @@ def test_gradient_checkpointing_recomputes_each_block_and_gives_the_same_gradien
     idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
     for checkpointing in (False, True):
         model = tiny(dropout=0.1).train()
-        model.checkpointing = checkpointing
+        if checkpointing:
+            recompute_in_backward(model)
         calls[0], kept = 0, [0]
         torch.manual_seed(2)
         with torch.autograd.graph.saved_tensors_hooks(lambda t: (kept.__setitem__(0, kept[0] + 1), t)[1], lambda t: t):

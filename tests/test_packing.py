@@ -1,4 +1,4 @@
-"""Conversations in epochs and packed several a row (data/batches.py, the model's attention mask
+"""Conversations in epochs and packed several a row (data/batches.py, the model's position_ids
 of packed rows): each conversation scores in a packed row what it scores alone, every one is
 drawn once an epoch, and a run resumes mid-epoch on the very rows it would have had."""
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conftest import ROOT
-from data import DataError
-from data.batches import IGNORE, ConversationSampler, best_fit, conversation_rows
-from data.chat import DEFAULT_TEMPLATE, ChatTemplate, encode, in_memory
+from data.shared import DataError
+from data.batches import IGNORE, ConversationSampler, best_fit, conversation_rows, in_memory
+from data.template import DEFAULT_TEMPLATE, ChatTemplate, encode
 from data.tasks import conversations as task_conversations
 from model import GPT, GPTConfig
 from test_chat import chat_run, default_tokenizer
@@ -35,21 +35,23 @@ def test_a_packed_row_scores_each_conversation_as_it_scores_alone(pos, impl):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=128, n_layer=2, n_head=2, n_embd=32,
                           pos_encoding=pos, attn_impl=impl)).eval()
-    x, y, mask = conversation_rows(rows, [[0, 1, 2], [1]], 128)
-    assert mask[0].unique().tolist() == [1, 2, 3] and mask[1].unique().tolist() == [0, 1]
+    x, y, positions = conversation_rows(rows, [[0, 1, 2], [1]], 128)
+    starts = [0, len(rows[0][0]) - 1, len(rows[0][0]) + len(rows[1][0]) - 2]
+    assert (positions[0] == 0).nonzero().flatten().tolist() == starts  # each conversation counts from 0
+    assert (positions[1] == 0).nonzero().flatten().tolist() == [0, len(rows[1][0]) - 1]  # and the padding
     with torch.no_grad():
-        packed = GPT.loss(model(x, attention_mask=mask)[0], y, reduction="none")
+        packed = GPT.loss(model(x, position_ids=positions)[0], y, reduction="none")
         at = 0
         for i in range(3):
-            alone_x, alone_y, alone_mask = conversation_rows(rows, [i], 128)
-            assert alone_mask is None
+            alone_x, alone_y, alone_positions = conversation_rows(rows, [i], 128)
+            assert alone_positions is None
             n = alone_x.shape[1]
             alone = GPT.loss(model(alone_x)[0], alone_y, reduction="none")[0]
             torch.testing.assert_close(packed[0, at:at + n], alone, atol=2e-5, rtol=0)
             assert torch.equal(x[0, at:at + n], alone_x[0]) and torch.equal(y[0, at:at + n], alone_y[0])
             at += n
         assert (y[1, len(rows[1][0]) - 1:] == IGNORE).all()  # the second row's padding is not scored
-        # without the mask the second and third conversations see the first: their losses differ
+        # without the positions the second and third conversations see the first: their losses differ
         unmasked = GPT.loss(model(x)[0], y, reduction="none")
         assert not torch.allclose(unmasked[0, len(rows[0][0]):], packed[0, len(rows[0][0]):], atol=1e-3)
 

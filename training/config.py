@@ -20,7 +20,7 @@ import yaml
 
 from common.cli import UserError
 from common.device import DTYPES
-from data import DataConfig
+from data.config import DataConfig
 from lora import LoRAConfig
 from model import GPTConfig
 from model.config import checked_types

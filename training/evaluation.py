@@ -12,7 +12,7 @@ import torch
 
 from inspection.head_scores import head_scores, induction_probe
 from common.device import autocast
-from data.batches import IGNORE, evaluation_rows
+from data.batches import IGNORE
 from data.tokenizer import encode_or_start, suppressed_ids
 from model import GPT, evaluating
 
@@ -31,8 +31,8 @@ class Evaluator:
         block_size = run.model_config.block_size
         settings = run.config.train
         count = settings.eval_windows or settings.eval_iters * settings.batch_size * grad_accum * dist.world_size
-        self.val = evaluation_rows(run.data, "val", block_size, count, settings.seed)
-        self.train = evaluation_rows(run.data, "train", block_size, count, settings.seed)
+        self.val = run.data.evaluation_rows("val", block_size, count, settings.seed)
+        self.train = run.data.evaluation_rows("train", block_size, count, settings.seed)
         self.attention_ids = torch.from_numpy(run.data.val[:min(block_size, 128)].astype(np.int64))[None].to(device)
         self.probe = induction_probe(run.data.tokenizer, run.model_config.vocab_size, block_size).to(device)
         self.tokenizer = run.data.tokenizer
@@ -42,8 +42,7 @@ class Evaluator:
         self.dtype = dtype
         self.prompt = settings.sample_prompt
         self.tokens = settings.sample_tokens
-        self.bits_per_character = run.data.bits_per_character
-        self.chat = run.data.chat is not None  # (a loss on the answers alone has no bits per character of the text)
+        self.bits_per_character = run.data.bits_per_character  # (None: a loss on conversations' answers alone)
 
     @torch.no_grad()
     def loss(self, model: GPT, windows: tuple[torch.Tensor, torch.Tensor]) -> float:
@@ -97,13 +96,14 @@ class Evaluator:
         returns the validation loss."""
         train_loss, val_loss = self.loss(model, self.train), self.loss(model, self.val)
         metrics = {"val/loss": val_loss, "val/perplexity": math.exp(min(val_loss, 50)), "train/eval_loss": train_loss}
-        if not self.chat:
-            metrics["val/bits_per_char"] = self.bits_per_character(val_loss)
+        bits = self.bits_per_character(val_loss)
+        if bits is not None:
+            metrics["val/bits_per_char"] = bits
         if trained is not None:
             metrics["val/loss_raw_weights"] = self.loss(trained, self.val)
             weights += f"; the trained weights: val {metrics['val/loss_raw_weights']:.4f}"
         log.scalars(it, metrics)
-        per = ("nats an answer token" if self.chat else f"{metrics['val/bits_per_char']:.3f} bits/char")
+        per = "nats an answer token" if bits is None else f"{bits:.3f} bits/char"
         log.message(f"iter {it}: train {train_loss:.4f}, val {val_loss:.4f} (perplexity {metrics['val/perplexity']:.2f}, "
                     f"{per}; {weights})")
         if self.dist.is_main and self.tokens:

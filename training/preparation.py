@@ -21,9 +21,10 @@ from common.cli import UserError
 from common.threads import adaptable, set_threads
 from common.run_dir import RunDir
 from interop.base_model import BaseModel, open_base_model
-from data import DataError, TokenData, content_digest, discard, prepare
-from data.batches import answered, check_length, longer_than
-from data.tokenizer import suggest_prompt, tokenizer_kind
+from data.corpus import TokenFiles
+from data.prepare import content_digest, discard, prepare
+from data.shared import DataError
+from data.tokenizer import tokenizer_kind
 from model import GPTConfig
 
 from .config import RunConfig
@@ -36,12 +37,12 @@ class PreparedRun:
     """What the Trainer trains: a new run, or the one in out_dir to resume."""
 
     config: RunConfig
-    data: TokenData
+    data: TokenFiles  # a text's, or conversations' (data/corpus.py)
     model_config: GPTConfig
     base: BaseModel | None  # train.init_from's model: the weights a new run starts from
     identity: dict  # the model and data settings a resume must match
     grad_accum: int  # train.grad_accum (a resume with another process count may change it: resume.py)
-    prompt: str = "\n"  # one to try the model with, that its tokenizer can encode
+    prompt: str | None = "\n"  # one to try the model with, that its tokenizer can encode (None: conversations')
     seconds: float = 0.0  # what preparing took (data preparation), counted in the run's time
     adapt_threads: bool = False  # the thread count is the default's to adapt (common/threads.py)
 
@@ -72,12 +73,12 @@ def prepare_run(cfg: RunConfig, dist: Distributed | None = None, fresh: bool = F
     if fresh and use_out_dir and dist.is_main:
         RunDir(cfg.out_dir).start_over()
     dist.barrier()  # (no process looks for the resume point before it is gone)
-    prompt = suggest_prompt(data.tokenizer, cfg.train.sample_prompt, data.tokenizer.decode(data.val[:256].tolist()))
+    prompt = data.suggested_prompt(cfg.train.sample_prompt)
     return PreparedRun(cfg, data, model_config, base, identity, cfg.train.grad_accum, prompt,
                        time.perf_counter() - started, adapt_threads)
 
 
-def as_used(cfg: RunConfig, data: TokenData, say: bool) -> RunConfig:
+def as_used(cfg: RunConfig, data: TokenFiles, say: bool) -> RunConfig:
     """The run config as the run uses it, so that config.yaml (and a model card made from
     it) records what was used, not what was ignored: LoRA's adapters train with AdamW
     whatever train.optimizer says (said once); a model brought in (train.init_from) brings its
@@ -93,13 +94,13 @@ def as_used(cfg: RunConfig, data: TokenData, say: bool) -> RunConfig:
     return cfg
 
 
-def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tuple[TokenData, GPTConfig]:
+def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tuple[TokenFiles, GPTConfig]:
     """The token files and the model's settings: from the run config, or with
     train.init_from from the base model, whose tokenizer then encodes the data.
     The first process of each node tokenizes (or finds) the token files; the others then
     reuse them, and with several nodes every process checks that it holds rank 0's."""
     tokenizer = base.tokenizer() if base else None
-    template = base.chat_template() if base else None  # (conversations only; None: data/chat.py's default)
+    template = base.chat_template() if base else None  # (conversations only; None: data/template.py's default)
     data = prepare(cfg.data, progress=True, tokenizer=tokenizer, chat_template=template) if dist.local_rank == 0 else None
     dist.barrier()
     if data is None:
@@ -120,37 +121,15 @@ def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tupl
                       f"{data.vocab_size - model_config.vocab_size} rows to its embedding, each the mean of the "
                       "others, for fine-tuning to teach")
             model_config = dataclasses.replace(model_config, vocab_size=data.vocab_size)
-    try:  # (a text too short for one window of either split)
-        if data.chat is not None:
-            check_conversations(data, model_config.block_size, cfg.data.chat_too_long, dist.is_main)
-        else:
-            check_length(data.train, model_config.block_size, "train")
-            check_length(data.val, model_config.block_size, "val")
+    try:  # (a text too short for one window of either split; conversations too long, refused)
+        data.check_fits(model_config.block_size, cfg.data.chat_too_long, say=dist.is_main)
     except DataError:
         discard(data)  # token files no run with these settings can use are not kept in the cache
         raise
     return data, model_config
 
 
-def check_conversations(data: TokenData, block_size: int, too_long: str, say: bool) -> None:
-    """Conversations longer than the context: counted, then cut at the end (said, with
-    those cut before any answer, which are left out) or refused (data.chat_too_long)."""
-    counts = {split: (longer_than(data.chat[split], block_size), len(data.chat[split]),
-                      len(data.chat[split]) - len(answered(data.chat[split], block_size))) for split in ("train", "val")}
-    longer = " and ".join(f"{n:,} of {total:,} {split}" for split, (n, total, _) in counts.items() if n)
-    if not longer:
-        return
-    if too_long == "refuse":
-        raise DataError(f"{longer} conversations are longer than the context ({block_size + 1} tokens with the "
-                        "last target); shorten them, raise model.block_size, or set data.chat_too_long=cut")
-    dropped = sum(empty for _, _, empty in counts.values())
-    if say:
-        print(f"note: {longer} conversations are longer than the context ({block_size + 1} tokens with the last "
-              f"target): each is cut at its end (data.chat_too_long=cut)"
-              + (f"; {dropped:,} keep no answer and are left out" if dropped else ""))
-
-
-def check_same_data(data: TokenData, dist: Distributed) -> None:
+def check_same_data(data: TokenFiles, dist: Distributed) -> None:
     """Every node prepared its own token files (paths and times differ between nodes, so
     the hash is of their content and the tokenizer's): all must equal rank 0's."""
     held = dist.gather((socket.gethostname(), content_digest(data.directory)))

@@ -47,7 +47,7 @@ def train_step(it: int, model: GPT, next_batch: Callable[[], tuple[torch.Tensor,
     """Iteration `it` (0-based: the steps taken before it) on `model`.
 
     next_batch: () -> x, y [B, T]: token ids, and the next token of each (-100: not scored), and
-                the attention mask of packed rows [B, T] (which conversation each token is of), or None
+                the position ids of packed rows [B, T] (each conversation's from 0), or None
     forward:    what is called for the loss: the model itself, or it compiled and/or wrapped
                 in DistributedDataParallel (which averages the gradients over the processes)
     scaler:     float16's loss scaling (None, or disabled, for float32 and bfloat16)
@@ -63,16 +63,16 @@ def train_step(it: int, model: GPT, next_batch: Callable[[], tuple[torch.Tensor,
     #    grad_accum, so the gradients add up to those of the mean over the whole batch
     loss = torch.zeros((), device=device)
     for micro in range(grad_accum):
-        x, y, attention_mask = next_batch()  # [B, T] token ids, the next token of each, packing's mask
+        x, y, position_ids = next_batch()  # [B, T] token ids, the next token of each, packed rows' positions
         x = x.to(device, non_blocking=True)
         y = y.to(device, non_blocking=True)
-        if attention_mask is not None:  # several conversations a row: each attends to itself alone
-            attention_mask = attention_mask.to(device, non_blocking=True)
+        if position_ids is not None:  # several conversations a row: each attends to itself alone
+            position_ids = position_ids.to(device, non_blocking=True)
         # under DDP the processes average their gradients at the last micro-batch only
         last = micro == grad_accum - 1
         with nullcontext() if last or not hasattr(forward, "no_sync") else forward.no_sync():
             with autocast(device, dtype):
-                _, micro_loss = forward(x, y, attention_mask=attention_mask)  # the mean cross-entropy, a scalar
+                _, micro_loss = forward(x, y, position_ids=position_ids)  # the mean cross-entropy, a scalar
             scaler.scale(micro_loss / grad_accum).backward()
         loss += micro_loss.detach() / grad_accum
 

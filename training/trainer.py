@@ -12,7 +12,7 @@ state_dict and load_state_dict, as torch's modules and optimizers do:
     average     training/average.py       train.ema: the average of the weights
     budget      training/budget.py        the run's clock, and train.max_minutes (it owns max_iters)
     snapshots   training/snapshots.py     the model as it forms (train.snapshots), for explore.py
-    sampler     data/batches.py           each process's random windows of tokens (or conversations)
+    sampler     data/batches.py           each process's random windows of tokens (or conversations: data/corpus.py)
     losses      training/evaluation.py    the steps' losses, read from the device in one go
     evaluator   training/evaluation.py    the validation loss, a sample, each head's map and scores
     dist        training/distributed.py   torchrun's processes (DistributedDataParallel)
@@ -39,7 +39,6 @@ import yaml
 from common.device import peak_flops
 from common.run_dir import RunDir
 from common.threads import AdaptiveThreads
-from data.batches import sampler_for
 from lora import (add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state, merged, new_rows_from,
                   trained_parameters)
 from model import GPT
@@ -53,6 +52,7 @@ from .evaluation import Evaluator, StepLosses
 from .logger import RunLogger
 from .optim import Schedule, make_optimizers
 from .preparation import PreparedRun
+from .recompute import recompute_in_backward
 from .signals import StopRequest
 from .snapshots import Snapshots
 from .state import TrainerState
@@ -90,8 +90,8 @@ class Trainer:
         self.run_dir = RunDir(run.config.out_dir)
         state = resume.check(self.run_dir, run, dist)  # the run's state to go on from (None: a new run)
         self.grad_accum = run.grad_accum if state is None else resume.grad_accum_for(state, dist, settings)
-        self.sampler = sampler_for(run.data, run.model_config.block_size, settings.batch_size, settings.seed,
-                                   dist.rank, dist.world_size, settings.packing)  # windows of text, or conversations
+        self.sampler = run.data.sampler(run.model_config.block_size, settings.batch_size, settings.seed, dist.rank,
+                                        dist.world_size, settings.packing)  # windows of text, or conversations
         length = min(settings.max_iters, self.iterations_for_epochs())
         self.budget = TimeBudget(settings.max_minutes, length, settings.eval_interval, self.clock,
                                  seconds_before=run.seconds)
@@ -102,7 +102,7 @@ class Trainer:
             self.model.load_state_dict(run.base.state_dict(run.model_config))
         self.trained_names: list[str] | None = None  # the parameters that train (None: all of them)
         if lora.rank:  # the weights brought in freeze; adapters (and a chat template's new tokens' rows) train
-            first_new = run.base.tokenizer().get_vocab_size()  # (the ids data/chat.py added come after)
+            first_new = run.base.tokenizer().get_vocab_size()  # (the ids data/template.py added come after)
             add_adapters(self.model, lora, first_new if run.data.vocab_size > first_new else None)
             self.trained_names = list(trained_parameters(self.model))
         if settings.base_dtype == "bfloat16":  # the frozen matrices as autocast computes with them: half the memory
@@ -111,7 +111,8 @@ class Trainer:
                                   "lora.rank > 0 and train.dtype=bfloat16 (autocast computes with them as they are); "
                                   "remove it, or set both")
             frozen_in(self.model, torch.bfloat16)
-        self.model.checkpointing = settings.checkpointing  # (less memory, a forward more per block)
+        if settings.checkpointing:  # less memory, a forward more per block
+            recompute_in_backward(self.model)
         self.rows_from = new_rows_from(self.model)  # (a matrix whose new tokens' rows alone train: the first)
         self.optimizers = make_optimizers(self.model, settings, device)
         self.schedule = Schedule(settings, length)
@@ -146,16 +147,13 @@ class Trainer:
         epochs = self.settings.epochs
         if epochs is None:
             return math.inf
-        if self.run.data.chat is None:
-            raise ConfigError(f"train.epochs={epochs:g} counts passes over conversations; this run trains on a "
-                              "text's random windows: set train.max_iters (or train.max_minutes) instead")
-        rows = self.sampler.rows_in(epochs)
+        rows = self.sampler.rows_in(epochs)  # (a text's windows come in no epochs: a DataError)
         return max(1, math.ceil(rows / (self.settings.batch_size * self.grad_accum * self.dist.world_size)))
 
     @property
     def epochs_done(self) -> float | None:
         """The passes over the conversations so far (None: a text's windows)."""
-        return getattr(self.sampler, "epochs_done", None)
+        return self.sampler.epochs_done
 
     @property
     def eval_model(self) -> GPT:
@@ -430,7 +428,7 @@ class Trainer:
         measured = math.isfinite(self.val_loss)
         return {"iteration": self.iteration, "val_loss": self.val_loss if measured else None,
                 "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
-                "val_bits_per_char": data.bits_per_character(self.val_loss) if measured and data.chat is None else None,
+                "val_bits_per_char": data.bits_per_character(self.val_loss) if measured else None,
                 "data_fingerprint": data.meta["fingerprint"], "prompt": self.run.prompt,
                 "seconds": round(self.budget.seconds_used(), 1), "tokens": self.tokens_seen(),
                 "weights": "average" if self.average is not None else "trained",
@@ -464,9 +462,8 @@ class Trainer:
         """The run's whole training time (across resumes) and this process's part of it."""
         if self.dist.is_main:
             mine = self.budget.seconds_used() - self.budget.earlier
-            prompt = None if self.run.data.chat is not None else self.run.prompt
             print(logger.done_message(self.iteration, self.budget.seconds_used(), mine, self.val_loss, self.best_val_loss,
-                                      self.run_dir, prompt, self.barely_trained(), self.continue_command(),
+                                      self.run_dir, self.run.prompt, self.barely_trained(), self.continue_command(),
                                       self.budget.report(), self.epochs_done))
 
     def continue_command(self) -> str:

@@ -1,33 +1,21 @@
-"""Where text comes from: the built-in Shakespeare, a local file or folder, or a
-Hugging Face hub dataset. Each source is read as a stream of documents, split into
-training and validation text, and never held whole in memory (except the built-in
-corpus, which is 5 MB)."""
+"""Where text comes from: the built-in Shakespeare, the induction lesson's copies, a local
+file or folder, or a Hugging Face hub dataset. Each source is read as a stream of
+documents, split into training and validation text, and never held whole in memory (except
+the built-in corpus, which is 5 MB). Conversations come from data/conversations.py."""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-from urllib.parse import urlparse
 
 from . import copies, shakespeare
-
-
-class DataError(ValueError):
-    """Bad data input: the message says what is wrong and how to fix it."""
-
-
-# Document pieces: text chunks of one document, then END (documents can be large, so
-# a .txt file arrives line by line).
-END = None
-Piece = str | None
+from .readers import LOCAL_FORMATS, check_readable, file_stats, folder_files, hub_reachable, json_lines, load_split
+from .shared import END, DataError, Piece
 
 BLOCK = 1 << 20  # characters of a .txt file read at a time
-LOCAL_FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 @dataclass
@@ -45,7 +33,7 @@ def open_source(source: str, text_field: str = "text", val_fraction: float = 0.1
                 hf_data_files: str | None = None) -> Source:
     """Resolve data.source: 'shakespeare', 'copies' (the induction lesson's text),
     'hf:<name>[:<config>]' (with its split and data files) or a local path (conversations:
-    data/chat.py's chat_source)."""
+    data/conversations.py's chat_source)."""
     if source == "shakespeare":
         return shakespeare_source(val_fraction)
     if source == "copies":
@@ -53,30 +41,6 @@ def open_source(source: str, text_field: str = "text", val_fraction: float = 0.1
     if source.startswith("hf:"):
         return hub_source(source[3:], text_field, val_fraction, hf_split, hf_data_files)
     return local_source(source, text_field, val_fraction)
-
-
-def json_lines(path: Path) -> Iterator[tuple[int, object]]:
-    """(line number, value) of each non-empty line of a .jsonl file."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}, line {number}: not JSON ({e.msg}); a .jsonl file holds one JSON object "
-                                "per line") from None
-
-
-def first_record(path: Path):
-    """The first JSON value of a .jsonl file (None: an empty one, which the text path then
-    refuses with its own message). A first line that is not JSON is a DataError naming it,
-    so that no program takes a broken conversations file for plain text: one rule, for
-    train.py and evaluate.py alike."""
-    try:
-        return next((row for _, row in json_lines(path)), None)
-    except (UnicodeDecodeError, OSError):
-        return None  # (check_readable says what is wrong with it)
 
 
 def shakespeare_source(val_fraction: float) -> Source:
@@ -140,25 +104,6 @@ def local_source(source: str, text_field: str, val_fraction: float) -> Source:
     return split_by_characters(name, identity, documents, val_fraction, label=source)
 
 
-def file_stats(files: list[Path]) -> list[tuple[str, int, int]]:
-    """What a local source's fingerprint sees of its files: path, size, modification time."""
-    return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-
-
-def folder_files(folder: Path, source: str) -> list[Path]:
-    """The files of a folder (and its subfolders) in sorted order, all of one supported
-    kind; files of other kinds (a README.md, a .lock) are left out."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in LOCAL_FORMATS)
-    kinds = sorted({p.suffix.lower() for p in files})
-    if not files:
-        raise DataError(f"folder {source!r} holds no {', '.join(LOCAL_FORMATS)} files")
-    if len(kinds) > 1:
-        counts = ", ".join(f"{sum(p.suffix.lower() == kind for p in files)} {kind}" for kind in kinds)
-        raise DataError(f"folder {source!r} mixes kinds of files ({counts}); a folder must hold one kind: "
-                        "move the others out, or give one file")
-    return files
-
-
 def hub_source(spec: str, text_field: str, val_fraction: float, split: str = "train",
                data_files: str | None = None) -> Source:
     """'name' or 'name:config' on the Hugging Face hub (or a local dataset folder): its
@@ -189,46 +134,6 @@ def hub_source(spec: str, text_field: str, val_fraction: float, split: str = "tr
     if Path(name).is_dir():
         identity["files"] = file_stats(sorted(p for p in Path(name).rglob("*") if p.is_file()))
     return split_by_characters(name.replace("/", "_"), identity, documents, val_fraction, label=f"hf:{spec}")
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """A quick TCP check, so an offline machine fails in seconds, not after a minute of retries."""
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def load_split(builder: str, files: list[Path] | str | None, split: str = "train", **kwargs):
-    """A dataset's `split`, as datasets.load_dataset makes it (in its steps), memory-mapped
-    from its Arrow cache, so memory stays bounded however large the files. files: local
-    files, or a pattern of the dataset's own. Returns (the dataset, a name for messages)."""
-    import datasets
-    import pyarrow
-    import pyarrow.dataset
-
-    datasets.disable_progress_bars()
-    # Arrow's default allocator (mimalloc) keeps freed memory; the system's keeps less
-    # (measured in docs/scaling.md)
-    pyarrow.set_memory_pool(pyarrow.system_memory_pool())
-    data_files = files if isinstance(files, str) or files is None else [str(f) for f in files]
-    try:
-        loader = datasets.load_dataset_builder(builder, data_files=data_files, **kwargs)
-        if hasattr(loader.config, "fragment_scan_options"):  # Parquet files (local, or the hub's)
-            # pre-buffering reads a whole file into memory before its first batch (apache/arrow#39808)
-            loader.config.fragment_scan_options = pyarrow.dataset.ParquetFragmentScanOptions(pre_buffer=False)
-        loader.download_and_prepare()
-        dataset = loader.as_dataset(split=split)
-    except (FileNotFoundError, ValueError, ConnectionError) as e:
-        raise DataError(f"could not load dataset {builder!r}: {str(e).splitlines()[0]}") from e
-    except Exception as e:  # datasets raises many types for malformed files
-        where = data_files[0] if isinstance(data_files, list) else builder
-        raise DataError(f"could not read {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-    return dataset, data_files[0] if isinstance(data_files, list) else builder
 
 
 def load_rows(builder: str, files: list[Path] | str | None, text_field: str, split: str = "train",
@@ -269,33 +174,6 @@ def jsonl_rows(path: Path, text_field: str) -> Iterator[str]:
             raise DataError(f"{path}, line {number}: {text_field!r} is a {type(text).__name__}, not text")
         if text:
             yield text
-
-
-def check_readable(path: Path, fmt: str) -> None:
-    """Fail early, naming the file and byte offset, on empty or non-UTF-8 text."""
-    if path.stat().st_size == 0:
-        raise DataError(f"{path} is empty: give a file with some text in it")
-    if fmt in ("text", "json", "csv"):
-        with open(path, "rb") as f:
-            offset = 0
-            tail = b""
-            while chunk := f.read(1 << 20):
-                data = tail + chunk
-                if b"\x00" in chunk:
-                    at = offset + chunk.index(b"\x00")
-                    raise DataError(f"{path} looks binary (a NUL byte at offset {at}); give a UTF-8 text file")
-                try:
-                    data.decode("utf-8")
-                    tail = b""
-                except UnicodeDecodeError as e:
-                    if e.start >= len(data) - 3 and e.reason == "unexpected end of data":
-                        tail = data[e.start:]  # a character cut by the chunk boundary
-                    else:
-                        raise DataError(f"{path} is not UTF-8 text (invalid byte at offset "
-                                        f"{offset - len(tail) + e.start}); convert it, e.g. iconv -t UTF-8") from None
-                offset += len(chunk)
-            if tail:
-                raise DataError(f"{path} is not UTF-8 text (truncated character at offset {offset - len(tail)})")
 
 
 def split_by_characters(name: str, identity: dict, documents: Callable[[], Iterator[Piece]],
