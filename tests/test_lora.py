@@ -294,8 +294,8 @@ def test_a_lora_run_on_plain_text_trains_the_adapters_alone(runs):
     """No chat markers were added: no embedding row trains, and the adapter file holds no
     embedding."""
     trainer = make_trainer(lora_run(runs, f"data.source={runs / 'sums.txt'}", "train.max_iters=2", out="plain")[2:])
-    assert trainer.trained_names and all("lora_" in name for name in trainer.trained_names)
-    assert trainer.rows_from == {}
+    assert trainer.trained.names and all("lora_" in name for name in trainer.trained.names)
+    assert trainer.trained.rows_from == {}
 
 
 def test_lora_needs_a_model_to_adapt(runs):

@@ -8,6 +8,7 @@ Each optional piece is one line in the loop. Its machinery is a small object bes
 that keeps its own state and hands it to the run's state (training/state.py) through
 state_dict and load_state_dict, as torch's modules and optimizers do:
 
+    trained     training/trained.py       what trains: every weight, or LoRA's adapters (and what is saved)
     schedule    training/optim.py         the learning rate: warm-up, then decay
     average     training/average.py       train.ema: the average of the weights
     budget      training/budget.py        the run's clock, and train.max_minutes (it owns max_iters)
@@ -21,9 +22,9 @@ state_dict and load_state_dict, as torch's modules and optimizers do:
     log         training/logger.py        the progress bar, the log lines, TensorBoard
     run_dir     common/run_dir.py         the checkpoint's files
 
-With lora.rank, the model brought in (train.init_from) is frozen and LoRA adapters train
-beside its matrices (lora/): the loop is the same; what is saved is the model with the
-adapters merged, and the adapters apart.
+What the run trains is `trained` (training/trained.py): every weight, or, with lora.rank,
+LoRA's adapters beside the frozen model brought in (lora/): the loop is the same; what is
+saved is the model with the adapters merged, and the adapters apart.
 """
 
 from __future__ import annotations
@@ -39,14 +40,11 @@ import yaml
 from common.device import peak_flops
 from common.run_dir import RunDir
 from common.threads import AdaptiveThreads
-from lora import (add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state, merged, new_rows_from,
-                  trained_parameters)
 from model import GPT
 
 from . import logger, resume
 from .average import WeightAverage
 from .budget import TimeBudget
-from .config import ConfigError
 from .distributed import Distributed
 from .evaluation import Evaluator, StepLosses
 from .logger import RunLogger
@@ -57,6 +55,7 @@ from .signals import StopRequest
 from .snapshots import Snapshots
 from .state import TrainerState
 from .step import train_step
+from .trained import what_trains
 
 
 BARELY_TRAINED = 0.25  # a model from scratch whose loss fell by less than this share of its initial loss
@@ -97,23 +96,10 @@ class Trainer:
                                  seconds_before=run.seconds)
         resume.seed_everything(settings.seed + dist.rank)
         self.model = GPT.initialised(run.model_config, settings.seed + dist.rank).to(device)  # (DDP: rank 0's for all)
-        lora = run.config.lora
-        if run.base is not None and (state is None or lora.rank):  # existing weights (train.init_from)
-            self.model.load_state_dict(run.base.state_dict(run.model_config))
-        self.trained_names: list[str] | None = None  # the parameters that train (None: all of them)
-        if lora.rank:  # the weights brought in freeze; adapters (and a chat template's new tokens' rows) train
-            first_new = run.base.tokenizer().get_vocab_size()  # (the ids data/template.py added come after)
-            add_adapters(self.model, lora, first_new if run.data.vocab_size > first_new else None)
-            self.trained_names = list(trained_parameters(self.model))
-        if settings.base_dtype == "bfloat16":  # the frozen matrices as autocast computes with them: half the memory
-            if not lora.rank or dtype != torch.bfloat16:
-                raise ConfigError("train.base_dtype=bfloat16 keeps LoRA's frozen matrices in bfloat16, which needs "
-                                  "lora.rank > 0 and train.dtype=bfloat16 (autocast computes with them as they are); "
-                                  "remove it, or set both")
-            frozen_in(self.model, torch.bfloat16)
+        # every weight, or LoRA's adapters over the model brought in (train.init_from), which it loads
+        self.trained = what_trains(self.model, run, dtype, resuming=state is not None)
         if settings.checkpointing:  # less memory, a forward more per block
             recompute_in_backward(self.model)
-        self.rows_from = new_rows_from(self.model)  # (a matrix whose new tokens' rows alone train: the first)
         self.optimizers = make_optimizers(self.model, settings, device)
         self.schedule = Schedule(settings, length)
         self.average = WeightAverage(self.model, settings.ema) if settings.ema else None
@@ -162,8 +148,8 @@ class Trainer:
 
     @property
     def saved_model(self) -> GPT:
-        """What the run folder keeps as its model: eval_model, its adapters merged (LoRA)."""
-        return merged(self.eval_model) if self.trained_names is not None else self.eval_model
+        """What the run folder keeps as its model: eval_model (with LoRA, its adapters merged)."""
+        return self.trained.saved(self.eval_model)
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -342,9 +328,7 @@ class Trainer:
             return
 
         def checkpoint() -> None:
-            if self.trained_names is not None:  # the adapters alone, beside the merged model
-                self.run_dir.save_adapters(adapter_file(self.eval_model, self.trained_names, self.rows_from),
-                                           self.adapter_config())
+            self.trained.save_beside(self.run_dir, self.eval_model)  # (LoRA: the adapters alone)
             self.run_dir.save_checkpoint(self.saved_model, self.run.data.tokenizer, self.summary(),
                                          self.state(ranks).to_dict())
 
@@ -359,8 +343,7 @@ class Trainer:
         """The run's state now; `ranks`: each process's sampler and random state."""
         return TrainerState(
             iteration=self.iteration,
-            model=(adapter_state(self.model, self.trained_names) if self.trained_names is not None
-                   else self.model.state_dict()),
+            model=self.trained.state_dict(),
             optimizers=[optimizer.state_dict() for optimizer in self.optimizers],
             schedule=self.schedule.state_dict(),
             budget=self.budget.state_dict(),
@@ -385,10 +368,7 @@ class Trainer:
             # after its last checkpoint: a real model, its loss really measured; it stays the one to beat)
             self.best_val_loss = min(self.best_val_loss, best.summary().get("val_loss") or math.inf)
         self.losses.load_state_dict(saved.losses)
-        if self.trained_names is not None:  # (the weights brought in are loaded already, as they were)
-            load_adapter_state(self.model, saved.model, self.trained_names)
-        else:
-            self.model.load_state_dict(saved.model)
+        self.trained.load_state_dict(saved.model)
         resume.load_optimizers(self.optimizers, saved.optimizers, self.run_dir.path)
         self.schedule.load_state_dict(saved.schedule)
         self.budget.load_state_dict(saved.budget, self.iteration)
@@ -406,14 +386,6 @@ class Trainer:
         names = [type(optimizer).__name__ for optimizer in self.optimizers]
         self.changes = logger.what_changed(saved, self.state([]), names,
                                            self.settings.lr * self.schedule.factor(self.iteration))
-
-    def adapter_config(self) -> dict:
-        """adapter_config.json: the adapters' settings and the model they adapt (peft's keys
-        where they mean the same: r, lora_alpha, lora_dropout, target_modules)."""
-        lora = self.run.config.lora
-        return {"r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
-                "target_modules": lora.targets, "base_model_name_or_path": self.run.config.train.init_from,
-                "trained": self.trained_names, "rows_from": self.rows_from}
 
     def tokens_seen(self) -> int:
         """Training tokens so far, across resumes: the real tokens of every batch drawn (a

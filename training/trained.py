@@ -1,0 +1,92 @@
+"""What a run trains, as one type of two kinds, so that the loop never asks which:
+
+    AllWeights  every weight of the model (from scratch, or a model brought in fine-tuned whole)
+    Adapters    LoRA's adapters beside a frozen model brought in (lora/), and any new chat
+                markers' embedding rows
+
+Each knows the weights the run's state keeps (`state_dict`, `load_state_dict`), the model
+the run folder keeps (`saved`: with adapters, merged into plain matrices) and what it
+writes beside it (`save_beside`: the adapters alone, as peft keeps them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from common.run_dir import RunDir
+from lora import (add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state, merged, new_rows_from,
+                  trained_parameters)
+from model import GPT
+
+from .config import ConfigError
+from .preparation import PreparedRun
+
+
+class AllWeights:
+    """Every weight trains: the run's state keeps them all; the run folder keeps the model as it is."""
+
+    def __init__(self, model: GPT):
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+    def saved(self, model: GPT) -> GPT:
+        """The model the run folder keeps (model: the trained weights, or their average)."""
+        return model
+
+    def save_beside(self, run_dir: RunDir, model: GPT) -> None:
+        """Nothing is kept beside the model."""
+
+
+class Adapters:
+    """LoRA (lora/): the model brought in freezes, adapters train beside the matrices that
+    lora.targets names (and the new chat markers' embedding rows, where the data added
+    some); with train.base_dtype=bfloat16 its adapted matrices are kept in bfloat16. The
+    run's state keeps the trained tensors alone."""
+
+    def __init__(self, model: GPT, run: PreparedRun):
+        lora = run.config.lora
+        first_new = run.base.tokenizer().get_vocab_size()  # (the ids data/template.py added come after)
+        add_adapters(model, lora, first_new if run.data.vocab_size > first_new else None)
+        if run.config.train.base_dtype == "bfloat16":  # the frozen matrices as autocast computes with them: half the memory
+            frozen_in(model, torch.bfloat16)
+        self.model = model
+        self.names = list(trained_parameters(model))  # the parameters that train
+        self.rows_from = new_rows_from(model)  # (a matrix whose new tokens' rows alone train: the first)
+        self.settings = {"r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
+                         "target_modules": lora.targets, "base_model_name_or_path": run.config.train.init_from}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return adapter_state(self.model, self.names)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """The adapters saved (the weights brought in are loaded already, as they were)."""
+        load_adapter_state(self.model, state, self.names)
+
+    def saved(self, model: GPT) -> GPT:
+        """The model the run folder keeps, and every program reads: the adapters merged."""
+        return merged(model)
+
+    def save_beside(self, run_dir: RunDir, model: GPT) -> None:
+        """adapter_model.safetensors and adapter_config.json: the adapters alone, and their
+        settings (peft's keys where they mean the same: r, lora_alpha, lora_dropout, target_modules)."""
+        run_dir.save_adapters(adapter_file(model, self.names, self.rows_from),
+                              self.settings | {"trained": self.names, "rows_from": self.rows_from})
+
+
+def what_trains(model: GPT, run: PreparedRun, dtype: torch.dtype, resuming: bool) -> AllWeights | Adapters:
+    """What the run trains of `model`, with the weights it starts from: a model brought in
+    (train.init_from) is loaded into it, unless a resume of a run that trains every weight
+    brings its own; with lora.rank it freezes under adapters."""
+    lora = run.config.lora
+    if run.config.train.base_dtype == "bfloat16" and (not lora.rank or dtype != torch.bfloat16):
+        raise ConfigError("train.base_dtype=bfloat16 keeps LoRA's frozen matrices in bfloat16, which needs "
+                          "lora.rank > 0 and train.dtype=bfloat16 (autocast computes with them as they are); "
+                          "remove it, or set both")
+    if run.base is not None and (not resuming or lora.rank):  # existing weights (train.init_from)
+        model.load_state_dict(run.base.state_dict(run.model_config))
+    return Adapters(model, run) if lora.rank else AllWeights(model)
