@@ -109,7 +109,6 @@ def train_rows(weight: nn.Parameter, start: int) -> None:
     """Let the rows from `start` on train: the gradient of the others is zeroed, so AdamW
     (with no weight decay on embeddings) leaves them exactly as they were."""
     weight.requires_grad_(True)
-    weight.rows_from = start  # (trained_count counts these rows alone)
     rows = torch.zeros(weight.size(0), 1, device=weight.device, dtype=weight.dtype)
     rows[start:] = 1
     weight.register_hook(lambda grad: grad * rows)
@@ -120,14 +119,12 @@ def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def trained_count(model: nn.Module) -> int:
+def trained_count(model: nn.Module, new_tokens_from: int | None = None) -> int:
     """The numbers that train: every number of a parameter that trains, but of a matrix whose
-    new tokens' rows alone train (train_rows), those rows only."""
-    total = 0
-    for p in {id(p): p for p in model.parameters() if p.requires_grad}.values():
-        rows_from = getattr(p, "rows_from", None)
-        total += p.numel() if rows_from is None else (p.size(0) - rows_from) * p[0].numel()
-    return total
+    new tokens' rows alone train (add_adapters' new_tokens_from on), those rows only."""
+    rows_from = new_rows_from(model, new_tokens_from)
+    return sum((p.size(0) - rows_from[name]) * p[0].numel() if name in rows_from else p.numel()
+               for name, p in model.named_parameters() if p.requires_grad)
 
 
 def adapter_state(model: nn.Module, names) -> dict[str, torch.Tensor]:
@@ -136,9 +133,14 @@ def adapter_state(model: nn.Module, names) -> dict[str, torch.Tensor]:
     return {name: state[name] for name in names}
 
 
-def new_rows_from(model: nn.Module) -> dict[str, int]:
-    """{name: first trained row} of each matrix whose new tokens' rows alone train (train_rows)."""
-    return {name: p.rows_from for name, p in model.named_parameters() if getattr(p, "rows_from", None) is not None}
+def new_rows_from(model: nn.Module, new_tokens_from: int | None) -> dict[str, int]:
+    """{name: first trained row} of each matrix whose new tokens' rows alone train: the
+    embedding (and an untied head) of a model given new tokens from `new_tokens_from` on by
+    add_adapters; {} if none."""
+    if new_tokens_from is None:
+        return {}
+    return {name: new_tokens_from for name, p in model.named_parameters()
+            if p.requires_grad and name in ("transformer.wte.weight", "lm_head.weight")}
 
 
 def adapter_file(model: nn.Module, names, rows_from: dict[str, int]) -> dict[str, torch.Tensor]:

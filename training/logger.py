@@ -14,14 +14,12 @@ from tqdm import tqdm
 from common.run_dir import RunDir
 
 
-def header(model, data, device, dtype, processes: int, resumed_at: int) -> str:
-    """The run's first line: the model, the data, where and how it trains."""
+def header(model, training: int, data, device, dtype, processes: int, resumed_at: int) -> str:
+    """The run's first line: the model (and, of its numbers, how many train), the data, where
+    and how it trains."""
     import torch
 
-    from lora import trained_count
-
     c = model.config
-    training = trained_count(model)
     trains = "" if training == model.num_parameters() else (
         f" ({training:,} train: LoRA's adapters, lora/, and any new tokens' rows)")
     return (f"model: {model.num_parameters():,} parameters{trains}, {c.n_layer} layers, {c.pos_encoding} positions | "

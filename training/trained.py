@@ -15,7 +15,7 @@ import torch
 
 from common.run_dir import RunDir
 from lora import (add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state, merged, new_rows_from,
-                  trained_parameters)
+                  trained_count, trained_parameters)
 from model import GPT
 
 from .config import ConfigError
@@ -27,6 +27,10 @@ class AllWeights:
 
     def __init__(self, model: GPT):
         self.model = model
+
+    def count(self) -> int:
+        """The numbers that train: all of them."""
+        return self.model.num_parameters()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
@@ -51,14 +55,19 @@ class Adapters:
     def __init__(self, model: GPT, run: PreparedRun):
         lora = run.config.lora
         first_new = run.base.tokenizer().get_vocab_size()  # (the ids data/template.py added come after)
-        add_adapters(model, lora, first_new if run.data.vocab_size > first_new else None)
+        self.new_tokens_from = first_new if run.data.vocab_size > first_new else None
+        add_adapters(model, lora, self.new_tokens_from)
         if run.config.train.base_dtype == "bfloat16":  # the frozen matrices as autocast computes with them: half the memory
             frozen_in(model, torch.bfloat16)
         self.model = model
         self.names = list(trained_parameters(model))  # the parameters that train
-        self.rows_from = new_rows_from(model)  # (a matrix whose new tokens' rows alone train: the first)
+        self.rows_from = new_rows_from(model, self.new_tokens_from)  # (a matrix whose new rows alone train: the first)
         self.settings = {"r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
                          "target_modules": lora.targets, "base_model_name_or_path": run.config.train.init_from}
+
+    def count(self) -> int:
+        """The numbers that train: the adapters', and the new tokens' rows."""
+        return trained_count(self.model, self.new_tokens_from)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return adapter_state(self.model, self.names)

@@ -228,7 +228,8 @@ class Trainer:
             self.run_dir.save_special_tokens(roles)
         log.text("config", resolved, self.iteration)
         log.text("attention/text", self.run.data.tokenizer.decode(self.evaluator.attention_ids[0].tolist()), self.iteration)
-        log.message(logger.header(self.model, self.run.data, self.device, self.dtype, self.dist.world_size, self.iteration))
+        log.message(logger.header(self.model, self.trained.count(), self.run.data, self.device, self.dtype,
+                                  self.dist.world_size, self.iteration))
         log.layout_heads()
         if self.iteration == 0:  # step 0: the model at initialisation
             self.evaluator.log_heads(log, 0, self.eval_model)
