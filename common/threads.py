@@ -80,8 +80,7 @@ class AdaptiveThreads:
     at once. Time the caller spends on other things (an evaluation) is left out with pause().
 
     once: choose at the first try and keep that count (a run of fixed length: its resume
-    stays bit-identical with `chosen`, saved with the run's state); chosen: a count chosen
-    before, used as it is."""
+    stays bit-identical with `chosen`, saved with the run's state, and given back to `keep`)."""
 
     STRETCH = 10
     SLOWER = 1.3
@@ -90,19 +89,16 @@ class AdaptiveThreads:
     LONGEST = 1280
     TRY_SHARE = 0.05
 
-    def __init__(self, enabled: bool, clock: Callable[[], float] = time.perf_counter, once: bool = False,
-                 chosen: int | None = None):
+    def __init__(self, enabled: bool, clock: Callable[[], float] = time.perf_counter, once: bool = False):
         import torch
 
         self.torch = torch
         self.many = torch.get_num_threads()
-        if chosen is not None:
-            torch.set_num_threads(chosen)
-        self.enabled = enabled and self.many > 1 and chosen is None
+        self.enabled = enabled and self.many > 1
         if self.enabled:
             torch.set_num_threads(1)  # (the cheaper mistake, above)
         self.once = once
-        self.chosen = chosen
+        self.chosen: int | None = None
         self.clock = clock
         self.pace: dict[int, float] = {}  # seconds per unit, the last stretch on each count
         self.reference: float | None = None  # the pace of the count in use when it was last chosen
@@ -114,6 +110,12 @@ class AdaptiveThreads:
         self.countdown = self.FIRST
         self.lost = 0.0  # seconds spent on a count that lost its try
         self.elapsed = 0.0  # seconds of the work timed so far (pauses left out)
+
+    def keep(self, chosen: int) -> None:
+        """Use the count a run chose before (`chosen`, from its saved state) from now on."""
+        self.torch.set_num_threads(chosen)
+        self.chosen = chosen
+        self.enabled = False
 
     def pause(self) -> None:
         """What comes until the next update is not the work's (an evaluation, a checkpoint)."""

@@ -156,7 +156,8 @@ def test_a_run_of_fixed_length_chooses_once_and_keeps_its_choice(monkeypatch):
         once.update(n)
     assert threads[0] == 1
     threads[0] = 2
-    resumed = AdaptiveThreads(True, clock, once=True, chosen=1)
+    resumed = AdaptiveThreads(True, clock, once=True)
+    resumed.keep(1)
     assert threads[0] == 1 and not resumed.enabled and resumed.chosen == 1
 
 

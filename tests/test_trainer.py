@@ -4,7 +4,6 @@ optimizers, the average of the weights, the time budget, a stop signal, and a fa
 bit-identical resume. The loop is run as train.py runs it (Trainer.fit); what a step did
 is read through torch's optimizer hooks and the losses the loop hands to StepLosses."""
 
-import copy
 import json
 import math
 import re
@@ -32,7 +31,9 @@ from training.config import TrainConfig
 from training.distributed import Distributed
 from training.state import TrainerState
 from training.evaluation import Evaluator, StepLosses
-from training.optim import Muon, Schedule, orthogonalize
+from training.budget import refitted
+from training.optim import Muon, orthogonalize
+from training.schedule import Schedule
 from training.signals import StopRequest
 from training.trainer import Trainer
 
@@ -140,36 +141,34 @@ def test_the_step_uses_the_schedule(micro):
 
 
 def rates(cfg: TrainConfig, schedule: Schedule, *its: int) -> list[float]:
-    return [cfg.lr * schedule.factor(it) for it in its]
+    return [cfg.lr * schedule(it) for it in its]
 
 
 def test_learning_rate_schedule_exact_values():
     cfg = TrainConfig(max_iters=100, lr=2.0, min_lr=0.2, warmup_iters=10)
-    schedule = Schedule(cfg, cfg.max_iters)
+    schedule = Schedule.of(cfg, cfg.max_iters)
     assert rates(cfg, schedule, 0, 9, 10) == pytest.approx([2 / 11, 20 / 11, 2.0])
     assert rates(cfg, schedule, 55) == pytest.approx([1.1])  # half way: cos(π/2) = 0
     assert rates(cfg, schedule, 100, 150) == pytest.approx([0.2, 0.2])
     lrs = rates(cfg, schedule, *range(10, 120))
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))  # after warmup, only down
     early = TrainConfig(max_iters=100, lr=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=50)
-    assert rates(early, Schedule(early, 100), 30, 50, 80) == pytest.approx([0.55, 0.1, 0.1])
+    assert rates(early, Schedule.of(early, 100), 30, 50, 80) == pytest.approx([0.55, 0.1, 0.1])
 
 
 def test_warmup_stable_decay_schedule_exact_values():
     cfg = TrainConfig(max_iters=100, lr=1.0, min_lr=0.1, warmup_iters=10, lr_schedule="wsd", cooldown=0.4)
-    schedule = Schedule(cfg, 100)
+    schedule = Schedule.of(cfg, 100)
     assert rates(cfg, schedule, 5) == pytest.approx([6 / 11])  # the same warmup
     assert rates(cfg, schedule, 10, 60) == [1.0, 1.0]  # stable until the last 40%
     assert rates(cfg, schedule, 80, 99) == pytest.approx([0.55, 0.1225])  # down a straight line to 0.1
     assert rates(cfg, schedule, 100, 130) == pytest.approx([0.1, 0.1])
     whole = TrainConfig(max_iters=100, lr=1.0, min_lr=0.0, warmup_iters=10, lr_schedule="wsd", cooldown=1.0)
-    assert rates(whole, Schedule(whole, 100), 10, 55) == pytest.approx([1.0, 0.5])  # decays after warmup
+    assert rates(whole, Schedule.of(whole, 100), 10, 55) == pytest.approx([1.0, 0.5])  # decays after warmup
 
 
 def retargeted(schedule: Schedule, it: int, decay_iters: int) -> Schedule:
-    other = copy.deepcopy(schedule)
-    other.retarget(it, decay_iters)
-    return other
+    return refitted(schedule, it, decay_iters)
 
 
 @pytest.mark.parametrize("shape", ["cosine", "wsd"])
@@ -178,20 +177,19 @@ def test_a_longer_or_shorter_decay_goes_on_from_where_the_rate_stands(shape):
     on from its value there along the rest of the curve, down to the floor at the new end;
     during the warmup nothing has decayed, and the new length simply replaces the old."""
     cfg = TrainConfig(max_iters=100, lr=1.0, min_lr=0.1, warmup_iters=10, lr_schedule=shape)
-    schedule = Schedule(cfg, 100)
+    schedule = Schedule.of(cfg, 100)
     for it, new_end in ((70, 150), (70, 80), (85, 200)):
         longer = retargeted(schedule, it, new_end)
-        assert longer.factor(it) == pytest.approx(schedule.factor(it), abs=1e-12)  # no jump
-        assert longer.factor(new_end) == pytest.approx(0.1) and longer.factor(new_end - 1) > 0.1
-        later = [longer.factor(i) for i in range(it, new_end + 1)]
+        assert longer(it) == pytest.approx(schedule(it), abs=1e-12)  # no jump
+        assert longer(new_end) == pytest.approx(0.1) and longer(new_end - 1) > 0.1
+        later = [longer(i) for i in range(it, new_end + 1)]
         assert all(a >= b for a, b in zip(later, later[1:]))
-        restored = Schedule(cfg, 100)
-        restored.load_state_dict(longer.state_dict())  # saved and restored whole
-        assert [restored.factor(i) for i in range(it, new_end + 1)] == later
+        restored = Schedule.of(cfg, 100).loaded(longer.state_dict())  # saved and restored whole
+        assert [restored(i) for i in range(it, new_end + 1)] == later
     in_warmup = retargeted(schedule, 5, 300)  # in the warmup: the new length from the start
-    assert [in_warmup.factor(i) for i in range(0, 300, 7)] == [Schedule(cfg, 300).factor(i) for i in range(0, 300, 7)]
+    assert [in_warmup(i) for i in range(0, 300, 7)] == [Schedule.of(cfg, 300)(i) for i in range(0, 300, 7)]
     finished = retargeted(schedule, 100, 200)  # a finished run given more iterations: at the floor
-    assert [finished.factor(i) for i in (100, 150, 199)] == pytest.approx([0.1, 0.1, 0.1])
+    assert [finished(i) for i in (100, 150, 199)] == pytest.approx([0.1, 0.1, 0.1])
 
 
 def test_a_run_fitted_shorter_than_its_warmup_still_reaches_the_peak_rate_early():
@@ -199,18 +197,17 @@ def test_a_run_fitted_shorter_than_its_warmup_still_reaches_the_peak_rate_early(
     warm-up is cut to a tenth of what is left of the run, rising from where the rate stands,
     so the run never ends still warming up; a long enough run keeps the configured warm-up."""
     cfg = TrainConfig(max_iters=5000, lr=1.0, min_lr=0.1, warmup_iters=100)
-    schedule = Schedule(cfg, 5000)
+    schedule = Schedule.of(cfg, 5000)
     short = retargeted(schedule, 12, 73)
     assert short.warmup == 18  # 12 + a tenth of the 61 iterations left
-    assert short.factor(12) == pytest.approx(schedule.factor(12), abs=1e-12)  # no jump
-    ramp = [short.factor(i) for i in range(12, 19)]
+    assert short(12) == pytest.approx(schedule(12), abs=1e-12)  # no jump
+    ramp = [short(i) for i in range(12, 19)]
     assert all(a < b for a, b in zip(ramp, ramp[1:])) and ramp[-1] == 1.0
-    assert short.factor(73) == pytest.approx(0.1)  # and the decay still ends at the floor
-    restored = Schedule(cfg, 5000)
-    restored.load_state_dict(short.state_dict())
-    assert [restored.factor(i) for i in range(12, 74)] == [short.factor(i) for i in range(12, 74)]
+    assert short(73) == pytest.approx(0.1)  # and the decay still ends at the floor
+    restored = Schedule.of(cfg, 5000).loaded(short.state_dict())
+    assert [restored(i) for i in range(12, 74)] == [short(i) for i in range(12, 74)]
     early = retargeted(schedule, 3, 300)  # 3 + a tenth of the 297 left
-    assert early.warmup == 33 and early.factor(3) == pytest.approx(schedule.factor(3))
+    assert early.warmup == 33 and early(3) == pytest.approx(schedule(3))
     assert retargeted(schedule, 12, 1671).warmup == 100  # the configured warm-up fits: kept
     assert retargeted(short, 14, 400).warmup == 18  # it only ever gets shorter
     assert retargeted(schedule, 98, 99).warmup == 99  # at least one iteration on
@@ -279,7 +276,7 @@ def test_a_resume_applies_the_optimizer_settings_of_the_config_and_says_so(tmp_p
                "train.beta2=0.95", "train.muon_lr=0.005", f"train.optimizer={optimizer}", "train.log_interval=1"]
     trainer = make_trainer(micro, *changed)
     step = run_steps(trainer, 1)[0]
-    factor = trainer.schedule.factor(10)
+    factor = trainer.schedule(10)
     adamw = trainer.optimizers[-1]
     assert step["lrs"][-1] == pytest.approx(1e-4 * factor) and adamw.param_groups[0]["betas"] == (0.9, 0.95)
     if optimizer == "muon":
@@ -306,7 +303,7 @@ def test_muon_trains_the_block_matrices_and_adamw_the_rest(micro):
     assert "transformer.wte.weight" in in_adamw  # the embedding, and through tying the LM head
     steps = run_steps(trainer, 15)
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.5
-    assert steps[-1]["lrs"][0] == pytest.approx(0.05 * trainer.schedule.factor(14))  # the same schedule
+    assert steps[-1]["lrs"][0] == pytest.approx(0.05 * trainer.schedule(14))  # the same schedule
 
 
 def test_compiled_training_matches_eager(micro, monkeypatch):
@@ -1008,17 +1005,16 @@ def test_one_step_with_its_defaults_is_the_five_steps_written_out():
 
     from training.step import train_step
 
-    class Constant:  # (a schedule: the same rate at every iteration)
-        def apply(self, optimizers, it):
-            for optimizer in optimizers:
-                optimizer.param_groups[0]["lr"] = 0.5
+    def Constant():  # (a schedule: the same rate at every iteration, 0.5 of the optimizer's peak of 1.0)
+        return Schedule(warmup=0, decay_iters=100, floor=1.0, momentum_peak=0.0)  # (SGD has a momentum: none)
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
     by_hand = copy.deepcopy(model)
     batches = [(torch.randint(0, 20, (4, 8)), torch.randint(0, 20, (4, 8)), None) for _ in range(2)]
     drawn = iter(batches)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    optimizer.param_groups[0]["initial_lr"] = 0.5  # (the peak the schedule scales)
     result = train_step(0, model, lambda: next(drawn), [optimizer], Constant())
 
     _, loss = by_hand(*batches[0])

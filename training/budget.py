@@ -18,7 +18,10 @@ machine ran slower than that (`report`): what the run got against what this mach
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple
+
+from .schedule import Anchor, Ramp, Schedule
 
 MEASURED = 10  # timed iterations of the first estimate
 SETTLING = 2  # iterations left out before them: the first ones are slower
@@ -26,6 +29,7 @@ SMOOTHING = 0.5  # the weight of the latest pace in the pace used (the rest: the
 AGREEING = 3  # estimates whose ends agree within AGREEMENT of each other: the pace has settled
 AGREEMENT = 0.2
 BUSY = 1.5  # a stretch this many times as slow as the best pace measured: the machine was busy
+WARMUP_SHARE = 0.1  # a run fitted shorter than its warm-up allows: the share of the rest spent warming up
 
 
 def stop_iteration(it: int, seconds_left: float, seconds_per_iteration: float, cap: int) -> int:
@@ -156,3 +160,32 @@ class TimeBudget:
         return {"best_pace": best, "timed_iterations": round(sum(seconds / pace for seconds, pace in self.stretches)),
                 "at_best_pace": round(training / best), "busy_share": busy / training if training > 0 else 0.0,
                 "training_seconds": training, "evaluation_seconds": self.overhead_total}
+
+
+def refitted(schedule: Schedule, it: int, decay_iters: int, shorten: bool = True) -> Schedule:
+    """`schedule` with its decay ending at decay_iters instead, going on from iteration `it`
+    (a time budget's refit, a finished run given a larger max_iters): the rest of the curve is
+    stretched from where it stands, its progress going on from its value at `it` (the anchor)
+    to 1 at decay_iters, so the rate never jumps; a run continued after its end stays at the
+    floor. In the warm-up nothing has decayed yet: the new length counts from the start; and
+    with `shorten` (allowed once the pace has settled), a warm-up that would take more than
+    WARMUP_SHARE of what is left of the run is shortened to that share (shortened_warmup)."""
+    if decay_iters == schedule.decay_iters:
+        return schedule
+    if it < schedule.warmup:
+        if shorten:
+            schedule = shortened_warmup(schedule, it, decay_iters)
+    elif it > schedule.warmup:
+        schedule = dataclasses.replace(schedule, anchor=Anchor(it, schedule.progress(it), schedule.cooldown_start()))
+    return dataclasses.replace(schedule, decay_iters=decay_iters)
+
+
+def shortened_warmup(schedule: Schedule, it: int, decay_iters: int) -> Schedule:
+    """At iteration `it` of the warm-up, a run that now ends at decay_iters (a busy machine
+    under a time budget): the rest of the warm-up takes at most WARMUP_SHARE of what is left
+    of the run (at least one iteration), rising from where the rate stands to the peak
+    (`ramp`), so that no run ends still warming up. It only ever gets shorter."""
+    end = it + max(1, round(WARMUP_SHARE * (decay_iters - it)))
+    if end >= schedule.warmup:
+        return schedule
+    return dataclasses.replace(schedule, ramp=Ramp(it, schedule(it)), warmup=end)

@@ -1,4 +1,4 @@
-"""The optimizers and the learning-rate schedule.
+"""The optimizers (the learning rate at each step is training/schedule.py's).
 
 train.optimizer: adamw trains every parameter with AdamW. muon trains the 2-D weight
 matrices of the blocks (W_Q, W_K, W_V, W_O, W_1, W_2) with Muon, which replaces each
@@ -10,142 +10,12 @@ biases stay with AdamW, as in the modded-nanogpt speedruns and nanochat.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 
 from model import GPT
 
 from .config import TrainConfig
-
-
-class Anchor(NamedTuple):
-    """Where a decay that changed its end goes on from."""
-
-    iteration: int
-    progress: float  # the decay's progress there, from 0 (end of the warm-up) to 1
-    cooldown_start: float  # wsd: the progress at which its straight line down begins
-
-
-class Ramp(NamedTuple):
-    """Where a warm-up rises from."""
-
-    iteration: int  # -1: before the first iteration
-    factor: float
-
-
-WARMUP_SHARE = 0.1  # a run fitted shorter than its warm-up allows: the share of the rest spent warming up
-
-
-class Schedule:
-    """The learning-rate factor at each iteration; every group's rate is its peak times it.
-
-    Linear warmup to 1 over `warmup` iterations, then down to `floor` (min_lr / lr) at
-    `decay_iters`, then flat. Down is a curve of the progress p, from 0 at the end of the
-    warmup to 1 at decay_iters: a cosine (shape cosine), or flat at 1 until the last
-    `cooldown` share of the iterations, then a straight line (wsd: warmup-stable-decay).
-
-    When decay_iters changes in the middle of a run (train.max_minutes fits max_iters to
-    the measured speed; a finished run is given a larger max_iters), the rest of the curve
-    is stretched from where it stands: p goes on from its value at that iteration (the
-    anchor) to 1 at the new decay_iters, so the rate never jumps. A finished run that is
-    continued stays at the floor. When the new length is so short that the warm-up would
-    take more than WARMUP_SHARE of what is left of it (a busy machine under a time budget),
-    the warm-up is shortened to that share: the ramp rises from where the rate stands to the peak at the
-    new end of the warm-up (`ramp_start`), so that no run ends still warming up. Muon's
-    momentum has a warmup of its own (`momentum`).
-    """
-
-    def __init__(self, cfg: TrainConfig, max_iters: int):
-        self.warmup = cfg.warmup_iters
-        self.ramp_start = Ramp(-1, 0.0)  # the warm-up rises from 0 before iteration 0: iteration 0 is one step up
-        self.decay_iters = cfg.lr_decay_iters or max_iters
-        self.floor = cfg.min_lr / cfg.lr
-        self.shape = cfg.lr_schedule
-        self.cooldown = cfg.cooldown
-        self.anchor: Anchor | None = None  # where a changed decay goes on from
-        self.momentum_warmup = cfg.muon_momentum_warmup
-        self.momentum_peak = cfg.muon_momentum
-
-    def apply(self, optimizers: list[torch.optim.Optimizer], it: int) -> float:
-        """Set every group's learning rate (and Muon's momentum) for iteration `it`;
-        returns the factor applied to the peak rates."""
-        factor = self.factor(it)
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = group["initial_lr"] * factor
-                if "momentum" in group:  # Muon's
-                    group["momentum"] = self.momentum(it)
-        return factor
-
-    def cooldown_start(self) -> float:
-        """wsd: the progress at which the straight line down begins."""
-        if self.anchor is not None:
-            return self.anchor.cooldown_start
-        start = max(self.warmup, self.decay_iters - round(self.cooldown * self.decay_iters))
-        return (start - self.warmup) / max(1, self.decay_iters - self.warmup)
-
-    def progress(self, it: int) -> float:
-        if it >= self.decay_iters:
-            return 1.0
-        if self.anchor is None:
-            return max(0.0, (it - self.warmup) / max(1, self.decay_iters - self.warmup))
-        at = self.anchor
-        return at.progress + (1.0 - at.progress) * max(0, it - at.iteration) / (self.decay_iters - at.iteration)
-
-    def factor(self, it: int) -> float:
-        if it < self.warmup:
-            start = self.ramp_start
-            return start.factor + (1.0 - start.factor) * (it - start.iteration) / (self.warmup - start.iteration)
-        p = self.progress(it)
-        if self.shape == "wsd":
-            start = self.cooldown_start()
-            down = (p - start) / (1.0 - start) if p > start else 0.0
-            return 1.0 - down * (1.0 - self.floor)
-        return self.floor + 0.5 * (1.0 + math.cos(math.pi * p)) * (1.0 - self.floor)
-
-    def momentum(self, it: int) -> float:
-        """Muon's momentum at iteration it: from 0.85 up to muon_momentum over the first
-        muon_momentum_warmup iterations (as in the modded-nanogpt speedruns), then constant."""
-        if it >= self.momentum_warmup:
-            return self.momentum_peak
-        return 0.85 + (self.momentum_peak - 0.85) * it / self.momentum_warmup
-
-    def retarget(self, it: int, decay_iters: int, shorten: bool = True) -> None:
-        """End the decay at decay_iters instead, going on from iteration it; with shorten,
-        a warm-up that would take too much of the run is shortened (a time budget's trainer
-        allows it once the pace has settled: training/budget.py)."""
-        if decay_iters == self.decay_iters:
-            return
-        if it < self.warmup:  # (in the warmup nothing has decayed yet: the new length from the start)
-            if shorten:
-                self.shorten_warmup(it, decay_iters)
-        elif it > self.warmup:
-            self.anchor = Anchor(it, self.progress(it), self.cooldown_start())
-        self.decay_iters = decay_iters
-
-    def shorten_warmup(self, it: int, decay_iters: int) -> None:
-        """At iteration `it` of the warm-up, a run that now ends at decay_iters: the rest of
-        the warm-up takes at most WARMUP_SHARE of what is left of the run (at least one
-        iteration). It only ever gets shorter."""
-        end = it + max(1, round(WARMUP_SHARE * (decay_iters - it)))
-        if end < self.warmup:
-            self.ramp_start = Ramp(it, self.factor(it))
-            self.warmup = end
-
-    def state_dict(self) -> dict:
-        return {"decay_iters": self.decay_iters, "anchor": None if self.anchor is None else list(self.anchor),
-                "warmup": self.warmup, "ramp_start": list(self.ramp_start)}
-
-    def load_state_dict(self, state: dict) -> None:
-        anchor = state["anchor"]
-        self.decay_iters = state["decay_iters"]
-        self.anchor = None if anchor is None else Anchor(int(anchor[0]), float(anchor[1]), float(anchor[2]))
-        ramp_start = state.get("ramp_start")
-        if ramp_start is not None and ramp_start[0] >= 0:  # shortened for a fitted length: it stays so
-            self.warmup = state["warmup"]
-            self.ramp_start = Ramp(int(ramp_start[0]), float(ramp_start[1]))
-        # (else the config's train.warmup_iters, as it is now)
 
 
 class Muon(torch.optim.Optimizer):

@@ -25,7 +25,7 @@ class TrainerState:
     iteration: int  # optimizer steps taken
     model: dict[str, torch.Tensor]  # the trained weights (with LoRA: the adapters' and new tokens' rows alone)
     optimizers: list[dict]  # each optimizer's state_dict (moments, step counts, settings)
-    schedule: dict  # optim.Schedule: where the decay ends, a shortened warm-up
+    schedule: dict  # schedule.Schedule: where the decay ends, where a refit anchored it, a shortened warm-up
     budget: dict  # budget.TimeBudget: the seconds used, the fitted max_iters
     average: dict | None  # average.WeightAverage: the averaged weights (train.ema), or None
     ranks: list[dict]  # each process's batch sampler and random generators, in rank order

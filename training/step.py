@@ -2,7 +2,7 @@
 reads this file and model/: everything else in training/ happens now and then around it
 (trainer.py: reading the losses, evaluating, saving, the time budget).
 
-    1. the learning rate of this iteration (warm-up, then decay: optim.Schedule)
+    1. the learning rate of this iteration (warm-up, then decay: schedule.py)
     2. forward and backward over grad_accum micro-batches
     3. the gradients' norm clipped
     4. the optimizer step, the gradients cleared
@@ -25,7 +25,7 @@ from common.device import autocast
 from model import GPT
 
 from .average import WeightAverage
-from .optim import Schedule
+from .schedule import Schedule, set_rates
 
 
 @dataclass
@@ -57,7 +57,7 @@ def train_step(it: int, model: GPT, next_batch: Callable[[], tuple[torch.Tensor,
     scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
 
     # 1. the learning rate of this iteration: a warm-up, then a decay
-    schedule.apply(optimizers, it)
+    set_rates(optimizers, schedule, it)
 
     # 2. forward and backward, over grad_accum micro-batches: each loss is divided by
     #    grad_accum, so the gradients add up to those of the mean over the whole batch

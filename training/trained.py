@@ -87,15 +87,15 @@ class Adapters:
                               self.settings | {"trained": self.names, "rows_from": self.rows_from})
 
 
-def what_trains(model: GPT, run: PreparedRun, dtype: torch.dtype, resuming: bool) -> AllWeights | Adapters:
+def what_trains(model: GPT, run: PreparedRun, dtype: torch.dtype) -> AllWeights | Adapters:
     """What the run trains of `model`, with the weights it starts from: a model brought in
-    (train.init_from) is loaded into it, unless a resume of a run that trains every weight
-    brings its own; with lora.rank it freezes under adapters."""
+    (train.init_from) is loaded into it (a resume then loads what it trained over them); with
+    lora.rank it freezes under adapters."""
     lora = run.config.lora
     if run.config.train.base_dtype == "bfloat16" and (not lora.rank or dtype != torch.bfloat16):
         raise ConfigError("train.base_dtype=bfloat16 keeps LoRA's frozen matrices in bfloat16, which needs "
                           "lora.rank > 0 and train.dtype=bfloat16 (autocast computes with them as they are); "
                           "remove it, or set both")
-    if run.base is not None and (not resuming or lora.rank):  # existing weights (train.init_from)
+    if run.base is not None:  # existing weights (train.init_from)
         model.load_state_dict(run.base.state_dict(run.model_config))
     return Adapters(model, run) if lora.rank else AllWeights(model)

@@ -9,7 +9,7 @@ that keeps its own state and hands it to the run's state (training/state.py) thr
 state_dict and load_state_dict, as torch's modules and optimizers do:
 
     trained     training/trained.py       what trains: every weight, or LoRA's adapters (and what is saved)
-    schedule    training/optim.py         the learning rate: warm-up, then decay
+    schedule    training/schedule.py      the learning rate: warm-up, then decay (a value; a refit makes a new one)
     average     training/average.py       train.ema: the average of the weights
     budget      training/budget.py        the run's clock, and train.max_minutes (it owns max_iters)
     snapshots   training/snapshots.py     the model as it forms (train.snapshots), for explore.py
@@ -44,13 +44,14 @@ from model import GPT
 
 from . import logger, resume
 from .average import WeightAverage
-from .budget import TimeBudget
+from .budget import TimeBudget, refitted
 from .distributed import Distributed
 from .evaluation import Evaluator, StepLosses
 from .logger import RunLogger
-from .optim import Schedule, make_optimizers
+from .optim import make_optimizers
 from .preparation import PreparedRun
 from .recompute import recompute_in_backward
+from .schedule import Schedule
 from .signals import StopRequest
 from .snapshots import Snapshots
 from .state import TrainerState
@@ -97,11 +98,11 @@ class Trainer:
         resume.seed_everything(settings.seed + dist.rank)
         self.model = GPT.initialised(run.model_config, settings.seed + dist.rank).to(device)  # (DDP: rank 0's for all)
         # every weight, or LoRA's adapters over the model brought in (train.init_from), which it loads
-        self.trained = what_trains(self.model, run, dtype, resuming=state is not None)
+        self.trained = what_trains(self.model, run, dtype)
         if settings.checkpointing:  # less memory, a forward more per block
             recompute_in_backward(self.model)
         self.optimizers = make_optimizers(self.model, settings, device)
-        self.schedule = Schedule(settings, length)
+        self.schedule = Schedule.of(settings, length)
         self.average = WeightAverage(self.model, settings.ema) if settings.ema else None
         self.evaluator = Evaluator(run, self.grad_accum, dist, device, dtype)
         self.snapshots = Snapshots.for_run(self.run_dir, settings.snapshots, settings.snapshot_every, self.model,
@@ -109,12 +110,11 @@ class Trainer:
         self.losses = StepLosses()
         # (a run of fixed length chooses once and keeps it, resumes included: common/threads.py)
         self.threads = AdaptiveThreads(run.adapt_threads and device.type == "cpu", self.clock,
-                                       once=settings.max_minutes is None,
-                                       chosen=state.threads if state is not None and run.adapt_threads else None)
+                                       once=settings.max_minutes is None)
         self.iteration = 0  # optimizer steps taken
         self.val_loss = math.nan
         self.best_val_loss = math.inf
-        self.resumed_from: TrainerState | None = None  # the state this process went on from
+        self.tokens_before = 0  # the training tokens of the run before this process went on with it
         self.changes: list[str] = []  # what going on from it changed, said when the loop starts
         if state is not None:
             self.resume(state)
@@ -305,7 +305,7 @@ class Trainer:
         self.budget.stop_at(target)
         # (a run that reaches its max_iters keeps its configured warm-up)
         shorten = self.budget.settled() and target < self.budget.cap
-        self.schedule.retarget(self.iteration, self.settings.lr_decay_iters or target, shorten=shorten)
+        self.schedule = refitted(self.schedule, self.iteration, self.settings.lr_decay_iters or target, shorten)
         log.retarget(target)
         for change in logger.warmup_change(before, self.schedule.state_dict(), target):
             log.message(change)
@@ -361,8 +361,10 @@ class Trainer:
     def resume(self, saved: TrainerState) -> None:
         """Go on where the saved run stopped (resume.check has checked it): each piece takes
         back its own field; what the config as it is now changes is kept to be said."""
-        self.resumed_from = saved
+        self.tokens_before = saved.tokens_seen
         self.iteration = saved.iteration
+        if saved.threads is not None and self.run.adapt_threads:  # (a run of fixed length keeps the count it chose)
+            self.threads.keep(saved.threads)
         self.best_val_loss = saved.best_val_loss
         best = self.run_dir.best()
         if self.settings.keep_best and best is not None:  # (a killed process may have kept a better one
@@ -371,11 +373,11 @@ class Trainer:
         self.losses.load_state_dict(saved.losses)
         self.trained.load_state_dict(saved.model)
         resume.load_optimizers(self.optimizers, saved.optimizers, self.run_dir.path)
-        self.schedule.load_state_dict(saved.schedule)
+        self.schedule = self.schedule.loaded(saved.schedule)
         self.budget.load_state_dict(saved.budget, self.iteration)
         self.snapshots.drop_after(self.iteration)
         if self.settings.max_minutes is None:  # the decay goes on to the end the config asks for now
-            self.schedule.retarget(self.iteration, self.settings.lr_decay_iters or self.max_iters)
+            self.schedule = refitted(self.schedule, self.iteration, self.settings.lr_decay_iters or self.max_iters)
         # (with a time budget, it keeps the saved end until the pace is measured again)
         if self.average is not None:  # (a run that turns train.ema on starts its average here)
             self.average.load_state_dict(saved.average if saved.average is not None else self.model.state_dict())
@@ -386,13 +388,12 @@ class Trainer:
             self.sampler.load_state_dict(saved.ranks[0]["sampler"])
         names = [type(optimizer).__name__ for optimizer in self.optimizers]
         self.changes = logger.what_changed(saved, self.state([]), names,
-                                           self.settings.lr * self.schedule.factor(self.iteration))
+                                           self.settings.lr * self.schedule(self.iteration))
 
     def tokens_seen(self) -> int:
         """Training tokens so far, across resumes: the real tokens of every batch drawn (a
         conversation's padding is not counted; under DDP each process draws alike)."""
-        before = self.resumed_from.tokens_seen if self.resumed_from is not None else 0
-        return before + self.sampler.drawn * self.dist.world_size
+        return self.tokens_before + self.sampler.drawn * self.dist.world_size
 
     def summary(self) -> dict:
         """summary.json: the last evaluation, what it scored, and a prompt to try (model cards),
