@@ -110,6 +110,7 @@ class FakeDDP:
 def test_ddp_averages_gradients_only_after_the_last_micro_batch(micro):
     trainer = make_trainer(micro, "train.grad_accum=3")
     trainer.forward = ddp = FakeDDP(trainer.model)
+    trainer.no_sync = ddp.no_sync  # (as the trainer takes DDP's)
     run_steps(trainer, 2)
     assert ddp.backwards == [False, False, True] * 2
 

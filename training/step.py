@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 
@@ -43,13 +43,16 @@ def train_step(it: int, model: GPT, next_batch: Callable[[], tuple[torch.Tensor,
                optimizers: list[torch.optim.Optimizer], schedule: Schedule, *,
                grad_accum: int = 1, grad_clip: float = 1.0, device: torch.device = torch.device("cpu"),
                dtype: torch.dtype = torch.float32, forward: torch.nn.Module | None = None,
-               scaler: torch.amp.GradScaler | None = None, average: WeightAverage | None = None) -> StepResult:
+               no_sync: Callable[[], ContextManager] = nullcontext, scaler: torch.amp.GradScaler | None = None,
+               average: WeightAverage | None = None) -> StepResult:
     """Iteration `it` (0-based: the steps taken before it) on `model`.
 
     next_batch: () -> x, y [B, T]: token ids, and the next token of each (-100: not scored), and
                 the position ids of packed rows [B, T] (each conversation's from 0), or None
     forward:    what is called for the loss: the model itself, or it compiled and/or wrapped
                 in DistributedDataParallel (which averages the gradients over the processes)
+    no_sync:    under DDP, its no_sync: the micro-batches before the last keep their gradients
+                to themselves (one exchange a step, not one a micro-batch)
     scaler:     float16's loss scaling (None, or disabled, for float32 and bfloat16)
     average:    train.ema's average of the weights, moved after the step
     """
@@ -70,7 +73,7 @@ def train_step(it: int, model: GPT, next_batch: Callable[[], tuple[torch.Tensor,
             position_ids = position_ids.to(device, non_blocking=True)
         # under DDP the processes average their gradients at the last micro-batch only
         last = micro == grad_accum - 1
-        with nullcontext() if last or not hasattr(forward, "no_sync") else forward.no_sync():
+        with nullcontext() if last else no_sync():
             with autocast(device, dtype):
                 _, micro_loss = forward(x, y, position_ids=position_ids)  # the mean cross-entropy, a scalar
             scaler.scale(micro_loss / grad_accum).backward()

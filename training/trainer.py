@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -120,6 +121,7 @@ class Trainer:
             self.resume(state)
         compiled = torch.compile(self.model) if settings.compile else self.model
         self.forward = dist.wrap(compiled, device)  # what the step calls: compiled, and/or DDP
+        self.no_sync = self.forward.no_sync if dist.enabled else nullcontext  # (DDP: one gradient exchange a step)
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # float16 only
 
     @property
@@ -167,8 +169,8 @@ class Trainer:
                 # 1-5. one iteration: the rate, forward and backward, clip, step, average (training/step.py)
                 step = train_step(self.iteration, self.model, self.sampler.next_batch, self.optimizers,
                                   self.schedule, grad_accum=self.grad_accum, grad_clip=settings.grad_clip,
-                                  device=self.device, dtype=self.dtype, forward=self.forward, scaler=self.scaler,
-                                  average=self.average)
+                                  device=self.device, dtype=self.dtype, forward=self.forward, no_sync=self.no_sync,
+                                  scaler=self.scaler, average=self.average)
                 self.iteration += 1
                 self.losses.add(self.iteration, step.loss, step.grad_norm)  # still on the device, read below
                 self.threads.update(self.iteration)  # one thread or all, whichever trains faster now
