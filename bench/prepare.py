@@ -12,13 +12,16 @@ For each source and tokenizer:
    `.map(batched=True, num_proc=2)` (tokenizer.encode_batch), the same documents, split
    (the last 10% of the characters) and separators, written to the same flat token files.
 
-2 and 3 must write identical token files. Memory is the peak of the process's own memory,
+2 and 3 must write identical token files. Then Parquet rows read as an hf: dataset (a
+local folder in the hub's layout) at two sizes, with Arrow's pre-buffering off (ours) and
+on (Arrow's default, which reads each whole file into memory: apache/arrow#39808): what
+ours costs must not grow with the rows. Memory is the peak of the process's own memory,
 sampled every 0.25 s: RssAnon (anonymous resident memory: heap and arrays, not the
 file-backed page cache the corpus passes through), and for a process with children (the
 Hugging Face way's num_proc=2) the sum of their Pss_Anon (shared pages counted once); disk is what each left in its
 datasets cache (a temporary folder, removed after). Linux only (it reads /proc).
 
-    python -m bench.prepare [--megabytes 1024] [--tokenizers char bpe] [--quick] [--out JSON]
+    python -m bench.prepare [--megabytes 1024] [--tokenizers char bpe] [--parquet 16 320] [--quick] [--out JSON]
 """
 
 from __future__ import annotations
@@ -133,6 +136,42 @@ prepare(DataConfig(source={source!r}, tokenizer={kind!r}, vocab_size={vocab}, ca
         progress=False, tokenizer=load_tokenizer(given) if given else None)
 """
 
+PRE_BUFFERED = """
+import pyarrow.dataset
+arrows_own = pyarrow.dataset.ParquetFragmentScanOptions
+pyarrow.dataset.ParquetFragmentScanOptions = lambda pre_buffer=False: arrows_own(pre_buffer=True)
+"""  # (put before OURS: Arrow's default, which data/readers.py's load_split turns off)
+
+
+def parquet_memory(tmp: Path, sizes: list[float]) -> list[dict]:
+    """Own memory preparing `sizes` MB of Parquet rows (4 MB of the .jsonl corpus's rows
+    repeated, in row groups of 500) as an hf: dataset, ours and with pre-buffering on: each
+    from empty caches, the lower of two readings (a busy machine adds tens of MB to one)."""
+    import pyarrow
+    import pyarrow.json
+    import pyarrow.parquet
+
+    rows = pyarrow.json.read_json(write_corpus(tmp / "parquet-rows", 8)["jsonl file"])
+    results = []
+    for megabytes in sizes:
+        folder = tmp / f"parquet-{megabytes:g}"
+        folder.mkdir()
+        pyarrow.parquet.write_table(pyarrow.concat_tables([rows] * max(1, round(megabytes / 4))),
+                                    folder / "train.parquet", row_group_size=500)
+        result = {"megabytes": megabytes}
+        for way, prelude in (("ours", ""), ("pre-buffered", PRE_BUFFERED)):
+            readings = []
+            for attempt in range(2):
+                caches = tmp / f"caches-{megabytes:g}-{way}-{attempt}"
+                code = prelude + OURS.format(given=None, source=f"hf:{folder}", kind="char", vocab=0,
+                                             cache=str(caches / "tokens"))
+                readings.append(measured(code, {"HF_DATASETS_CACHE": str(caches / "hf"), "HF_HUB_OFFLINE": "1"}))
+                shutil.rmtree(caches, ignore_errors=True)
+            result[way] = min(readings, key=lambda r: r["peak_own_mb"])
+        results.append(result)
+    return results
+
+
 HUGGING_FACE = """
 from bench.prepare import hugging_face_way
 hugging_face_way({source!r}, {tokenizer!r}, {out!r}, {cache!r})
@@ -235,7 +274,10 @@ def main() -> None:
     parser.add_argument("--megabytes", type=float, default=1024, help="corpus size in all (half .txt, half .jsonl)")
     parser.add_argument("--tokenizers", nargs="+", default=["char", "bpe"], choices=["char", "bpe"])
     parser.add_argument("--vocab-size", type=int, default=4096, help="for bpe")
-    parser.add_argument("--quick", action="store_true", help="a 1 MB corpus, BPE only (a test runs this)")
+    parser.add_argument("--parquet", nargs="+", type=float, default=[16, 320],
+                        help="MB of Parquet rows whose own memory is compared")
+    parser.add_argument("--quick", action="store_true", help="a 1 MB corpus, BPE only, 4 and 8 MB of Parquet rows "
+                                                             "(a test runs this)")
     parser.add_argument("--out", help="JSON path (default bench/results/prepare.json)")
     args = parser.parse_args()
     megabytes = 1 if args.quick else args.megabytes
@@ -269,6 +311,12 @@ def main() -> None:
         if r["training"]:
             print(f"training on the {r['source']} ({r['tokenizer']}): {r['training']['peak_own_mb']:.0f} MB own "
                   f"memory, {r['training']['peak_own_mb'] / shakespeare['peak_own_mb']:.2f}x Shakespeare's")
+        parquet = parquet_memory(tmp, [4, 8] if args.quick else args.parquet)
+        path = save("prepare", {"machine": machine(os.cpu_count()), "results": results,
+                                "training_on_shakespeare": shakespeare, "parquet": parquet}, args.out)
+    print("\nParquet rows as an hf: dataset, peak own memory (MB)\n")
+    print(table(["MB of rows", "ours", "pre-buffered (Arrow's default)"],
+                [[r["megabytes"], r["ours"]["peak_own_mb"], r["pre-buffered"]["peak_own_mb"]] for r in parquet]))
     print(f"\nwrote {path}")
 
 

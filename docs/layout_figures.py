@@ -128,8 +128,11 @@ def iteration_figures(root: Path) -> dict[str, tuple[int, int, int, int]]:
         names = {3: "plain", 4: "snapshot", 7: "evaluation"}  # (0-based: the iteration that ends at step 5 is the 4th)
         calls = [0]
 
-        def starts(frame):  # each iteration begins by setting its learning rate (Schedule.apply)
-            if frame.f_code.co_name == "apply" and frame.f_code.co_filename.endswith(str(Path("training", "optim.py"))):
+        # each iteration begins by setting its learning rate (schedule.set_rates; before 2026-12-06, Schedule.apply)
+        rates = {("set_rates", str(Path("training", "schedule.py"))), ("apply", str(Path("training", "optim.py")))}
+
+        def starts(frame):
+            if any(frame.f_code.co_name == name and frame.f_code.co_filename.endswith(file) for name, file in rates):
                 calls[0] += 1
                 return names.get(calls[0] - 1, "")
             return None

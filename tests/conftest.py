@@ -1,9 +1,12 @@
 """Shared fixtures: a small corpus and a micro run configuration that trains in seconds."""
 
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +97,33 @@ def untrained_run(folder, kind="char", source="shakespeare", state=True, config=
     if config:
         (folder / "config.yaml").write_text(f"data:\n  source: {source}\n  tokenizer: {kind}\n")
     return folder
+
+
+class Lines:
+    """A child's pipe, read line by line in a thread, so that waiting for a line can
+    fail (never hang) if the child closes the pipe or the time runs out first."""
+
+    def __init__(self, stream):
+        self.queue: queue.Queue = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=lambda: [self.queue.put(line) for line in iter(stream.readline, "")]
+                         + [self.queue.put("")], daemon=True).start()
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                line = self.queue.get(timeout=max(0.0, deadline - time.time()))
+            except queue.Empty:
+                pytest.fail(f"no line with {text!r} within {timeout} s")
+            self.seen.append(line)
+            if text in line:
+                return
+            if line == "":
+                pytest.fail(f"the process ended without printing {text!r}: {''.join(self.seen)[-2000:]}")
+
+    def rest(self, timeout: float = 30) -> str:
+        """Everything printed, once the child has closed the pipe."""
+        while (line := self.queue.get(timeout=timeout)) != "":
+            self.seen.append(line)
+        return "".join(self.seen)

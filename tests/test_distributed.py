@@ -326,6 +326,33 @@ def test_a_node_that_does_not_see_the_checkpoint_stops_the_resume(micro, tmp_pat
 
 
 @pytest.mark.slow
+@linux_only
+def test_a_signal_at_one_process_stops_every_process_with_a_checkpoint(micro, tmp_path):
+    """Ctrl-C or SIGTERM reaches one of torchrun's workers (a scheduler may signal one): the
+    processes agree on it when they next read the losses, so every process stops after the
+    same iteration, rank 0 saves it, and none is left waiting for the others."""
+    import signal
+
+    from conftest import Lines
+
+    launcher = torchrun(["--standalone", "--nproc-per-node=2"],
+                        micro(*MICRO_DDP[2:], "train.max_iters=100000", "train.checkpoint_interval=100000",
+                              "train.eval_interval=100000", "train.log_interval=5", out="run"))
+    said = Lines(launcher.stdout)
+    try:
+        said.wait_for("model: ")  # rank 0's header: the loop has begun, its signal handlers are in place
+        workers = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+        assert len(workers) == 2
+        os.kill(int(workers[-1]), signal.SIGTERM)  # one of them only
+        launcher.wait(timeout=120)
+    finally:
+        launcher.kill()
+    output = said.rest()
+    stopped = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["iteration"]
+    assert f"stopped at iteration {stopped}; checkpoint saved" in output and 0 < stopped < 100000, output[-2000:]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
 def test_a_run_continues_with_another_number_of_processes(micro, tmp_path, before, after):
     """Ten steps with `before` processes, ten with `after`: the same global batch (grad_accum

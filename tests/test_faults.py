@@ -4,12 +4,10 @@ re-run must end with exactly the weights of a run that was never interrupted."""
 
 import json
 import os
-import queue
 import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -17,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from common.run_dir import RunDir
-from conftest import ROOT, run_cli
+from conftest import ROOT, Lines, run_cli
 from data.tokenizer import load_tokenizer
 from model import GPT
 
@@ -145,36 +143,6 @@ def test_sigkill_at_random_moments(tmp_path, micro):
     assert_same_weights(tmp_path / "straight", run_dir)
 
 
-class Lines:
-    """A child's pipe, read line by line in a thread, so that waiting for a line can
-    fail (never hang) if the child closes the pipe or the time runs out first."""
-
-    def __init__(self, stream):
-        self.queue: queue.Queue = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=lambda: [self.queue.put(line) for line in iter(stream.readline, "")]
-                         + [self.queue.put("")], daemon=True).start()
-
-    def wait_for(self, text: str, timeout: float = 60) -> None:
-        deadline = time.time() + timeout
-        while True:
-            try:
-                line = self.queue.get(timeout=max(0.0, deadline - time.time()))
-            except queue.Empty:
-                pytest.fail(f"no line with {text!r} within {timeout} s")
-            self.seen.append(line)
-            if text in line:
-                return
-            if line == "":
-                pytest.fail(f"the process ended without printing {text!r}: {''.join(self.seen)[-2000:]}")
-
-    def rest(self, timeout: float = 30) -> str:
-        """Everything printed, once the child has closed the pipe."""
-        while (line := self.queue.get(timeout=timeout)) != "":
-            self.seen.append(line)
-        return "".join(self.seen)
-
-
 @pytest.mark.slow
 def test_second_ctrl_c_exits_at_once_and_files_stay_whole(tmp_path, micro):
     run_dir = tmp_path / "run"
@@ -220,8 +188,7 @@ def test_a_signal_while_the_data_is_prepared_cleans_up_as_ctrl_c_does(tmp_path, 
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stderr = Lines(proc.stderr)
     try:
-        stderr.wait_for("preparing data")
-        time.sleep(0.5)
+        stderr.wait_for("tokenizing")  # (the tokenizer is trained: the token files are being written)
         proc.send_signal(stop)
         code = proc.wait(timeout=60)
     finally:

@@ -136,3 +136,43 @@ def test_a_public_name_means_one_thing():
                 defined[node.name].append(name)
     twice = {n: where for n, where in defined.items() if len(where) > 1 and n not in ("main", "parse_args", "command")}
     assert not twice, twice
+
+
+def test_generating_imports_no_data_preparation():
+    """generate.py (and --chat) needs the tokenizer and the chat template, never the readers of
+    files and datasets, the token cache or the batches: importing it loads none of them, nor
+    datasets or pyarrow."""
+    code = ("import sys, generate\n"
+            "print(' '.join(sorted(name for name in sys.modules if name.split('.')[0] in ('data', 'datasets', "
+            "'pyarrow', 'training', 'explorer'))))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = set(result.stdout.split())
+    assert loaded == {"data", "data.config", "data.shared", "data.template", "data.tokenizer"}, loaded
+
+
+def test_a_chat_template_is_made_in_one_place():
+    """Every chat template a program renders is made by data/template.py's template_for (with
+    the tokenizer's special tokens): no other module calls ChatTemplate itself."""
+    for name, path in modules().items():
+        if name == "data.template":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "ChatTemplate":
+                raise AssertionError(f"{name}:{node.lineno} makes a ChatTemplate; call data.template.template_for")
+
+
+def test_no_one_outside_data_asks_which_kind_of_corpus_it_holds():
+    """A prepared corpus answers the trainer's questions itself (data/corpus.py): outside data/,
+    no module names its kinds (TextData, ConversationData) or reaches for their insides."""
+    for name, path in modules().items():
+        if name.split(".")[0] in ("data", "bench"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+        assert not names & {"TextData", "ConversationData"}, name
+        for node in ast.walk(tree):  # run.data.conversations, data.weights, ...: a kind's own fields
+            if isinstance(node, ast.Attribute) and node.attr in ("conversations", "weights", "chat"):
+                held = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", "")
+                assert held != "data", f"{name}:{node.lineno} reads data.{node.attr}"

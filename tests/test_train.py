@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +15,7 @@ from safetensors.torch import load_file
 
 import train
 from common.run_dir import RunDir
-from conftest import ROOT, run_cli
+from conftest import ROOT, Lines, run_cli
 from model import GPT
 from training.config import ConfigError, TrainConfig, load_config
 from training.optim import make_optimizers
@@ -109,14 +108,14 @@ def test_signal_saves_and_exits(tmp_path, micro, sig, code):
     proc = subprocess.Popen([sys.executable, "train.py", "--config", TINY,
                              *micro("train.max_iters=100000", "train.checkpoint_interval=100000")],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not list(run_dir.glob("events.out.tfevents*")) and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == code, err
-    assert "checkpoint saved" in out
+    out, err = Lines(proc.stdout), Lines(proc.stderr)
+    try:
+        out.wait_for("model: ")  # the header: the loop has begun, its signal handlers are in place
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == code, err.rest()
+    finally:
+        proc.kill()
+    assert "checkpoint saved" in out.rest()
     state = torch.load(run_dir / "trainer_state.pt", weights_only=True)
     assert 0 < state["iteration"] < 100000
 

@@ -320,13 +320,6 @@ def test_compiled_training_matches_eager(micro, monkeypatch):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
 
 
-def test_train_compile_compiles_the_model_it_trains(micro, monkeypatch):
-    compiled = []
-    monkeypatch.setattr(torch, "compile", lambda model: (compiled.append(model), model)[1])
-    trainer = make_trainer(micro, "train.compile=true")
-    assert compiled == [trainer.model]
-
-
 class Clock:
     """A clock that says what it is told: its `now`."""
 
@@ -1058,23 +1051,6 @@ def test_the_summary_says_the_seconds_the_threads_and_which_weights(micro, monke
     summary = trainer.summary()
     assert (summary["seconds"], summary["weights"]) == (12.3, weights)
     assert summary["threads"] == {"count": torch.get_num_threads(), "tried_seconds": 0.99}
-
-
-def test_a_signal_at_another_process_stops_this_one_too(micro, monkeypatch):
-    """Under DDP the processes agree on a stop signal when they read the losses: one that
-    was not signalled itself stops with SIGTERM when another was."""
-    import signal
-
-    trainer = make_trainer(micro)
-    read = SimpleNamespace(loss=2.0, bad_at=None, grad_norm=1.0)
-    monkeypatch.setattr(trainer.losses, "read", lambda check_norms: read)
-    log = SimpleNamespace(progress=lambda *args: None, scalars=lambda *args: None)
-    trainer.tick, trainer.peak_flops = (trainer.clock(), 0), 1e9
-    monkeypatch.setattr(trainer.dist, "sum", lambda values, device: [2.0, 0, 0])
-    assert trainer.read_losses(log, 1e-3, 0) == 0
-    monkeypatch.setattr(trainer.dist, "sum", lambda values, device: [2.0, 0, int(signal.SIGINT)])  # another's
-    assert trainer.read_losses(log, 1e-3, 0) == signal.SIGTERM
-    assert trainer.read_losses(log, 1e-3, int(signal.SIGINT)) == signal.SIGINT  # its own comes first
 
 
 def test_the_time_budget_counts_what_preparing_the_run_took(micro):
