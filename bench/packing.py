@@ -61,12 +61,12 @@ def dense_mask_cost(conversations, vocab: int, rows: int, rounds: int) -> dict:
     from model import GPT, GPTConfig
 
     model = GPT(GPTConfig(vocab_size=vocab, block_size=256, n_layer=4, n_head=4, n_kv_head=2, n_embd=128))
-    x, y, mask = ConversationSampler(conversations, 256, rows, 0, pack=True).next_batch()
+    x, y, positions = ConversationSampler(conversations, 256, rows, 0, pack=True).next_batch()
     times = {"block-diagonal mask": [], "causal only": []}
     for _ in range(rounds):
-        for name, given in (("block-diagonal mask", mask), ("causal only", None)):
+        for name, given in (("block-diagonal mask", positions), ("causal only", None)):
             start = time.perf_counter()
-            model(x, y, attention_mask=given)[1].backward()
+            model(x, y, position_ids=given)[1].backward()
             times[name].append(1000 * (time.perf_counter() - start))
             model.zero_grad(set_to_none=True)
     return {name: float(np.median(ms)) for name, ms in times.items()}
@@ -97,7 +97,7 @@ def measure_set(name: str, task: str, turns: int, count: int, epochs: float, tmp
     data = tmp / f"{task}-{turns}.jsonl"
     write(data, conversations(task, count, seed=0, turns=turns))
     prepared = prepare(DataConfig(str(data), tokenizer="char", cache_dir=str(tmp / "cache")), progress=False)
-    train_set = prepared.chat["train"]
+    train_set = prepared.conversations["train"]
     lengths = np.diff(train_set.starts)
     pad = padding(train_set, 256, BATCH)
     cost = dense_mask_cost(train_set, prepared.vocab_size, max(1, round(BATCH / pad["per_packed_row"])), rounds)

@@ -45,7 +45,7 @@ def test_the_lessons_first_steps_start_where_nothing_can_be_predicted(lesson_sta
     1; the loss at initialisation near ln 65, a snapshot every 30 steps."""
     run = RunDir(lesson_start)
     settings = run.run_config()["train"]
-    assert (settings["max_minutes"], settings["dtype"], settings["threads"]) == (None, "float32", 2)
+    assert (settings["max_minutes"], settings["dtype"], settings["threads"]) == (None, "float32", 1)
     model, tokenizer = run.load_model()
     assert model.config.n_layer == 2 and tokenizer.get_vocab_size() == 66  # 64 symbols, the newline, <unk>
     probe = induction_probe(tokenizer, model.config.vocab_size, model.config.block_size)[0]
