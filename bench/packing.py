@@ -72,24 +72,25 @@ def dense_mask_cost(conversations, vocab: int, rows: int, rounds: int) -> dict:
     return {name: float(np.median(ms)) for name, ms in times.items()}
 
 
-def trained(out: Path, data: Path, cache: Path, epochs: float, batch_size: int, pack: bool) -> dict:
+def trained(out: Path, data: Path, cache: Path, epochs: float, batch_size: int, pack: bool, threads: int) -> dict:
     command = [sys.executable, "train.py", "--config", "configs/tiny.yaml", f"out_dir={out}", f"data.source={data}",
                f"data.cache_dir={cache}", *MODEL, f"train.epochs={epochs}", "train.max_iters=1000000",
                "train.max_minutes=null", f"train.batch_size={batch_size}", f"train.packing={str(pack).lower()}",
                "train.eval_interval=1000000", "train.eval_windows=64", "train.snapshots=0", "train.sample_tokens=0",
-               "train.threads=2", "train.warmup_iters=50", "train.ema=0"]
+               f"train.threads={threads}", "train.warmup_iters=50", "train.ema=0"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"failed: {' '.join(command)}\n{done.stderr[-2000:]}")
     summary = json.loads((out / "summary.json").read_text())
     scored = subprocess.run([sys.executable, "evaluate.py", "--checkpoint", str(out), "--split", "val", "--json",
-                             "--threads", "2"], cwd=ROOT, capture_output=True, text=True, check=True)
+                             "--threads", str(threads)], cwd=ROOT, capture_output=True, text=True, check=True)
     return {"iterations": summary["iteration"], "epochs": summary["epochs"], "tokens": summary["tokens"],
             "seconds": summary["seconds"], "tokens_per_second": summary["tokens"] / summary["seconds"],
             "exact_match": json.loads(scored.stdout)["exact_match"], "val_loss": summary["val_loss"]}
 
 
-def measure_set(name: str, task: str, turns: int, count: int, epochs: float, tmp: Path, rounds: int) -> dict:
+def measure_set(name: str, task: str, turns: int, count: int, epochs: float, tmp: Path, rounds: int,
+                threads: int) -> dict:
     from data.config import DataConfig
     from data.prepare import prepare
     from data.tasks import conversations, write
@@ -102,8 +103,8 @@ def measure_set(name: str, task: str, turns: int, count: int, epochs: float, tmp
     pad = padding(train_set, 256, BATCH)
     cost = dense_mask_cost(train_set, prepared.vocab_size, max(1, round(BATCH / pad["per_packed_row"])), rounds)
     packed_batch = max(1, round(BATCH / pad["per_packed_row"]))
-    padded = trained(tmp / f"{task}-padded", data, tmp / "cache", epochs, BATCH, False)
-    packed = trained(tmp / f"{task}-packed", data, tmp / "cache", epochs, packed_batch, True)
+    padded = trained(tmp / f"{task}-padded", data, tmp / "cache", epochs, BATCH, False, threads)
+    packed = trained(tmp / f"{task}-packed", data, tmp / "cache", epochs, packed_batch, True, threads)
     gain = packed["tokens_per_second"] / padded["tokens_per_second"]
     return {"set": name, "conversations": count, "mean_tokens": float(lengths.mean()), "max_tokens": int(lengths.max()),
             **pad, "mask_ms": cost, "packed_batch": packed_batch, "padded": padded, "packed": packed,
@@ -119,11 +120,13 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.count, args.epochs = 120, 1
-    torch.set_num_threads(2)
+    threads = 1 if args.quick else 2  # (two on an idle box; a smoke test keeps its pace beside other work on one)
+    torch.set_num_threads(threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, (task, turns) in list(SETS.items())[:1 if args.quick else None]:
-            rows.append(measure_set(name, task, turns, args.count, args.epochs, Path(tmp), 2 if args.quick else 10))
+            rows.append(measure_set(name, task, turns, args.count, args.epochs, Path(tmp), 2 if args.quick else 10,
+                                    threads))
     print(table(["set", "real tokens a conversation (mean, max)", "padding share", "ideal gain", "per packed row",
                  "mask ms / causal ms"],
                 [[r["set"], f"{r['mean_tokens']:.1f}, {r['max_tokens']}", f"{r['padding_share']:.1%}",
@@ -136,7 +139,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['set']}: packed {r['gain']:.2f}x the padded real tokens/s, of an ideal {r['ideal_gain']:.2f}x"
               + f" ({r['share_of_ideal']:.0%} of it)")
-    path = save("packing", {"machine": machine(2), "epochs": args.epochs, "results": rows}, args.out)
+    path = save("packing", {"machine": machine(threads), "epochs": args.epochs, "results": rows}, args.out)
     print(f"saved {path}")
 
 

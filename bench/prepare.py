@@ -276,7 +276,7 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=4096, help="for bpe")
     parser.add_argument("--parquet", nargs="+", type=float, default=[16, 320],
                         help="MB of Parquet rows whose own memory is compared")
-    parser.add_argument("--quick", action="store_true", help="a 1 MB corpus, BPE only, 4 and 8 MB of Parquet rows "
+    parser.add_argument("--quick", action="store_true", help="a 1 MB corpus, BPE only, 2 MB of Parquet rows "
                                                              "(a test runs this)")
     parser.add_argument("--out", help="JSON path (default bench/results/prepare.json)")
     args = parser.parse_args()
@@ -302,8 +302,9 @@ def main() -> None:
                              r["hugging_face_cache_mb"], "yes" if r["identical"] else "NO"])
                 print(f"{label}, {kind}: ours {rows[-1][5]:.1f} MB/s, Hugging Face {rows[-1][6]:.1f} MB/s, "
                       f"identical: {rows[-1][-1]}", flush=True)
-                path = save("prepare", {"machine": machine(os.cpu_count()), "results": results,
-                                        "training_on_shakespeare": shakespeare}, args.out)
+        parquet = parquet_memory(tmp, [2] if args.quick else args.parquet)
+        path = save("prepare", {"machine": machine(os.cpu_count()), "results": results,
+                                "training_on_shakespeare": shakespeare, "parquet": parquet}, args.out)
     print("\nPeak own memory: RssAnon (a tree of processes: the sum of Pss_Anon); MB/s with the tokenizer given\n")
     print(table(["source", "tokenizer", "MB", "from scratch (s)", "from scratch, own MB", "ours MB/s",
                  "HF map MB/s", "ours own MB", "HF own MB", "ours cache MB", "HF cache MB", "identical"], rows))
@@ -311,9 +312,6 @@ def main() -> None:
         if r["training"]:
             print(f"training on the {r['source']} ({r['tokenizer']}): {r['training']['peak_own_mb']:.0f} MB own "
                   f"memory, {r['training']['peak_own_mb'] / shakespeare['peak_own_mb']:.2f}x Shakespeare's")
-        parquet = parquet_memory(tmp, [4, 8] if args.quick else args.parquet)
-        path = save("prepare", {"machine": machine(os.cpu_count()), "results": results,
-                                "training_on_shakespeare": shakespeare, "parquet": parquet}, args.out)
     print("\nParquet rows as an hf: dataset, peak own memory (MB)\n")
     print(table(["MB of rows", "ours", "pre-buffered (Arrow's default)"],
                 [[r["megabytes"], r["ours"]["peak_own_mb"], r["pre-buffered"]["peak_own_mb"]] for r in parquet]))

@@ -2,6 +2,7 @@
 worker, a run resumed with another number of processes, and every node holding the same
 token files. The torchrun tests are slow; the pieces they rely on are tested fast."""
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -339,6 +340,7 @@ def test_a_signal_at_one_process_stops_every_process_with_a_checkpoint(micro, tm
                         micro(*MICRO_DDP[2:], "train.max_iters=100000", "train.checkpoint_interval=100000",
                               "train.eval_interval=100000", "train.log_interval=5", out="run"))
     said = Lines(launcher.stdout)
+    workers = []
     try:
         said.wait_for("model: ")  # rank 0's header: the loop has begun, its signal handlers are in place
         workers = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
@@ -346,7 +348,9 @@ def test_a_signal_at_one_process_stops_every_process_with_a_checkpoint(micro, tm
         os.kill(int(workers[-1]), signal.SIGTERM)  # one of them only
         launcher.wait(timeout=120)
     finally:
-        launcher.kill()
+        for pid in [launcher.pid, *map(int, workers)]:  # (a worker left waiting for the other would wait for ever)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     output = said.rest()
     stopped = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["iteration"]
     assert f"stopped at iteration {stopped}; checkpoint saved" in output and 0 < stopped < 100000, output[-2000:]
