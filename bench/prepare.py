@@ -184,6 +184,8 @@ def hugging_face_way(source: str, tokenizer_file: str, out: str, cache: str, val
     import datasets
     from tokenizers import Tokenizer
 
+    from data.prepare import token_dtype  # (uint16, or uint32 past 65,536 tokens: the same files as ours)
+
     tokenizer = Tokenizer.from_file(tokenizer_file)
     path = Path(source)
     if path.is_dir():  # a document per file
@@ -214,7 +216,7 @@ def hugging_face_way(source: str, tokenizer_file: str, out: str, cache: str, val
     ds = ds.map(encode, batched=True, with_indices=True, num_proc=2, remove_columns=ds.column_names,
                 batch_size=rows, writer_batch_size=rows, features=columns)
     eot = tokenizer.token_to_id("<|endoftext|>")
-    dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
+    dtype = token_dtype(tokenizer.get_vocab_size())
     for split in ("train", "val"):
         tail, first = "", True
         with open(Path(out) / f"{split}.bin", "wb") as f:

@@ -105,7 +105,7 @@ def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | No
     src, settings, fingerprint, directory = locate(config, tokenizer, chat_template)
     built = not (directory / META).is_file()
     if built:
-        files = ConversationFiles(chat_template) if isinstance(src, ChatSource) else TextFiles()
+        files = files_for(src, chat_template)
         build(directory, lambda tmp: files.build_in(tmp, src, settings, fingerprint, directory, progress, tokenizer))
     return dataclasses.replace(load_cache(directory), built=built)
 
@@ -208,9 +208,7 @@ def template_settings(chat_template: str | None) -> dict:
 
 
 def located(src: Source | ChatSource, config: DataConfig, tokenizer: Tokenizer | None, chat_template: str | None):
-    settings = tokenizer_settings(config, tokenizer)
-    if isinstance(src, ChatSource):
-        settings |= template_settings(chat_template)
+    settings = tokenizer_settings(config, tokenizer) | files_for(src, chat_template).settings
     fingerprint = fingerprint_of({"source": src.identity, "settings": settings})
     name = f"{src.name}-{settings['tokenizer']}-{fingerprint}"
     if config.cache_dir is not None:
@@ -316,10 +314,17 @@ def remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def files_for(src: Source | ChatSource, chat_template: str | None) -> TextFiles | ConversationFiles:
+    """How a source's token files are made: a text's, or conversations' (rendered by
+    chat_template, a model's own, or the default)."""
+    return ConversationFiles(chat_template) if isinstance(src, ChatSource) else TextFiles()
+
+
 class TextFiles:
     """A text's token files: each document encoded, documents separated (write_tokens)."""
 
     kind = "text"
+    settings: dict = {}  # what the fingerprint sees besides the source and the tokenizer: nothing
 
     @staticmethod
     def texts(pieces: Iterable[Piece]) -> Iterator[Piece]:
@@ -360,6 +365,7 @@ class ConversationFiles:
 
     def __init__(self, chat_template: str | None):
         self.chat_template = chat_template  # a model's own (train.init_from); None: the default
+        self.settings = template_settings(chat_template)  # (the fingerprint sees the template)
 
     @staticmethod
     def texts(records: Iterable[Record]) -> Iterator[Piece]:
