@@ -1,6 +1,8 @@
-"""Two scores per attention head, read off the weights the model's own forward pass hands
+"""Three scores per attention head, read off the weights the model's own forward pass hands
 back (model.trace), so a learner can watch heads take on a job while the model trains.
 
+current-token score: on real text, the mean weight a query gives itself. 1: the head always
+    looks at its own token (it passes that token on, e.g. to the queries of a later head).
 previous-token score: on real text, the mean weight a query gives the token just before
     it (query 0 has none and is left out). 1: the head always looks one token back.
 induction score: on the induction probe, n random tokens repeated once (2n tokens), the
@@ -31,6 +33,12 @@ from data.tokenizer import end_of_text_ids, suppressed_ids
 from model import GPT, evaluating
 
 PROBE_TOKENS = 64  # n, at most (and at most half the context)
+KINDS = ("current_token", "previous_token", "induction")  # the scores, in the order the page and TensorBoard show them
+
+
+def current_token_scores(weights: torch.Tensor) -> torch.Tensor:
+    """weights [..., T, T] (a query's row sums to 1) -> [...]: the mean of weights[t, t] over t."""
+    return weights.diagonal(dim1=-2, dim2=-1).mean(-1)
 
 
 def previous_token_scores(weights: torch.Tensor) -> torch.Tensor:
@@ -61,7 +69,8 @@ def uniform_scores(length: int, probe: torch.Tensor) -> dict[str, float]:
     tokens (previous token) and on `probe` (induction)."""
     even = torch.tril(torch.ones(max(length, probe.size(0)), max(length, probe.size(0))))
     even = even / even.sum(-1, keepdim=True)
-    return {"previous_token": previous_token_scores(even[:length, :length]).item(),
+    return {"current_token": current_token_scores(even[:length, :length]).item(),
+            "previous_token": previous_token_scores(even[:length, :length]).item(),
             "induction": induction_scores(even[:probe.size(0), :probe.size(0)], probe).item()}
 
 
@@ -84,11 +93,11 @@ def induction_probe(tokenizer, vocab_size: int, block_size: int, seed: int = 0) 
 
 @torch.no_grad()
 def head_scores(model: GPT, text: torch.Tensor, probe: torch.Tensor) -> dict[str, torch.Tensor]:
-    """{"previous_token": [n_layer, H] on `text` [1, T], "induction": [n_layer, H] on `probe`
-    [1, 2n]}, from the model's own attention weights in eval mode (and the text's maps,
-    "maps": [n_layer, H, T, T], which TensorBoard draws)."""
+    """{"current_token" and "previous_token": [n_layer, H] on `text` [1, T], "induction":
+    [n_layer, H] on `probe` [1, 2n]}, from the model's own attention weights in eval mode
+    (and the text's maps, "maps": [n_layer, H, T, T], which TensorBoard draws)."""
     with evaluating(model):
         maps = model.trace(text).weights[:, 0].float()  # [n_layer, H, T, T]
         on_probe = model.trace(probe).weights[:, 0].float()  # [n_layer, H, 2n, 2n]
-    return {"previous_token": previous_token_scores(maps).cpu(), "induction": induction_scores(on_probe, probe[0]).cpu(),
-            "maps": maps.cpu()}
+    return {"current_token": current_token_scores(maps).cpu(), "previous_token": previous_token_scores(maps).cpu(),
+            "induction": induction_scores(on_probe, probe[0]).cpu(), "maps": maps.cpu()}

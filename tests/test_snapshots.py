@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 import train
 from common.run_dir import RunDir
 from conftest import ROOT, make_trainer
-from inspection.head_scores import (head_scores, induction_probe, induction_scores, induction_targets,
-                                    previous_token_scores, uniform_scores)
+from inspection.head_scores import (current_token_scores, head_scores, induction_probe, induction_scores,
+                                    induction_targets, previous_token_scores, uniform_scores)
 from model import GPT, GPTConfig
 from training.snapshots import Snapshots, spacing
 
@@ -123,9 +123,12 @@ def test_head_scores_of_hand_built_maps():
     uniform = torch.ones(T, T).tril()
     uniform /= uniform.sum(-1, keepdim=True)  # each query spreads its weight over the keys it may see
     probe = torch.tensor([3, 1, 4, 5, 9, 3, 1, 4, 5, 9])  # five distinct tokens, twice
-    scores = lambda maps: (previous_token_scores(maps).item(), induction_scores(maps, probe).item())  # noqa: E731
-    assert scores(previous) == (1.0, 0.0) and scores(induction) == (0.0, 1.0)
-    expected = (sum(1 / (t + 1) for t in range(1, T)) / (T - 1), sum(1 / (t + 1) for t in range(n, T)) / n)
+    scores = lambda maps: (current_token_scores(maps).item(), previous_token_scores(maps).item(),  # noqa: E731
+                           induction_scores(maps, probe).item())
+    assert scores(previous) == pytest.approx((0.1, 1.0, 0.0)) and scores(induction) == (0.5, 0.0, 1.0)  # (query 0: itself)
+    assert scores(torch.eye(T)) == (1.0, 0.0, 0.0)
+    expected = (sum(1 / (t + 1) for t in range(T)) / T, sum(1 / (t + 1) for t in range(1, T)) / (T - 1),
+                sum(1 / (t + 1) for t in range(n, T)) / n)
     assert scores(uniform) == pytest.approx(expected)
     assert tuple(uniform_scores(T, probe).values()) == pytest.approx(expected)
 
@@ -177,6 +180,7 @@ def test_a_head_that_cannot_tell_keys_apart_scores_what_uniform_attention_scores
     scores = head_scores(model, text, probe)
     assert scores["previous_token"].shape == scores["induction"].shape == (2, 2)
     assert scores["previous_token"][1, 1].item() == pytest.approx(sum(1 / (t + 1) for t in range(1, 12)) / 11, abs=1e-6)
+    assert scores["current_token"][1, 1].item() == pytest.approx(sum(1 / (t + 1) for t in range(12)) / 12, abs=1e-6)
     assert scores["induction"][1, 1].item() == pytest.approx(sum(1 / (t + 1) for t in range(6, 12)) / 6, abs=1e-6)
     assert abs(scores["previous_token"][1, 0].item() - scores["previous_token"][1, 1].item()) > 0.02
 
@@ -188,7 +192,7 @@ def test_tensorboard_shows_every_heads_scores_at_the_snapshots_and_evaluations(t
     events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
     events.Reload()
     tags = events.Tags()["scalars"]
-    for kind in ("previous_token", "induction"):
+    for kind in ("current_token", "previous_token", "induction"):
         assert {f"heads/{kind}/layer{layer}_head{head}" for layer in (0, 1) for head in (0, 1)} <= set(tags)
         steps = [e.step for e in events.Scalars(f"heads/{kind}/layer1_head0")]
         assert steps == [0, 4, 8, 10, 12, 16, 20, 24, 28, 30]  # the snapshots' steps and the evaluations (10, 20, 30)

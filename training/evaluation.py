@@ -117,7 +117,7 @@ class Evaluator:
         if self.dist.is_main:
             scores = head_scores(model, self.attention_ids, self.probe)
             log.attention(it, scores["maps"])
-            log.head_scores(it, scores["previous_token"], scores["induction"])
+            log.head_scores(it, scores)
 
 
 @dataclass

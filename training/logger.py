@@ -12,6 +12,7 @@ from typing import Any
 from tqdm import tqdm
 
 from common.run_dir import RunDir
+from inspection.head_scores import KINDS
 
 
 def header(model, training: int, data, device, dtype, processes: int, resumed_at: int) -> str:
@@ -160,11 +161,12 @@ class RunLogger:
                 self.writer.add_image(f"attention/layer_{layer}", heatmap_grid(heads[None]), step,
                                       dataformats="HWC")
 
-    def head_scores(self, step: int, previous_token, induction) -> None:
-        """[n_layer, H] each: one scalar per head and score, drawn together by layout_heads's charts."""
+    def head_scores(self, step: int, scores: dict) -> None:
+        """{kind: [n_layer, H]} (inspection/head_scores.py's KINDS): one scalar per head and
+        score, drawn together by layout_heads's charts."""
         if self.writer is not None:
-            for kind, scores in (("previous_token", previous_token), ("induction", induction)):
-                for layer, row in enumerate(scores.tolist()):
+            for kind in KINDS:
+                for layer, row in enumerate(scores[kind].tolist()):
                     for head, value in enumerate(row):
                         self.writer.add_scalar(f"heads/{kind}/layer{layer}_head{head}", value, step)
 
@@ -172,6 +174,7 @@ class RunLogger:
         """TensorBoard's Custom Scalars tab: one chart per score, every head a line in it."""
         if self.writer is not None:
             self.writer.add_custom_scalars({"attention heads": {
+                "current-token score (weight on its own token)": ["Multiline", [r"heads/current_token/.*"]],
                 "previous-token score (weight on the token just before)": ["Multiline", [r"heads/previous_token/.*"]],
                 "induction score (weight on what followed the last occurrence)": ["Multiline", [r"heads/induction/.*"]],
             }})
