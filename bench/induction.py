@@ -33,53 +33,11 @@ import train
 from bench.common import ROOT, machine, save, table
 from common.run_dir import RunDir
 from data import copies
-from data.tokenizer import load_tokenizer
 from inspection.head_scores import head_scores, induction_probe, uniform_scores
-from model import GPT
+from inspection.in_context import copy_losses, copy_marks, copy_windows, phase_change
 
 LESSON = ROOT / "configs" / "induction.yaml"
 WINDOWS = 64  # validation windows each snapshot is scored on
-
-
-def copy_marks(text: str) -> np.ndarray:
-    """For each character of the lesson's text: 0 in a first copy, the string's length n in
-    a second copy (its source n characters back), -1 for a newline."""
-    marks = []
-    for line in text.split("\n")[:-1]:
-        n = len(line) // 2
-        marks += [0] * n + [n] * n + [-1]
-    return np.asarray(marks)
-
-
-def lesson_windows(ids: np.ndarray, marks: np.ndarray, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x, y [WINDOWS, block] from fixed starts, and each target's part: 0 first copy, 1 a
-    second copy whose first copy is inside the window (copyable), -1 anything else."""
-    starts = torch.randint(len(ids) - block - 1, (WINDOWS,), generator=torch.Generator().manual_seed(0)).numpy()
-    index = starts[:, None] + np.arange(block + 1)
-    x, y = torch.from_numpy(ids[index[:, :-1]].astype(np.int64)), torch.from_numpy(ids[index[:, 1:]].astype(np.int64))
-    back = marks[index[:, 1:]]  # how far back the source of each target is (0: none)
-    position = np.arange(1, block + 1)[None, :]  # target j is x[j + 1]; its source x[j + 1 - n] needs j + 1 - n >= 1
-    part = np.where(back == 0, 0, np.where((back > 0) & (position - back >= 1), 1, -1))
-    return x, y, torch.from_numpy(part)
-
-
-@torch.no_grad()
-def part_losses(model: GPT, x: torch.Tensor, y: torch.Tensor, part: torch.Tensor,
-                head_mask: torch.Tensor | None = None) -> tuple[float, float]:
-    """The mean loss on the first copies and on the copyable second copies."""
-    logits = model.trace(x, head_mask=head_mask).logits
-    losses = GPT.loss(logits, y, reduction="none")
-    return losses[part == 0].mean().item(), losses[part == 1].mean().item()
-
-
-def phase_change(steps: list[int], first: list[float], second: list[float]) -> dict:
-    """Where the second copies' loss leaves its plateau (below 90% of the first copies') and
-    where it has come within 10% of its final drop; the snapshots inside that stretch."""
-    final = second[-1]
-    start = next((s for s, a, b in zip(steps, first, second) if b < 0.9 * a), None)
-    end = next((s for s, a, b in zip(steps, first, second) if b <= final + 0.1 * (a - final)), None)
-    inside = sum(1 for s in steps if start is not None and end is not None and start <= s <= end)
-    return {"start": start, "end": end, "snapshots": inside}
 
 
 def analyse(run: Path) -> dict:
@@ -89,13 +47,13 @@ def analyse(run: Path) -> dict:
     block = model.config.block_size
     _, val = copies.splits(run_dir.data_config().val_fraction)
     ids = np.asarray(tokenizer.encode(val).ids)
-    x, y, part = lesson_windows(ids, copy_marks(val), block)
+    x, y, part = copy_windows(ids, copy_marks(val), block)
     text = torch.from_numpy(ids[:block].astype(np.int64))[None]
     probe = induction_probe(tokenizer, model.config.vocab_size, block)
     steps, first, second, previous, induction = [], [], [], [], []
     for step in run_dir.snapshot_paths():
         snapshot = run_dir.load_snapshot(step, model).eval()
-        a, b = part_losses(snapshot, x, y, part)
+        a, b = copy_losses(snapshot, x, y, part)
         scores = head_scores(snapshot, text, probe)
         steps.append(step)
         first.append(a)
@@ -118,7 +76,7 @@ def analyse(run: Path) -> dict:
         for h in range(model.config.n_head):
             mask = torch.ones(model.config.n_layer, model.config.n_head)
             mask[l, h] = 0
-            ablation.append({"layer": l, "head": h, "second_copies": part_losses(trained, x, y, part, mask)[1]})
+            ablation.append({"layer": l, "head": h, "second_copies": copy_losses(trained, x, y, part, mask)[1]})
     return {"steps": steps, "first_copies": first, "second_copies": second, "previous_token": previous,
             "induction": induction, "uniform": uniform_scores(block, probe[0]), "phase_change": phase_change(steps, first, second),
             "circuit": circuit, "ablation": ablation}

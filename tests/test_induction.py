@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import train
-from bench.induction import analyse, copy_marks
+from bench.induction import analyse
+from inspection.in_context import copy_marks
 from common.run_dir import RunDir
 from conftest import ROOT
 from data import copies
