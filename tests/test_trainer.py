@@ -1073,3 +1073,35 @@ def test_an_infinite_gradient_stops_a_float32_run(micro):
     trainer.model.lm_head.weight.register_hook(lambda grad: grad * math.inf)
     with pytest.raises(training.trainer.TrainingError, match=r"\(gradient norm (inf|nan)\) at iteration 1"):
         trainer.fit()
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_head_held_off_writes_nothing_from_the_first_step_to_the_saved_model(micro, tmp_path, optimizer):
+    """train.heads_off: the head's columns of W_O are zero at step 0 and stay zero through
+    AdamW's and Muon's steps (with weight decay), so the saved model is the one trained; the
+    other heads train; a resume goes on exactly; a resume with other heads off is refused."""
+    held = ["train.heads_off=[L1H0]", f"train.optimizer={optimizer}", "train.weight_decay=0.1"]
+    trainer = make_trainer(micro, *held)
+    d = trainer.model.config.head_size
+    w_o = lambda model, l: model.transformer.h[l].attn.c_proj.weight  # noqa: E731
+    assert not w_o(trainer.model, 1)[:, :d].any()
+    steps = run_steps(trainer, 4)
+    assert not steps[-1]["grads"]["transformer.h.1.attn.c_proj.weight"][:, :d].any()
+    saved = run_weights(tmp_path / "run")
+    assert not saved["transformer.h.1.attn.c_proj.weight"][:, :d].any()
+    assert saved["transformer.h.1.attn.c_proj.weight"][:, d:].abs().min() > 0  # (the others trained)
+    assert saved["transformer.h.0.attn.c_proj.weight"][:, :d].abs().min() > 0
+    assert train.main(["--config", TINY, *micro(*held, "train.max_iters=8", out="straight")]) == 0
+    assert train.main(["--config", TINY, *micro(*held, "train.max_iters=4", out="resumed")]) == 0
+    assert train.main(["--config", TINY, *micro(*held, "train.max_iters=8", out="resumed")]) == 0
+    straight, resumed = run_weights(tmp_path / "straight"), run_weights(tmp_path / "resumed")
+    assert all(torch.equal(straight[name], resumed[name]) for name in straight)
+    other = [*held[1:], "train.heads_off=[L1H1]", "train.max_iters=12"]
+    assert train.main(["--config", TINY, *micro(*other, out="resumed")]) == 2
+
+
+@pytest.mark.parametrize("heads, said", [("[L9H0]", "names L9H0, but the model has 2 layers of 2 heads (L0H0 to L1H1)"),
+                                         ("[0.1]", "train.heads_off=[0.1]: must be a list of heads, each L<layer>H<head>")])
+def test_heads_held_off_are_named_as_the_model_has_them(micro, capsys, heads, said):
+    assert train.main(["--config", TINY, *micro(f"train.heads_off={heads}")]) == 2
+    assert said in capsys.readouterr().err

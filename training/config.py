@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ from model.config import checked_types
 
 class ConfigError(UserError):
     pass
+
+
+HEAD = re.compile(r"L(\d+)H(\d+)")  # a head as train.heads_off names it: L0H1 is layer 0, head 1
 
 
 @dataclass
@@ -69,6 +73,7 @@ class TrainConfig:
     compile: bool = False
     checkpointing: bool = False  # gradient checkpointing: each block's activations computed again in the backward
     base_dtype: str = "float32"  # LoRA: the frozen matrices of the model brought in, kept in float32 or bfloat16
+    heads_off: list = dataclasses.field(default_factory=list)  # heads held off from step 0, e.g. [L0H1, L0H3]
     threads: int = 0  # torch's CPU threads; 0: $OMP_NUM_THREADS if set, else one per core (common/threads.py)
     seed: int = 1337
     init_from: str | None = None  # start from these weights: a run directory or a GPT-2 family model
@@ -108,6 +113,9 @@ class TrainConfig:
             ("dtype", self.dtype in ("auto", *DTYPES), f"must be one of auto, {', '.join(DTYPES)}"),
             ("threads", self.threads >= 0, "must be 0 (torch's default) or more"),
             ("base_dtype", self.base_dtype in ("float32", "bfloat16"), "must be float32 or bfloat16"),
+            ("heads_off", isinstance(self.heads_off, list) and all(isinstance(h, str) and HEAD.fullmatch(h)
+                                                                    for h in self.heads_off),
+             "must be a list of heads, each L<layer>H<head>, e.g. [L0H1, L0H3]"),
         ]
         for key, ok, message in rules:
             if not ok:

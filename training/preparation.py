@@ -66,7 +66,8 @@ def prepare_run(cfg: RunConfig, dist: Distributed | None = None, fresh: bool = F
     data, model_config = load_data(cfg, dist, base)
     unused = {"cache_dir", *(("tokenizer", "vocab_size") if base is not None else ())}  # (a base brings its tokenizer)
     data_identity = {**{k: v for k, v in vars(cfg.data).items() if k not in unused}, "init_from": cfg.train.init_from}
-    identity = {"model": model_config.to_dict(), "data": data_identity}
+    # (heads held off make another model: a resume keeps them; None for a run that holds none, as before them)
+    identity = {"model": {**model_config.to_dict(), "heads_off": cfg.train.heads_off or None}, "data": data_identity}
     if cfg.lora.rank:  # (a run with adapters resumes only with the same ones)
         identity["lora"] = dataclasses.asdict(cfg.lora)
     cfg = as_used(cfg, data, dist.is_main)

@@ -1,6 +1,7 @@
 """What a run trains, as one type of two kinds, so that the loop never asks which:
 
-    AllWeights  every weight of the model (from scratch, or a model brought in fine-tuned whole)
+    AllWeights  every weight of the model (from scratch, or a model brought in fine-tuned whole),
+                but those of the heads held off (train.heads_off)
     Adapters    LoRA's adapters beside a frozen model brought in (lora/), and any new chat
                 markers' embedding rows
 
@@ -18,7 +19,7 @@ from lora import (add_adapters, adapter_file, adapter_state, frozen_in, load_ada
                   trained_count, trained_parameters)
 from model import GPT
 
-from .config import ConfigError
+from .config import HEAD, ConfigError
 from .preparation import PreparedRun
 
 
@@ -87,6 +88,26 @@ class Adapters:
                               self.settings | {"trained": self.names, "rows_from": self.rows_from})
 
 
+def held_off(model: GPT, heads: list[str]) -> None:
+    """train.heads_off: each named head (L0H1: layer 0, head 1) writes nothing from step 0
+    (Singh et al., 2024, "What needs to go right for an induction head?", clamp heads while
+    the model trains): its columns of W_O are zero and stay zero, their gradient zeroed
+    (AdamW and Muon then leave them at zero). The saved model is the one trained: every
+    program opens it with those heads off, their attention still computed, writing nothing."""
+    c = model.config
+    for name in heads:
+        layer, head = map(int, HEAD.fullmatch(name).groups())
+        if layer >= c.n_layer or head >= c.n_head:
+            raise ConfigError(f"train.heads_off names {name}, but the model has {c.n_layer} layers of {c.n_head} "
+                              f"heads (L0H0 to L{c.n_layer - 1}H{c.n_head - 1})")
+        w_o = model.transformer.h[layer].attn.c_proj.weight  # [C, C]: head h writes through its d_k columns
+        keep = torch.ones_like(w_o)
+        keep[:, head * c.head_size:(head + 1) * c.head_size] = 0
+        with torch.no_grad():
+            w_o.mul_(keep)
+        w_o.register_hook(lambda grad, keep=keep: grad * keep)
+
+
 def what_trains(model: GPT, run: PreparedRun, dtype: torch.dtype) -> AllWeights | Adapters:
     """What the run trains of `model`, with the weights it starts from: a model brought in
     (train.init_from) is loaded into it (a resume then loads what it trained over them); with
@@ -96,6 +117,10 @@ def what_trains(model: GPT, run: PreparedRun, dtype: torch.dtype) -> AllWeights 
         raise ConfigError("train.base_dtype=bfloat16 keeps LoRA's frozen matrices in bfloat16, which needs "
                           "lora.rank > 0 and train.dtype=bfloat16 (autocast computes with them as they are); "
                           "remove it, or set both")
+    if run.config.train.heads_off and lora.rank:
+        raise ConfigError("train.heads_off holds heads off while every weight trains; LoRA's adapters would write "
+                          "through them: remove one of the two")
     if run.base is not None:  # existing weights (train.init_from)
         model.load_state_dict(run.base.state_dict(run.model_config))
+    held_off(model, run.config.train.heads_off)  # (train.heads_off: none by default)
     return Adapters(model, run) if lora.rank else AllWeights(model)
