@@ -146,11 +146,12 @@ def command(args) -> int:
         if prompt is None:
             raise UserError(f"{run.path} has no validation text to show; give --prompt TEXT or --prompt-file FILE")
     carried = carries_snapshots(model, len(run.snapshot_paths()))
-    data = prompt_data(model.eval(), tokenizer, prompt, args.max_tokens, run=run, carry_weights=carried)
+    runnable, why_not = page_model(model, tokenizer)  # (a page that runs the model finds each score's sources itself)
+    data = prompt_data(model.eval(), tokenizer, prompt, args.max_tokens, run=run, carry_weights=carried,
+                       sources=runnable is None)
     init_model, why = initial(model, args.checkpoint)
     other = counterpart_of(out)
     page = functools.partial(render, lang=lang, prompt=prompt, max_tokens=args.max_tokens)
-    runnable, why_not = page_model(model, tokenizer)
     html = page(data, counterpart=other.name if init_model is not None else None, model=runnable, why_not=why_not)
     write_page(out, html)
     said = SAID[lang]
@@ -168,8 +169,8 @@ def command(args) -> int:
         reason, path = why
         print(said["noInit"] + strings()[lang][f"error_no_init_{reason}"].format(path=path), file=sys.stderr)
         return 0
-    init_html = page(prompt_data(init_model, tokenizer, prompt, args.max_tokens, "init"), counterpart=out.name,
-                     model=runnable and page_model(init_model, tokenizer)[0])
+    init_html = page(prompt_data(init_model, tokenizer, prompt, args.max_tokens, "init", sources=runnable is None),
+                     counterpart=out.name, model=runnable and page_model(init_model, tokenizer)[0])
     write_page(other, init_html)
     print(said["wroteInit"].format(out=other, mb=len(init_html.encode("utf-8")) / 1e6))
     return 0

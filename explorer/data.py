@@ -33,7 +33,10 @@ from data.shared import DataError
 from data.token_text import readable_decode, token_text, token_views
 from data.tokenizer import suppressed_ids
 from inspection.attention_maps import VIRIDIS
-from inspection.head_scores import head_scores, induction_probe, uniform_scores
+from inspection.circuits import composition_scores, copying_scores, score_sources
+from inspection.head_scores import KINDS, head_scores, induction_probe, uniform_scores
+from inspection.in_context import (copy_losses, copy_marks, copy_windows, in_context_score, phase_change,
+                                   position_losses)
 from model import GPT, evaluating
 
 SCHEMA_VERSION = 3
@@ -62,11 +65,12 @@ def top(values: torch.Tensor, k: int) -> dict:
 
 @torch.no_grad()
 def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: str = "trained",
-              timeline: dict | None = None, run: dict | None = None) -> dict:
+              timeline: dict | None = None, run: dict | None = None, sources: bool = False) -> dict:
     """Everything the page shows for the prompt `ids` (at most block_size tokens), for
     `which` model: "trained", or "init" (the run's model at initialisation); the prompt
-    through the model as it formed (timeline_data), where the run kept snapshots; and the
-    trained model's run in a few facts (run_facts)."""
+    through the model as it formed (timeline_data), where the run kept snapshots; the
+    trained model's run in a few facts (run_facts); and with `sources`, for a page that
+    cannot run the model, where the last token's scores come from (default_sources)."""
     c = model.config
     device = model.lm_head.weight.device
     with evaluating(model):
@@ -100,7 +104,32 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
         "colormap": VIRIDIS.tolist(),
         "timeline": timeline,
         "run": run if which == "trained" else None,
+        "sources": default_sources(model, trace) if sources else None,
     }
+
+
+SOURCE_HEADS = 16  # a page that cannot run its model carries where the scores of this many heads come from, at most
+
+
+def default_sources(model: GPT, trace) -> dict | None:
+    """Where each head's score comes from (inspection/circuits.py's score_sources) for the
+    text's last token and the key it gives the most weight, {"layer.head": ...}: for the
+    heads of the last layers, SOURCE_HEADS at most (the page runs any other pick itself where
+    it runs the model; explore.py --serve computes any). None for a post-LN model, whose
+    stream is no sum of pieces."""
+    c = model.config
+    if c.norm_position != "pre":
+        return None
+    query = trace.token.size(1) - 1
+    first = max(0, c.n_layer - max(1, SOURCE_HEADS // c.n_head))
+    found = {}
+    for layer in range(first, c.n_layer):
+        for head in range(c.n_head):
+            key = int(trace.layers[layer].weights[0, head, query, :query + 1].argmax())
+            result = score_sources(model, trace, layer, head, query, key)
+            found[f"{layer}.{head}"] = {**result, "query": query, "key": key,
+                                        "contributions": array(torch.tensor(result["contributions"]))}
+    return found
 
 
 def token_losses(logits: torch.Tensor, ids: list[int]) -> list[float]:
@@ -118,10 +147,11 @@ def logit_lens(model: GPT, trace) -> list[dict]:
 
 
 def prompt_data(model: GPT, tokenizer, prompt: str, max_tokens: int, which: str = "trained", run=None,
-                carry_weights: bool = False) -> dict:
+                carry_weights: bool = False, sources: bool = False) -> dict:
     """The page's data for a prompt (its last max_tokens tokens, at most block_size); with
     the run's snapshots (run: its common.run_dir.RunDir), the model as it formed too (the
-    timeline; carry_weights: with every snapshot's weights, for the page to run)."""
+    timeline; carry_weights: with every snapshot's weights, for the page to run); sources:
+    where the last token's scores come from, for a page that cannot run the model."""
     if not prompt:
         raise UserError("the prompt is empty; give some text, e.g. --prompt \"ROMEO:\"")
     limit = min(max_tokens, model.config.block_size)
@@ -132,10 +162,10 @@ def prompt_data(model: GPT, tokenizer, prompt: str, max_tokens: int, which: str 
         windows, seed, own = evaluation_windows(run)
         with tempfile.TemporaryDirectory(prefix="explore-", ignore_cleanup_errors=True) as scratch:
             timeline = timeline_data(model, tokenizer, snapshots, ids, validation_text(run, tokenizer, Path(scratch)),
-                                     windows, seed, carry_weights)
+                                     windows, seed, carry_weights, lesson_windows(run, tokenizer, model.config.block_size))
         timeline["loss_is_runs"] = own
     return page_data(model, tokenizer, ids, truncated=len(tokenizer.encode(prompt).ids) - len(ids), which=which,
-                     timeline=timeline, run=None if run is None else run_facts(run.summary()))
+                     timeline=timeline, run=None if run is None else run_facts(run.summary()), sources=sources)
 
 
 def run_timeline(model: GPT, tokenizer, run) -> tuple[dict | None, dict]:
@@ -149,8 +179,24 @@ def run_timeline(model: GPT, tokenizer, run) -> tuple[dict | None, dict]:
     windows, seed, own = evaluation_windows(run)
     with tempfile.TemporaryDirectory(prefix="explore-", ignore_cleanup_errors=True) as scratch:
         timeline = timeline_data(model, tokenizer, snapshots, None, validation_text(run, tokenizer, Path(scratch)),
-                                 windows, seed)
+                                 windows, seed, copies=lesson_windows(run, tokenizer, model.config.block_size))
     return {**timeline, "loss_is_runs": own}, snapshots
+
+
+def lesson_windows(run, tokenizer, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """For a run on the induction lesson's text (data.source copies), its validation text's
+    windows with each target's part (inspection/in_context.py's copy_windows: first copy,
+    copyable second copy, or neither); None for any other run."""
+    from data import copies
+
+    try:
+        data = run.data_config()
+    except UserError:
+        return None
+    if data.source != "copies":
+        return None
+    _, val = copies.splits(data.val_fraction)
+    return copy_windows(np.asarray(tokenizer.encode(val).ids), copy_marks(val), block_size)
 
 
 def evaluation_windows(run) -> tuple[int, int, bool]:
@@ -353,12 +399,16 @@ def page_weights(model: GPT, dtype: str = "float32") -> dict:
 @torch.no_grad()
 def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GPT]], ids: list[int] | None,
                   val: np.ndarray | None, windows: int = TIMELINE_WINDOWS, seed: int = 0,
-                  carry_weights: bool = False) -> dict:
+                  carry_weights: bool = False, copies: tuple | None = None) -> dict:
     """The model at each snapshot (step: a function that loads its weights into a model): its
     validation loss (over `windows` fixed windows of `val` drawn with `seed`, the run's own
-    where they are few enough; None without the run's validation text), every head's
-    previous-token and induction scores (on the validation text and the induction probe, as
-    TensorBoard's), and a sample continuing the prompt `ids` (one seed for all). With
+    where they are few enough; None without the run's validation text) and its loss at each
+    position of those windows with the in-context learning score (inspection/in_context.py);
+    on the lesson's text (`copies`: lesson_windows), the loss on first and second copies and
+    the phase change; every head's current-token, previous-token and induction scores (on
+    the validation text and the induction probe, as TensorBoard's), the heads' composition
+    and copying scores (inspection/circuits.py), and a sample continuing the prompt `ids`
+    (one seed for all). With
     carry_weights, every snapshot's weights in float16 (the last one's None: it is the page's
     model), from which the page computes every panel at any step for any text; without, the
     prompt's own maps, prediction, logit lens and each token's loss at each step. ids None:
@@ -372,15 +422,27 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
     text = torch.from_numpy(np.asarray(val[:min(c.block_size, 128)], dtype=np.int64))[None].to(device) \
         if val is not None else probe[:, :probe.size(1) // 2]  # (without the run's text: the random tokens)
     never = suppressed_ids(tokenizer)
-    steps, losses, samples, previous, induction, weights = [], [], [], [], [], []
+    steps, losses, samples, weights = [], [], [], []
+    scores: dict[str, list] = {kind: [] for kind in KINDS}
+    composition: dict[str, list] = {"q": [], "k": [], "v": []}
+    copying, by_position, first_copies, second_copies = [], [], [], []
     maps, predictions, lenses, prompt_losses = [], [], [], []
     for number, (step, load) in enumerate(snapshots.items()):
         snapshot = load(copy.deepcopy(model)).eval()
         steps.append(step)
         losses.append(None if scored is None else validation_loss(snapshot, scored))
-        scores = head_scores(snapshot, text, probe)
-        previous.append(scores["previous_token"].tolist())
-        induction.append(scores["induction"].tolist())
+        if scored is not None:
+            by_position.append(position_losses(snapshot, *scored))
+        if copies is not None:
+            first, second = copy_losses(snapshot, *copies)
+            first_copies.append(first)
+            second_copies.append(second)
+        for kind, values in head_scores(snapshot, text, probe).items():
+            if kind in scores:
+                scores[kind].append(values.tolist())
+        for kind, values in composition_scores(snapshot).items():
+            composition[kind].append(values)
+        copying.append(copying_scores(snapshot).tolist())
         if prompt is None:
             continue
         generator = torch.Generator(device=device).manual_seed(TIMELINE_SEED)
@@ -399,9 +461,14 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
     data = {"steps": steps, "loss": losses, "loss_windows": windows, "loss_is_runs": False,
             "sample_prompt": None if ids is None else readable_decode(tokenizer, ids), "samples": samples if ids is not None else None,
             "sample_tokens": TIMELINE_TOKENS, "sample_seed": TIMELINE_SEED,
-            "scores": {"previous_token": previous, "induction": induction},
-            "uniform": uniform_scores(text.size(1), probe[0].cpu()),
-            "scores_text": "val" if val is not None else "random"}
+            "scores": scores, "uniform": uniform_scores(text.size(1), probe[0].cpu()),
+            "scores_text": "val" if val is not None else "random",
+            "composition": {kind: array(torch.stack(values), "float16") for kind, values in composition.items()},
+            "copying": copying,
+            "position_loss": array(torch.tensor(by_position), "float16") if by_position else None,
+            "in_context": [in_context_score(row) for row in by_position] if by_position else None,
+            "copies": None if copies is None else {"first": first_copies, "second": second_copies,
+                                                   "phase_change": phase_change(steps, first_copies, second_copies)}}
     if carry_weights or ids is None:
         return {**data, "weights": weights if carry_weights else None}
     return {**data, "weights": None, "maps": array(torch.stack(maps), "float16"), "prediction": predictions, "lens": lenses,

@@ -1,7 +1,8 @@
 """explore.py --serve: the explorer page on 127.0.0.1, for prompts typed in the browser.
 
-It serves exactly three things: the page (GET /), a prompt's data (POST /api/explore)
-and one more token of the text with the new data (POST /api/next), for the trained model,
+It serves exactly four things: the page (GET /), a prompt's data (POST /api/explore),
+one more token of the text with the new data (POST /api/next), and where one head's score
+for a query and a key comes from (POST /api/sources), for the trained model,
 the model of any step the run kept a snapshot of ("step": N: the page's slider), or
 ("model": "init") the run's model at initialisation. Nothing from the
 disk, nothing a request names. It listens on the loopback address only and answers only
@@ -29,6 +30,7 @@ from common.prompt import encode_prompt
 from common.run_dir import RunDir
 from data.token_text import readable_decode
 from data.tokenizer import suppressed_ids, unknown_characters
+from inspection.circuits import score_sources
 from model import Sampling
 from model.sampling import sample_next
 
@@ -160,6 +162,30 @@ class Explorer:
         ids = [*ids, token]
         return {"ids": ids, "prompt": readable_decode(self.tokenizer, ids), "data": self.data(ids, model, which)}
 
+    def sources(self, request: dict) -> dict:
+        """{"ids", "model" (and "step"), "layer", "head", "query", "key"} -> where that head's
+        score for (query, key) comes from (inspection/circuits.py's score_sources), for the
+        text the page shows (its last max_tokens tokens, as `data` shows them)."""
+        model, _ = self.chosen(request)
+        ids = request.get("ids")
+        self.check_ids(ids)
+        shown = ids[-min(self.max_tokens, self.model.config.block_size):]
+        c = model.config
+        picks = {"layer": c.n_layer, "head": c.n_head, "query": len(shown)}
+        for name, limit in picks.items():
+            if type(request.get(name)) is not int or not 0 <= request[name] < limit:
+                raise BadRequest(400, "bad_pick", f"{name} must be a whole number from 0 to {limit - 1}", name=name,
+                                 limit=limit - 1)
+        key = request.get("key")
+        if type(key) is not int or not 0 <= key <= request["query"]:
+            raise BadRequest(400, "bad_pick", f"key must be a whole number from 0 to the query, {request['query']}",
+                             name="key", limit=request["query"])
+        if c.norm_position != "pre":
+            raise BadRequest(400, "post_ln", "a post-LN model's stream is no sum of pieces: its scores do not split")
+        with self.lock, torch.no_grad():
+            trace = model.eval().trace(torch.tensor([shown]))
+            return score_sources(model, trace, request["layer"], request["head"], request["query"], key)
+
     def data(self, ids: list[int], model=None, which: str = "trained") -> dict:
         shown = ids[-min(self.max_tokens, self.model.config.block_size):]
         with self.lock:
@@ -203,7 +229,7 @@ def not_json(constant: str):
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "explore.py"
-    routes = {"/api/explore": Explorer.explore, "/api/next": Explorer.next}
+    routes = {"/api/explore": Explorer.explore, "/api/next": Explorer.next, "/api/sources": Explorer.sources}
 
     def do_GET(self) -> None:
         self.answer(lambda: ("text/html; charset=utf-8", self.get()))
@@ -228,7 +254,7 @@ class Handler(BaseHTTPRequestHandler):
     def post(self) -> bytes:
         route = self.routes.get(self.path)
         if route is None:
-            raise BadRequest(404, "not_found", f"no API at {self.path[:100]}; use /api/explore or /api/next")
+            raise BadRequest(404, "not_found", f"no API at {self.path[:100]}; use /api/explore, /api/next or /api/sources")
         length = self.headers.get("Content-Length", "")
         if not (length.isascii() and length.isdigit()):
             raise BadRequest(411, "no_length", "the request needs a Content-Length")

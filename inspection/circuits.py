@@ -156,8 +156,8 @@ def frobenius(u: torch.Tensor, middle: torch.Tensor, v: torch.Tensor) -> torch.T
 @torch.no_grad()
 def composition_scores(model: GPT) -> dict[str, torch.Tensor]:
     """{"q", "k", "v": [L, H, L, H]}: how much head (l2, h2) reads head (l1, h1) through its
-    queries, keys or values (0 unless l1 < l2). A random pair of small matrices scores about
-    1/√d_k; composing heads score more."""
+    queries, keys or values (0 unless l1 < l2). Heads at initialisation score about 1/√C
+    (C = n_embd: 0.125 at 64, 0.088 at 128, 0.051 at 384, measured); composing heads more."""
     f = head_matrices(model)
     L, H = f["q"].shape[:2]
     src = lambda t: t[:, :, None, None]  # noqa: E731  [L, H, 1, 1, ...]: the writing head

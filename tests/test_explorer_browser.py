@@ -746,3 +746,41 @@ def test_the_chinese_page_shows_no_english_sentence_in_any_state(tmp_path, open_
     expect(page.page.locator("#prompt")).not_to_have_value("你好，世界。今天")
     look("typed and continued")
     assert [(state, ENGLISH.findall(s)) for state, s in seen] == [] and not page.errors
+
+
+@pytest.mark.parametrize("name", ["char", "bpe"])
+def test_where_a_score_comes_from_is_torch_s_split_cell_for_cell(pages, open_page, name):
+    """The page splits the picked score (layer 1: the stream's pieces through the norm, W_Q,
+    W_K and the rotation) as inspection/circuits.py does on the same weights: every cell and
+    the lead over the other keys, to float32's rounding; the cells add up to step 2's score;
+    a click on another key in the five steps splits that one's; in both languages."""
+    from inspection.circuits import score_sources
+    from model import GPT
+
+    path, data = pages[name]
+    model = GPT.from_pretrained(path.parent / name).eval()
+    ids = [token["id"] for token in data["tokens"]]
+    with torch.no_grad():
+        trace = model.trace(torch.tensor([ids]))
+    page = open_page(path.as_uri())
+    page.page.click('#grid canvas.thumb[data-layer="1"][data-head="1"]')
+    query = len(ids) - 2
+    page.page.click(f'.token[data-index="{query}"]')
+    for key in (None, 2):
+        if key is not None:
+            page.page.click(f'#steps td[data-step="1"][data-key="{key}"]')
+        weights = trace.layers[1].weights[0, 1, query, :query + 1]
+        picked = int(weights.argmax()) if key is None else key
+        expected = score_sources(model, trace, 1, 1, query, picked)
+        assert f"key {picked} " in page.text("#sources-title")
+        cells = page.values("#sources tbody td[data-key]")
+        size = sum(abs(x) for row in expected["contributions"] for x in row)
+        assert cells == pytest.approx([x for row in expected["contributions"] for x in row], abs=2e-6 * max(1.0, size))
+        total = page.values("#sources-total")[0]
+        step_2 = page.values(f'#steps tr[data-key="{picked}"] td[data-step="2"]')[0]
+        assert total == pytest.approx(step_2, abs=1e-5 * max(1.0, size)) and total == pytest.approx(expected["score"], abs=1e-4)
+        assert page.values('.source-bar[data-side="key"]') == pytest.approx(expected["others"]["key"], abs=1e-4)
+        assert page.values('.source-bar[data-side="query"]') == pytest.approx(expected["others"]["query"], abs=1e-4)
+    page.page.click("#lang")
+    assert "分数从哪里来" in page.text("#sources-title") and not page.errors and not page.requests
+    page.screenshot(f"sources-{name}.png")

@@ -1,12 +1,13 @@
 // The attention panels: the picked token's embedding; every head's map and the picked query's
 // row in each; the picked head's map with its labels and its lines; where its q, k and v come
-// from (each coordinate a sum of products); and the five steps, complete, with the
-// experiments on them (no 1/√d_k, no causal mask).
+// from (each coordinate a sum of products); the five steps, complete, with the experiments
+// on them (no 1/√d_k, no causal mask); and where the picked score comes from (sources.js).
 const AttentionPanels = (() => {
   "use strict";
   const { t, word } = Page;
   const { rowOf, rows, fiveSteps, projectionTerms, projected, ropeAngles, normStatistics, norm } = Numbers;
-  const { el, $, fmt, tokenLabel, index, axisLabel, vectorBox, vectorRow, colour, drawMap, drawLabels, svg } = View;
+  const { el, $, fmt, tokenLabel, index, axisLabel, vectorBox, vectorRow, colour, diverging, drawMap, drawLabels,
+    svg } = View;
 
   const layerData = (l) => Page.data.layers[l];
   const residualOut = (l) => rowOf(l + 1 < Page.data.layers.length ? layerData(l + 1).residual_in : layerData(l).residual_out,
@@ -352,6 +353,83 @@ const AttentionPanels = (() => {
     }
   }
 
-  return { renderEmbedding, renderGrid, renderQueryGrid, renderMap, renderQKV, renderSteps, mapCell, showReadout,
-    layerData, residualOut };
+  // ---- 4. where the score comes from --------------------------------------------------------------
+
+  // A piece of the stream in the page's words: the embedding, the positions, a head, a
+  // feed-forward network, a bias, the norm's shift
+  function pieceName(name) {
+    const head = /^L(\d+)H(\d+)$/.exec(name);
+    if (head) return t("layerHead", { layer: Number(head[1]), head: Number(head[2]) });
+    const part = /^L(\d+) (FFN|b_O)$/.exec(name);
+    if (part) return t(part[2] === "FFN" ? "pieceFfn" : "pieceBias", { layer: Number(part[1]) });
+    return t({ token: "pieceToken", position: "piecePosition", shift: "pieceShift" }[name]);
+  }
+
+  // The key the sources are shown for: the picked one, else the one the query weighs most
+  function sourcesKey(v) {
+    if (v.key !== null && v.key <= v.query) return v.key;
+    const weights = rowOf(layerData(v.layer).heads[v.head].weights, v.query).slice(0, v.query + 1);
+    return weights.indexOf(Math.max(...weights));
+  }
+
+  function renderSources() {
+    const v = Page.view();
+    const key = sourcesKey(v);
+    $("sources-title").textContent = t("sourcesTitle", { layer: v.layer, head: v.head, query: v.query, key,
+      text: tokenLabel(Page.data.tokens[v.query]), keyText: tokenLabel(Page.data.tokens[key]) });
+    const found = Page.data.config.norm_position !== "pre" ? { why: "sourcesPostLn" }
+      : Page.sourcesOf(v.layer, v.head, v.query, key);
+    const table = $("sources");
+    if (!found || found.why) { // none here (a page that does not run its model: the last token's only), or not yet
+      $("sources-note").textContent = t(found ? found.why : "sourcesElsewhere", found ?? {});
+      table.tHead.replaceChildren();
+      table.tBodies[0].replaceChildren();
+      table.tFoot.replaceChildren();
+      $("sources-others-title").textContent = "";
+      $("sources-others-note").textContent = "";
+      $("sources-by-key").replaceChildren();
+      $("sources-by-query").replaceChildren();
+      return;
+    }
+    const { pieces, contributions, score, others } = found;
+    const total = contributions.flat().reduce((a, b) => a + b, 0);
+    $("sources-note").textContent = t("sourcesNote", { layer: v.layer, count: pieces.length - 1, score: fmt(score, 6),
+      total: fmt(total, 6) });
+    const biggest = Math.max(...contributions.flat().map(Math.abs), 1e-12);
+    table.tHead.replaceChildren(el("tr", {}, el("th", { text: t("sourcesCorner") }),
+      ...pieces.map((name) => el("th", { text: pieceName(name) })), el("th", { text: t("sourcesRowTotal") })));
+    table.tBodies[0].replaceChildren(...contributions.map((row, a) => el("tr", { "data-piece": pieces[a] },
+      el("th", { text: pieceName(pieces[a]) }),
+      ...row.map((x, b) => el("td", { class: "num", "data-query": pieces[a], "data-key": pieces[b], "data-value": x,
+        style: `background:${diverging(x / biggest)}`, text: fmt(x, 3) })),
+      el("td", { class: "num total", "data-value": row.reduce((s, x) => s + x, 0), text: fmt(row.reduce((s, x) => s + x, 0), 3) }))));
+    const columns = pieces.map((_, b) => contributions.reduce((s, row) => s + row[b], 0));
+    table.tFoot.replaceChildren(el("tr", {}, el("th", { text: t("sourcesColumnTotal") }),
+      ...columns.map((x) => el("td", { class: "num total", "data-value": x, text: fmt(x, 3) })),
+      el("td", { class: "num total", id: "sources-total", "data-value": total, text: fmt(total, 4) })));
+    renderAgainstOthers(v, key, pieces, others);
+  }
+
+  // Against the other keys the query may see: how far the picked key's score is above their
+  // mean, split by the key's pieces and by the query's
+  function renderAgainstOthers(v, key, pieces, others) {
+    $("sources-others-title").textContent = others ? t("sourcesOthersTitle", { key, count: v.query }) : "";
+    $("sources-others-note").textContent = others ? t("sourcesOthersNote", { gap: fmt(others.gap, 3),
+      best: pieceName(pieces[others.key.indexOf(Math.max(...others.key))]) }) : t("sourcesNoOthers");
+    for (const [side, id] of [["key", "sources-by-key"], ["query", "sources-by-query"]]) {
+      if (!others) { $(id).replaceChildren(); continue; }
+      const biggest = Math.max(...others[side].map(Math.abs), 1e-12);
+      $(id).replaceChildren(el("h4", { text: t(side === "key" ? "sourcesByKey" : "sourcesByQuery") }),
+        ...others[side].map((x, p) => {
+          const bar = el("span", { class: "bar" });
+          bar.style.width = `${(80 * Math.abs(x)) / biggest}px`;
+          bar.style.background = diverging(Math.sign(x));
+          return el("p", { class: "source-bar", "data-side": side, "data-piece": pieces[p], "data-value": x },
+            el("span", { class: "key", text: pieceName(pieces[p]) }), bar, el("span", { class: "num", text: fmt(x, 3) }));
+        }));
+    }
+  }
+
+  return { renderEmbedding, renderGrid, renderQueryGrid, renderMap, renderQKV, renderSteps, renderSources, mapCell,
+    showReadout, layerData, residualOut };
 })();

@@ -10,7 +10,8 @@ const Explorer = (() => {
   const { t } = Page;
   const { $, visible } = View;
   const { renderHeader, renderTokens, renderModelMap, renderFormulas } = Overview;
-  const { renderEmbedding, renderGrid, renderQueryGrid, renderMap, renderQKV, renderSteps, mapCell, showReadout } = AttentionPanels;
+  const { renderEmbedding, renderGrid, renderQueryGrid, renderMap, renderQKV, renderSteps, renderSources, mapCell,
+    showReadout } = AttentionPanels;
   const { renderBlock, renderLens, renderPrediction, renderAblation, readSampling } = OutputPanels;
 
   function render() {
@@ -28,6 +29,7 @@ const Explorer = (() => {
     renderMap();
     renderQKV();
     renderSteps();
+    renderSources();
     renderBlock();
     renderLens();
     renderPrediction();
@@ -157,6 +159,30 @@ const Explorer = (() => {
   }
 
   let textIds = null; // the tokens of the text being continued, as the server gave them
+
+  // Where one head's score for (query, key) comes from (sources.js): the page computes it where
+  // it runs the model; with --serve the server does, once a pick (the panel waits, then draws
+  // again); a file page that cannot run its model carries the last token's alone.
+  const fromServer = new Map();
+  Page.sourcesOf = (layer, head, query, key) => {
+    if (Page.model) return Sources.scoreSources(Page.model, Page.data, layer, head, query, key);
+    if (Page.SETTINGS.server) {
+      const pick = `${Page.version} ${layer} ${head} ${query} ${key}`;
+      if (!fromServer.has(pick)) {
+        fromServer.set(pick, { why: "sourcesWaiting" });
+        const timeline = Page.data.timeline;
+        const step = timeline && Page.state.snapshot !== null ? timeline.steps[Page.state.snapshot] : undefined;
+        ask("api/sources", { ids: textIds, model: Page.data.model, step, layer, head, query, key })
+          .then((found) => fromServer.set(pick, found), (error) => fromServer.set(pick, { why: "sourcesFailed",
+            error: error.message }))
+          .then(() => AttentionPanels.renderSources());
+      }
+      return fromServer.get(pick);
+    }
+    const carried = Page.data.sources && Page.data.sources[`${layer}.${head}`];
+    if (!carried || carried.query !== query || carried.key !== key) return null;
+    return { ...carried, contributions: Numbers.rows(carried.contributions) };
+  };
 
   // The server's data for the text (at the picked step of the timeline, where it has one);
   // keep: the same text, so the picks stay

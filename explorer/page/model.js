@@ -306,5 +306,5 @@ const Model = (() => {
     return probs.findLastIndex((p) => p > 0);
   }
 
-  return { withWeights, cAttnOf, forward, finalNorm, lmHead, generate, erf, ACTIVATIONS };
+  return { withWeights, cAttnOf, forward, finalNorm, lmHead, rotate, generate, erf, ACTIVATIONS };
 })();

@@ -188,6 +188,6 @@ const Numbers = (() => {
     return null;
   }
 
-  return { tensor, values, rowOf, rows, lastRow, add, norm, softmax, logSoftmax, largest, fiveSteps,
+  return { tensor, values, rowOf, rows, lastRow, add, dot, norm, softmax, logSoftmax, largest, fiveSteps,
     projectionTerms, projected, ropeAngles, normStatistics, nextTokenProbabilities, cutBy };
 })();

@@ -4,8 +4,13 @@
 // step's model on the current text, typed or not. Where it does not (a larger model), the
 // timeline holds the example text's maps, prediction, logit lens and tokens' losses at each
 // step, which follow the slider; the other panels show the trained model, and say so.
-// Above the slider: the validation loss and every head's two scores over the run, each a
-// line named on hover and in the legend, against what attention spread evenly scores.
+// Above the slider: the validation loss and every head's scores over the run (current token,
+// previous token, induction, copying), each a line named on hover and in the legend, against
+// what attention spread evenly (or chance) scores; how the heads compose (Q-, K- and
+// V-composition of every pair of heads in different layers: inspection/circuits.py), the
+// lesson's pair lit; and how the loss depends on the context: on the lesson's text the
+// first and second copies parting (the docs' table read off the run), for any run the loss
+// by position in the window and the in-context learning score (inspection/in_context.py).
 const Timeline = (() => {
   "use strict";
   const { t } = Page;
@@ -70,7 +75,12 @@ const Timeline = (() => {
     return Array.from({ length: T }, (_, i) => Array.from(all.subarray(start + i * T, start + (i + 1) * T)));
   }
 
-  const KINDS = [["previous_token", "scorePrevious", "lookPrevious"], ["induction", "scoreInduction", "lookInduction"]];
+  // Each head's scores over the run: [key, its name, what a head high on it does]
+  const KINDS = [["current_token", "scoreCurrent", "lookCurrent"], ["previous_token", "scorePrevious", "lookPrevious"],
+    ["induction", "scoreInduction", "lookInduction"], ["copying", "scoreCopying", "lookCopying"]];
+  const scoresOf = (kind) => (kind === "copying" ? timeline().copying : timeline().scores[kind]); // [step][layer][head]
+  // what a head that spreads its weight evenly scores (copying: chance, one token in the vocabulary)
+  const uniformOf = (kind) => (kind === "copying" ? 1 / Page.data.config.vocab_size : timeline().uniform[kind]);
 
   function render() {
     const tl = timeline();
@@ -98,6 +108,8 @@ const Timeline = (() => {
     renderThumbnails(s, c);
     renderStepTables(s, step);
     renderScores(s, c);
+    renderComposition(s, c);
+    renderContext(s);
   }
 
   function renderSample(s, step) {
@@ -175,23 +187,129 @@ const Timeline = (() => {
       const lines = [];
       for (let l = 0; l < c.n_layer; l++) {
         for (let h = 0; h < c.n_head; h++) {
-          const hue = Math.round(360 * (l * c.n_head + h) / (c.n_layer * c.n_head));
           lines.push({ name: t("layerHead", { layer: l, head: h }), key: `${l}.${h}`, layer: l, head: h,
-            colour: `hsl(${hue}, 65%, 42%)`, picked: v.layer === l && v.head === h,
-            values: tl.scores[kind].map((perStep) => perStep[l][h]) });
+            colour: headColour(c, l, h), picked: v.layer === l && v.head === h,
+            values: scoresOf(kind).map((perStep) => perStep[l][h]) });
         }
       }
-      const uniform = tl.uniform[kind];
+      const uniform = uniformOf(kind);
       const pick = (line) => Page.choose({ layer: line.layer, head: line.head, coordinate: null });
       const top = lines.reduce((a, b) => (b.values[b.values.length - 1] > a.values[a.values.length - 1] ? b : a));
       const rising = lines.some((line) => line.values.some((x) => x > 2 * uniform));
       $(`timeline-${kind}`).replaceChildren(el("h4", { text: t(name) }),
         el("p", { class: "note", text: rising ? t(look) : t("nothingAbove", { name: t(name), uniform: fmt(uniform, 3) }) }),
-        lineChart({ steps: tl.steps, series: lines, picked: s, label: t(name), low: 0, high: 1, uniform, onPick: pick }),
+        lineChart({ steps: tl.steps, series: lines, picked: s, label: t(name), low: 0, high: 1, uniform, onPick: pick,
+          uniformLabel: kind === "copying" ? t("chanceLine") : null }),
         legend(lines, s, pick));
       best.push(el("span", { "data-kind": kind, text: bestHead(top, t(name), uniform) + t("sentenceGap") }));
     }
     $("timeline-best").replaceChildren(...best);
+  }
+
+  const headColour = (c, l, h) => `hsl(${Math.round(360 * (l * c.n_head + h) / (c.n_layer * c.n_head))}, 65%, 42%)`;
+
+  // The head of layers from..below−1 that scores `kind` highest at the last step: [layer, head]
+  function bestOf(kind, from, below) {
+    const last = scoresOf(kind)[lastIndex()];
+    let found = [from, 0];
+    for (let l = from; l < below; l++) last[l].forEach((x, h) => { if (x > last[found[0]][found[1]]) found = [l, h]; });
+    return found;
+  }
+
+  // How much each head reads what an earlier head wrote (Q-, K-, V-composition), over the run:
+  // one line a pair (writer → reader), against what heads at initialisation score (1/√C); lit,
+  // the lesson's pairs: into the best induction head, from the best previous-token head (K)
+  // and the best current-token head (Q), and from the head it reads most through its values (V)
+  function renderComposition(s, c) {
+    const tl = timeline();
+    const box = $("timeline-composition");
+    box.hidden = c.n_layer < 2;
+    if (c.n_layer < 2) return;
+    const reader = bestOf("induction", 1, c.n_layer); // (an induction head reads an earlier layer's: from layer 1)
+    const lit = { q: bestOf("current_token", 0, reader[0]), k: bestOf("previous_token", 0, reader[0]) };
+    const L = c.n_layer, H = c.n_head;
+    const at = (kind, step, [l1, h1], [l2, h2]) => Numbers.values(tl.composition[kind])[(((step * L + l1) * H + h1) * L + l2) * H + h2];
+    const into = (kind) => { // (V: the writer the reader reads most at the last step)
+      let found = [0, 0];
+      for (let l = 0; l < reader[0]; l++) for (let h = 0; h < H; h++) {
+        if (at(kind, lastIndex(), [l, h], reader) > at(kind, lastIndex(), found, reader)) found = [l, h];
+      }
+      return found;
+    };
+    lit.v = into("v");
+    const charts = ["q", "k", "v"].map((kind) => {
+      const lines = [];
+      for (let l1 = 0; l1 < L; l1++) for (let h1 = 0; h1 < H; h1++) for (let l2 = l1 + 1; l2 < L; l2++) for (let h2 = 0; h2 < H; h2++) {
+        const picked = lit[kind][0] === l1 && lit[kind][1] === h1 && reader[0] === l2 && reader[1] === h2;
+        lines.push({ name: t("pairName", { l1, h1, l2, h2 }), key: `${l1}.${h1}>${l2}.${h2}`, picked,
+          colour: headColour(c, l1, h1), values: tl.steps.map((_, step) => at(kind, step, [l1, h1], [l2, h2])) });
+      }
+      const shown = lines.filter((line) => line.picked).concat(lines.filter((line) => !line.picked)
+        .sort((a, b) => b.values[lastIndex()] - a.values[lastIndex()]).slice(0, 7)); // (the legend: the lit pair and the 7 highest)
+      return el("div", { "data-kind": kind }, el("h4", { text: t(`composition_${kind}`) }),
+        lineChart({ steps: tl.steps, series: lines, picked: s, label: t(`composition_${kind}`), low: 0,
+          high: Math.max(0.5, ...lines.flatMap((line) => line.values)), uniform: 1 / Math.sqrt(c.n_embd),
+          uniformLabel: t("initLine") }),
+        legend(shown, s, null));
+    });
+    const [kl, kh] = lit.k;
+    $("timeline-composition-note").textContent = t("compositionNote", { layer: reader[0], head: reader[1], pl: kl, ph: kh,
+      score: fmt(at("k", s, lit.k, reader), 3), first: fmt(at("k", 0, lit.k, reader), 3), init: fmt(1 / Math.sqrt(c.n_embd), 3) });
+    $("timeline-composition-charts").replaceChildren(...charts);
+  }
+
+  // How the loss depends on the context: the lesson's first and second copies over the run,
+  // with the docs' table read off it; and for any run, the loss by position in the window at
+  // the picked step (and at the first), and the in-context learning score over the run
+  function renderContext(s) {
+    const tl = timeline();
+    const copies = tl.copies;
+    $("timeline-copies").hidden = !copies;
+    if (copies) {
+      const change = copies.phase_change;
+      $("timeline-copies-note").textContent = change.start === null ? t("copiesNoChange")
+        : t("copiesNote", { start: change.start, end: change.end ?? "…", count: change.snapshots });
+      const high = Math.max(...copies.first, ...copies.second);
+      $("timeline-copies-chart").replaceChildren(lineChart({ steps: tl.steps, picked: s, label: t("copiesTitle"), low: 0, high,
+        series: [{ name: t("firstCopies"), key: "first", colour: "rgb(120, 120, 120)", values: copies.first },
+          { name: t("secondCopies"), key: "second", colour: "rgb(214, 40, 40)", values: copies.second, picked: true }] }),
+        legend([{ name: t("firstCopies"), key: "first", colour: "rgb(120, 120, 120)", values: copies.first },
+          { name: t("secondCopies"), key: "second", colour: "rgb(214, 40, 40)", values: copies.second }], s, null));
+      renderCopiesTable(s, change);
+    }
+    const byPosition = tl.position_loss;
+    $("timeline-context").hidden = !byPosition;
+    if (!byPosition) return;
+    const T = byPosition.shape[1];
+    const row = (step) => Array.from(Numbers.values(byPosition).subarray(step * T, (step + 1) * T));
+    const positions = Array.from({ length: T }, (_, i) => i);
+    const known = [...row(0), ...row(s)];
+    $("timeline-context-note").textContent = t("contextNote", { score: fmt(tl.in_context[s], 3), first: fmt(tl.in_context[0], 3),
+      early: Math.max(1, Math.floor(T / 20)), late: Math.floor(T / 2), T });
+    $("timeline-context-charts").replaceChildren(
+      el("div", {}, el("h4", { text: t("contextByPosition", { step: tl.steps[s] }) }),
+        lineChart({ steps: positions, picked: positions.length - 1, label: t("contextByPosition", { step: tl.steps[s] }),
+          low: Math.min(...known), high: Math.max(...known), xLabel: t("positionWord"),
+          series: [{ name: t("atStep", { step: tl.steps[0] }), key: "first", colour: "rgb(120, 120, 120)", values: row(0) },
+            { name: t("atStep", { step: tl.steps[s] }), key: "picked", colour: "rgb(59, 82, 139)", values: row(s), picked: true }] })),
+      el("div", {}, el("h4", { text: t("contextScore") }),
+        lineChart({ steps: tl.steps, picked: s, label: t("contextScore"), low: Math.min(0, ...tl.in_context),
+          high: Math.max(0, ...tl.in_context), series: [{ name: t("contextScore"), key: "icl", colour: "rgb(59, 82, 139)",
+            values: tl.in_context, picked: true }] })));
+  }
+
+  // The docs' table, read off the run: the first snapshot, those of the phase change, the last
+  function renderCopiesTable(s, change) {
+    const tl = timeline();
+    const rows = tl.steps.map((step, i) => i).filter((i) => i === 0 || i === lastIndex()
+      || (change.start !== null && tl.steps[i] >= change.start && tl.steps[i] <= (change.end ?? tl.steps[lastIndex()])));
+    const best = (kind, i) => Math.max(...scoresOf(kind)[i].flat());
+    $("timeline-copies-table").tBodies[0].replaceChildren(...rows.map((i) => el("tr", { "data-step": tl.steps[i],
+      class: i === s ? "selected" : "" },
+    el("td", { class: "num", text: String(tl.steps[i]) }), el("td", { class: "num", text: fmt(tl.copies.first[i], 3) }),
+    el("td", { class: "num", text: fmt(tl.copies.second[i], 3) }), el("td", { class: "num", text: fmt(best("induction", i), 3) }),
+    el("td", { class: "num", text: fmt(best("previous_token", i), 3) }),
+    el("td", { class: "num", text: fmt(best("current_token", i), 3) }))));
   }
 
   // The head that scores highest at the last step, and the first step from which it stays

@@ -144,7 +144,8 @@ const View = (() => {
   // `uniform`, where given, a dashed line (what attention spread evenly scores); `picked` the
   // step's index (a vertical line). Each line says its name and value on hover (a <title>),
   // and `onPick(series)` runs when one is clicked.
-  function lineChart({ steps, series, picked, label, low, high, uniform = null, onPick = null }) {
+  function lineChart({ steps, series, picked, label, low, high, uniform = null, onPick = null, xLabel = null,
+    uniformLabel = null }) {
     const width = 380, height = 170, left = 40, right = 10, top = 8, bottom = 26;
     const span = high - low || 1;
     const last = steps[steps.length - 1] || 1;
@@ -152,13 +153,14 @@ const View = (() => {
     const y = (v) => top + (height - top - bottom) * (1 - (v - low) / span);
     const chart = svg("svg", { width, height, class: "timeline-chart", role: "img", "aria-label": label });
     chart.append(svg("text", { x: 2, y: top + 8 }, fmt(high, 2)), svg("text", { x: 2, y: height - bottom }, fmt(low, 2)),
-      svg("text", { x: left, y: height - 6 }, `${t("timelineStep")} ${steps[0]} … ${last}`),
+      svg("text", { x: left, y: height - 6 }, `${xLabel ?? t("timelineStep")} ${steps[0]} … ${last}`),
       svg("line", { x1: left, x2: width - right, y1: height - bottom, y2: height - bottom, class: "axis-line" }),
       svg("line", { x1: x(picked), x2: x(picked), y1: top, y2: height - bottom, class: "picked", "stroke-width": 1 }));
     if (uniform !== null) {
       chart.append(svg("line", { x1: left, x2: width - right, y1: y(uniform), y2: y(uniform), class: "uniform",
         "stroke-dasharray": "4 3", "data-value": uniform }, null),
-      svg("text", { x: width - right, y: y(uniform) - 3, "text-anchor": "end", class: "uniform-label" }, t("uniformLine")));
+      svg("text", { x: width - right, y: y(uniform) - 3, "text-anchor": "end", class: "uniform-label" },
+        uniformLabel ?? t("uniformLine")));
     }
     const ordered = [...series].sort((a, b) => Number(!!a.picked) - Number(!!b.picked)); // the picked one on top
     for (const line of ordered) {
@@ -191,6 +193,6 @@ const View = (() => {
     }));
   }
 
-  return { el, $, count, fmt, visible, tokenLabel, index, axisLabel, textOf, vectorBox, vectorRow, colour,
+  return { el, $, count, fmt, visible, tokenLabel, index, axisLabel, textOf, vectorBox, vectorRow, colour, diverging,
     drawMap, drawLabels, svg, lossColour, lineChart, legend };
 })();
