@@ -511,6 +511,7 @@ def test_the_timeline_is_the_models_own_numbers_at_each_snapshot(trained_run, tm
     from common.run_dir import RunDir
     from data.batches import fixed_windows
     from data.prepare import validation_tokens
+    from inspection.circuits import composition_scores, copying_scores
     from inspection.head_scores import head_scores, induction_probe
 
     monkeypatch.setattr(explorer.data, "MAX_SNAPSHOT_BYTES", 0)
@@ -543,8 +544,17 @@ def test_the_timeline_is_the_models_own_numbers_at_each_snapshot(trained_run, tm
         assert timeline["samples"][s] == readable_decode(tokenizer, sample[0, len(ids):].tolist())
         scores = head_scores(snapshot, torch.from_numpy(val[:32].astype("int64"))[None],
                              induction_probe(tokenizer, model.config.vocab_size, 32))
-        for kind in ("previous_token", "induction"):
+        for kind in ("current_token", "previous_token", "induction"):
             torch.testing.assert_close(torch.tensor(timeline["scores"][kind][s]), scores[kind], atol=1e-6, rtol=0)
+        for kind, values in composition_scores(snapshot).items():
+            torch.testing.assert_close(as_tensor(timeline["composition"][kind])[s].float(), values.half().float())
+        assert timeline["copying"][s] == copying_scores(snapshot).tolist()
+        with torch.no_grad():
+            by_position = GPT.loss(snapshot(x)[0], y, reduction="none").mean(0)  # [T]: each position's, over the windows
+        torch.testing.assert_close(as_tensor(timeline["position_loss"])[s].float(), by_position.half().float())
+        assert timeline["in_context"][s] == pytest.approx(by_position[16:].mean().item() - by_position[1:4].mean().item(),
+                                                          abs=1e-5)  # (T = 32: the second half less positions 1 to 3)
+    assert timeline["copies"] is None  # (not the lesson's text)
     assert timeline["loss"][-1] == pytest.approx(run.summary()["val_loss"], rel=1e-6)  # one figure: the run's
     trained = data["layers"][1]["heads"][0]["weights"]  # the last snapshot is the trained model
     torch.testing.assert_close(maps[-1, 1, 0], as_tensor(trained).half().float(), atol=0, rtol=0)

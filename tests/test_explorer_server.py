@@ -360,3 +360,29 @@ def test_the_server_runs_the_model_of_any_snapshot(trained_run):
     for step in (7, "8", True):
         with pytest.raises(BadRequest, match="step must be one of the run's snapshots: \\[0, 4, 8, 12, 16, 20\\]"):
             explorer.explore({"prompt": "MACBETH", "step": step})
+
+
+def test_the_server_splits_any_score_of_any_step(trained_run):
+    """/api/sources: where a head's score for (query, key) comes from, for the model of the
+    step asked for (inspection/circuits.py on that snapshot's trace); picks outside the text
+    or the model are refused by name."""
+    from common.run_dir import RunDir
+    from explorer.data import run_timeline
+    from explorer.server import BadRequest, Explorer
+    from inspection.circuits import score_sources
+    from model import GPT
+
+    run = RunDir(trained_run)
+    model, tokenizer = run.load_model()
+    timeline, snapshots = run_timeline(model.eval(), tokenizer, run)
+    explorer = Explorer(model, tokenizer, "en", "", 64, None, None, timeline, snapshots)
+    ids = explorer.explore({"prompt": "MACBETH:\nSo foul"})["ids"]
+    answer = explorer.sources({"ids": ids, "step": 8, "layer": 1, "head": 0, "query": 12, "key": 3})
+    at_8 = run.load_snapshot(8, GPT.from_pretrained(trained_run)).eval()
+    with torch.no_grad():
+        expected = score_sources(at_8, at_8.trace(torch.tensor([ids])), 1, 0, 12, 3)
+    assert answer == expected and sum(map(sum, answer["contributions"])) == pytest.approx(answer["score"], abs=1e-5)
+    for pick, said in (({"layer": 2}, "layer must be a whole number from 0 to 1"), ({"query": 99}, "query must be"),
+                       ({"key": 13}, "key must be a whole number from 0 to the query, 12"), ({"head": "0"}, "head must")):
+        with pytest.raises(BadRequest, match=said):
+            explorer.sources({"ids": ids, "layer": 1, "head": 0, "query": 12, "key": 3, **pick})

@@ -9,6 +9,7 @@ import torch
 
 import train
 from bench.induction import analyse
+from explorer.data import decoded
 from inspection.in_context import copy_marks
 from common.run_dir import RunDir
 from conftest import ROOT
@@ -79,3 +80,25 @@ def test_the_lesson_forms_an_induction_head_in_layer_1_over_a_previous_token_hea
     assert previous["layer"] == 0 and previous["score"] >= 10 * result["uniform"]["previous_token"]
     off = {(a["layer"], a["head"]): a["second_copies"] for a in result["ablation"]}
     assert off[(1, induction["head"])] > 3 * second[-1] and off[(0, previous["head"])] > 3 * second[-1]
+    # the explorer reads the docs' table off the run itself, and shows why the head works: its
+    # keys read the previous-token head (K-composition up from initialisation), and of the
+    # right key's lead over the others, layer 0's heads give much, the key's own token nothing
+    from explorer.data import run_timeline
+    from inspection.circuits import score_sources
+
+    run = RunDir(tmp_path / "run")
+    model, tokenizer = run.load_model()
+    timeline, _ = run_timeline(model.eval(), tokenizer, run)
+    assert timeline["copies"]["first"] == pytest.approx(first, abs=1e-6)
+    assert timeline["copies"]["second"] == pytest.approx(second, abs=1e-6)
+    assert timeline["copies"]["phase_change"] == change
+    layer, head, p_layer, p_head = induction["layer"], induction["head"], previous["layer"], previous["head"]
+    k = torch.from_numpy(decoded(timeline["composition"]["k"]).astype("float32"))  # [steps, L, H, L, H]
+    assert k[-1, p_layer, p_head, layer, head] > k[0, p_layer, p_head, layer, head]
+    line = copies.splits(run.data_config().val_fraction)[1].split("\n")[1] + "\n"  # a string written twice
+    n = len(line) // 2  # query n + 5 reads the token at 5 again: the right key is the one after it, 6
+    with torch.no_grad():
+        found = score_sources(model.eval(), model.trace(torch.tensor([tokenizer.encode(line).ids])), layer, head, n + 5, 6)
+    lead = dict(zip(found["pieces"], found["others"]["key"]))
+    from_heads = sum(value for name, value in lead.items() if name.startswith("L0H"))
+    assert from_heads > 0.3 * found["others"]["gap"] > 0 and abs(lead["token"]) < 0.05 * found["others"]["gap"]

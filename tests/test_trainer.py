@@ -487,6 +487,26 @@ def test_the_budget_follows_a_machine_that_slows_down(tmp_path, micro, monkeypat
     assert 110 <= state.budget["seconds"] <= 125 and 30 < state.iteration < 60
 
 
+def test_a_run_of_fixed_length_on_a_busy_machine_says_what_its_steps_would_have_taken(micro, monkeypatch, capsys):
+    """No time budget: the run takes its 60 steps whatever the pace, but from iteration 30
+    each takes 4 s instead of 1, and the done line says so; a quiet run says nothing of it.
+    Either way it points to the explorer, which shows its snapshots."""
+    clock = FakeClock(monkeypatch, step_seconds=lambda iteration: 4.0 if iteration > 30 else 1.0)
+    settings = ["train.max_iters=60", "train.sample_tokens=0", "train.eval_interval=60", "train.snapshots=8",
+                "train.snapshot_every=10", "train.log_interval=5"]
+    trainer = make_trainer(micro, *settings)
+    trainer.fit()
+    said = capsys.readouterr().out
+    assert trainer.iteration == 60 and not trainer.summary()["pace"]["budget"]
+    assert "the machine was busy (other work on its cores) for 78% of the training time" in said, said
+    assert "(1000 ms an iteration) its timed training would have taken 53 s, not 128 s" in said  # (30 at 4 s, 23 at 1)
+    assert f"watch it form: python explore.py --checkpoint {trainer.run_dir.path}" in said
+    clock.now = 0.0
+    quiet = FakeClock(monkeypatch)
+    make_trainer(micro, *settings, out="quiet").fit()
+    assert "busy" not in capsys.readouterr().out and quiet.now > 0
+
+
 BUDGET = ["train.max_minutes=2", "train.max_iters=400", "train.eval_interval=20", "train.sample_tokens=0"]
 
 

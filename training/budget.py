@@ -97,8 +97,9 @@ class TimeBudget:
         self.first_timed = it + SETTLING
 
     def step_done(self, it: int) -> None:
-        """Called after every iteration: the pace is measured from the first timed one on."""
-        if self.minutes is not None and it == self.first_timed:
+        """Called after every iteration: the pace is measured from the first timed one on (a
+        run of fixed length's too, for what `report` says of a busy machine)."""
+        if it == self.first_timed:
             self.mark = Mark(self.clock(), it, self.overhead_total)
 
     def needs_overhead(self, it: int) -> bool:
@@ -123,10 +124,12 @@ class TimeBudget:
 
     def fit(self, it: int) -> int | None:
         """The iteration to stop at, from the pace since the last fit (smoothed) and what an
-        evaluation costs; None while there is no estimate yet (or no budget)."""
-        if self.minutes is None or self.overhead is None or self.mark is None or it >= self.max_iters:
+        evaluation costs; None while there is no estimate yet, and always without a budget
+        (whose pace is still measured, for `report`)."""
+        if self.mark is None or it >= self.max_iters:
             return None  # (at max_iters the run has ended: its last evaluation is done)
-        if it - self.mark.iteration < (MEASURED if self.pace is None else 1):
+        if (self.minutes is not None and self.overhead is None) or it - self.mark.iteration < (MEASURED if self.pace
+                                                                                             is None else 1):
             return None
         now = self.clock()
         seconds = now - self.mark.time - (self.overhead_total - self.mark.overhead)
@@ -134,6 +137,8 @@ class TimeBudget:
         self.stretches.append((seconds, pace))
         self.pace = pace if self.pace is None else SMOOTHING * pace + (1 - SMOOTHING) * self.pace
         self.mark = Mark(now, it, self.overhead_total)
+        if self.minutes is None:
+            return None
         per_iteration = self.pace + self.overhead / self.eval_interval
         left = self.minutes * 60 - self.seconds_used() - self.overhead  # kept for the last evaluation
         target = stop_iteration(it, left, per_iteration, self.cap)
@@ -159,7 +164,7 @@ class TimeBudget:
         busy = sum(seconds for seconds, pace in self.stretches if pace >= BUSY * best)
         return {"best_pace": best, "timed_iterations": round(sum(seconds / pace for seconds, pace in self.stretches)),
                 "at_best_pace": round(training / best), "busy_share": busy / training if training > 0 else 0.0,
-                "training_seconds": training, "evaluation_seconds": self.overhead_total}
+                "training_seconds": training, "evaluation_seconds": self.overhead_total, "budget": self.minutes is not None}
 
 
 def refitted(schedule: Schedule, it: int, decay_iters: int, shorten: bool = True) -> Schedule:

@@ -83,28 +83,36 @@ BUSY_SAID = 0.25  # the share of a budgeted run's training time on a busy machin
 
 def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, prompt: str | None,
                  barely_trained: dict | None, continue_command: str, got: dict | None = None,
-                 epochs: float | None = None) -> str:
+                 epochs: float | None = None, snapshots: int = 0) -> str:
     """The last lines: iterations, the run's whole time (and this process's part, after a
     resume), the loss, and a prompt the run's tokenizer can encode to try the model (None: a
-    run on conversations, tried with --chat); under a
-    time budget, the iterations against those the same time would have reached at the best
-    pace the run measured here (`got`: TimeBudget.report), and when the machine was busy for
-    a large part of it, that it was; when the model is barely trained, why, and the command
-    that trains it on. `epochs`: the passes over a run's conversations (None: a text's windows)."""
+    run on conversations, tried with --chat); under a time budget, the iterations against
+    those the same time would have reached at the best pace the run measured here (`got`:
+    TimeBudget.report), and when the machine was busy for a large part of it, that it was (a
+    run of fixed length: what the same steps would have taken at that pace); when the model is
+    barely trained, why, and the command that trains it on; with two or more `snapshots`, the
+    explorer's command. `epochs`: the passes over a run's conversations (None: a text's windows)."""
     part = f", {mine / 60:.1f} min ({mine:.0f} s) of them in this process" if total > mine + 0.5 else ""
     passes = f" ({epochs:.2f} epochs of the conversations)" if epochs is not None else ""
     done = (f"done: {it} iterations{passes} in {total / 60:.1f} min ({total:.0f} s){part}; val loss {val_loss:.4f} "
             f"(best {best:.4f}); model in {out_dir}\n")
-    if got is not None:
+    if got is not None and got.get("budget", True):
         done += (f"at the best pace this run measured on this machine ({1000 * got['best_pace']:.0f} ms an iteration), "
                  f"its timed training would have held {got['at_best_pace']} iterations; it held {got['timed_iterations']}")
         if got["busy_share"] >= BUSY_SAID:
             done += (f"; the machine was busy (other work on its cores) for {got['busy_share']:.0%} of the training "
                      f"time, so this run trained less than the docs' runs: to train on, {continue_command}")
         done += "\n"
+    elif got is not None and got["busy_share"] >= BUSY_SAID:  # a run of fixed length: the same steps, more time
+        done += (f"the machine was busy (other work on its cores) for {got['busy_share']:.0%} of the training time: at "
+                 f"the best pace this run measured ({1000 * got['best_pace']:.0f} ms an iteration) its timed training "
+                 f"would have taken {got['timed_iterations'] * got['best_pace']:.0f} s, not "
+                 f"{got['training_seconds']:.0f} s\n")
     if barely_trained:
         done += (f"the model is barely trained: {barely_trained['text']}. Its samples will read as noise. "
                  f"Train it on: {continue_command}\n")
+    if snapshots:  # the model as it formed: the explorer's timeline
+        done += f"watch it form: python explore.py --checkpoint {out_dir}\n"
     if prompt is None:  # a run on conversations: it answers a message in its chat template
         return done + f"try it: python generate.py --checkpoint {out_dir} --chat"
     return done + f"try it: python generate.py --checkpoint {out_dir} --prompt \"{prompt}\""

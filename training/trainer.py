@@ -440,7 +440,7 @@ class Trainer:
             mine = self.budget.seconds_used() - self.budget.earlier
             print(logger.done_message(self.iteration, self.budget.seconds_used(), mine, self.val_loss, self.best_val_loss,
                                       self.run_dir, self.run.prompt, self.barely_trained(), self.continue_command(),
-                                      self.budget.report(), self.epochs_done))
+                                      self.budget.report(), self.epochs_done, len(self.run_dir.snapshot_paths())))
 
     def continue_command(self) -> str:
         """The command that trains this run on: the run's own config with twice the length."""

@@ -35,10 +35,12 @@ const Overview = (() => {
       loss: known(run.val_loss, (x) => fmt(x, 4)), weights: t({ average: "weightsAverage", trained: "weightsTrained" }[run.weights]
         ?? "weightsSaved") }) : "";
     const pace = run && run.pace;
-    if (pace) {
-      $("run-line").textContent += t("sentenceGap") + t("runPace", { ms: fmt(1000 * pace.best_pace, 0),
-        held: count(pace.timed_iterations), best: count(pace.at_best_pace) })
-        + (pace.busy_share >= 0.25 ? t("sentenceGap") + t("runBusy", { share: fmt(100 * pace.busy_share, 0) }) : "");
+    if (pace) { // (a run of fixed length trained its steps whatever the pace: only how busy the machine was)
+      const budgeted = pace.budget ?? true;
+      $("run-line").textContent += (budgeted ? t("sentenceGap") + t("runPace", { ms: fmt(1000 * pace.best_pace, 0),
+        held: count(pace.timed_iterations), best: count(pace.at_best_pace) }) : "")
+        + (pace.busy_share >= 0.25 ? t("sentenceGap") + t(budgeted ? "runBusy" : "runBusyFixed",
+          { share: fmt(100 * pace.busy_share, 0) }) : "");
     }
     const why = run && run.barely_trained;
     $("run-warning").hidden = !why;
