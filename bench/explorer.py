@@ -11,8 +11,9 @@ Chromium, and the milliseconds the page takes to redraw when the timeline's slid
 to each snapshot (median and slowest). Then, in the page: one 64-token pass with every
 intermediate the panels show (data.js's pageData, median of 9 after a first), the same
 with every panel drawn, the continuation's tokens per second (64 tokens, greedy, KV
-cache), every head switched off (one pass each), and the largest distance of the page's
-logits from torch's in float64.
+cache), every head switched off (one pass each), where one score of the last layer comes
+from (sources.js: the last query against the first key, median of 9), and the largest
+distance of the page's logits from torch's in float64.
 
     python -m bench.explorer [--quick] [--checkpoint out/tiny] [--rounds 5]
 """
@@ -66,7 +67,13 @@ IN_PAGE = """(prompt) => {
   const greedy = { temperature: 0, topK: null, topP: null, suppress: [] };
   let count = 0;
   const generating = time(() => { for (const _ of Model.generate(Page.MODEL, Page.TOKENIZER.encode("ROMEO:"), 64, greedy)) count++; });
+  // where one score comes from (sources.js): the last layer's first head, the last query against the first key
+  const data = PageData.pageData(Page.MODEL, Page.TOKENIZER, ids, 0, Page.EXAMPLE);
+  const split = () => Sources.scoreSources(Page.MODEL, data, Page.MODEL.config.n_layer - 1, 0, ids.length - 1, 0);
+  time(split);
+  const splits = Array.from({ length: 9 }, () => time(split));
   return { ids, pass_ms: passes.sort((a, b) => a - b)[4], drawn_ms: drawn, tokens_per_second: count / (generating / 1000),
+    sources_ms: splits.sort((a, b) => a - b)[4],
     ablation_ms: time(() => PageData.ablated(Page.MODEL, ids)), logits: Array.from(Model.forward(Page.MODEL, ids).logits) };
 }"""
 
@@ -137,9 +144,10 @@ def main() -> None:
         page_logits = torch.tensor(in_page.pop("logits"), dtype=torch.float64).view_as(reference)
         result["in_page"] = {**in_page, "tokens": len(ids), "logits_vs_float64": (page_logits - reference).abs().max().item()}
         print(table(["tokens", "pass with every intermediate (ms, median)", "and every panel drawn (ms)",
-                     "continuation (tokens/s)", "every head off (ms)", "logits vs float64 (max abs)"],
+                     "continuation (tokens/s)", "every head off (ms)", "one score's sources (ms, median)",
+                     "logits vs float64 (max abs)"],
                     [[len(ids), in_page["pass_ms"], in_page["drawn_ms"], in_page["tokens_per_second"],
-                      in_page["ablation_ms"], result["in_page"]["logits_vs_float64"]]]))
+                      in_page["ablation_ms"], in_page["sources_ms"], result["in_page"]["logits_vs_float64"]]]))
     path = save("explorer", {"machine": machine(torch.get_num_threads()), "results": [result]}, args.out)
     print(f"saved {path}")
 

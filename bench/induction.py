@@ -50,7 +50,7 @@ def analyse(run: Path) -> dict:
     x, y, part = copy_windows(ids, copy_marks(val), block)
     text = torch.from_numpy(ids[:block].astype(np.int64))[None]
     probe = induction_probe(tokenizer, model.config.vocab_size, block)
-    steps, first, second, previous, induction = [], [], [], [], []
+    steps, first, second, current, previous, induction = [], [], [], [], [], []
     for step in run_dir.snapshot_paths():
         snapshot = run_dir.load_snapshot(step, model).eval()
         a, b = copy_losses(snapshot, x, y, part)
@@ -58,6 +58,7 @@ def analyse(run: Path) -> dict:
         steps.append(step)
         first.append(a)
         second.append(b)
+        current.append(scores["current_token"].tolist())
         previous.append(scores["previous_token"].tolist())
         induction.append(scores["induction"].tolist())
     last_induction, last_previous = torch.tensor(induction[-1]), torch.tensor(previous[-1])
@@ -65,11 +66,12 @@ def analyse(run: Path) -> dict:
     earlier = last_previous[:layer] if layer else last_previous[:0]
     circuit = {"induction": {"layer": layer, "head": head, "score": last_induction[layer, head].item(),
                              "formed_at": next((s for s, i in zip(steps, induction) if i[layer][head] >= 0.5), None)}}
-    if earlier.numel():
-        p_layer, p_head = divmod(int(earlier.argmax()), earlier.size(1))
-        circuit["previous_token"] = {"layer": p_layer, "head": p_head, "score": earlier[p_layer, p_head].item(),
-                                     "formed_at": next((s for s, p in zip(steps, previous) if p[p_layer][p_head] >= 0.3),
-                                                       None)}
+    for kind, over_steps in (("previous_token", previous), ("current_token", current)):
+        earlier = torch.tensor(over_steps[-1])[:layer]
+        if earlier.numel():
+            p_layer, p_head = divmod(int(earlier.argmax()), earlier.size(1))
+            circuit[kind] = {"layer": p_layer, "head": p_head, "score": earlier[p_layer, p_head].item(),
+                             "formed_at": next((s for s, p in zip(steps, over_steps) if p[p_layer][p_head] >= 0.3), None)}
     trained = run_dir.load_snapshot(steps[-1], model).eval()
     ablation = []
     for l in range(model.config.n_layer):
@@ -77,9 +79,35 @@ def analyse(run: Path) -> dict:
             mask = torch.ones(model.config.n_layer, model.config.n_head)
             mask[l, h] = 0
             ablation.append({"layer": l, "head": h, "second_copies": copy_losses(trained, x, y, part, mask)[1]})
-    return {"steps": steps, "first_copies": first, "second_copies": second, "previous_token": previous,
+    return {"steps": steps, "first_copies": first, "second_copies": second, "current_token": current,
+            "previous_token": previous, "sources": lead_sources(trained, tokenizer, val, layer, head),
             "induction": induction, "uniform": uniform_scores(block, probe[0]), "phase_change": phase_change(steps, first, second),
             "circuit": circuit, "ablation": ablation}
+
+
+SOURCE_LINES = 8  # lines of the validation text whose second copies the induction head's lead is split on
+
+
+def lead_sources(model, tokenizer, val: str, layer: int, head: int) -> dict:
+    """Where the induction head's lead comes from (inspection/circuits.py): for the second
+    copy's queries of SOURCE_LINES validation lines, the right key's score less the other
+    keys' mean, split by the key's pieces and by the query's, averaged: {"gap", "key": {piece:
+    share}, "query": {piece: share}}."""
+    from inspection.circuits import score_sources
+
+    gaps, keys, queries = [], [], []
+    for line in val.split("\n")[1:SOURCE_LINES + 1]:
+        ids = tokenizer.encode(line + "\n").ids
+        n = len(line) // 2
+        with torch.no_grad():
+            trace = model.trace(torch.tensor([ids]))
+            for query in range(n + 1, 2 * n - 1):  # the token at query - n came before: the right key is the next one
+                found = score_sources(model, trace, layer, head, query, query - n + 1)
+                gaps.append(found["others"]["gap"])
+                keys.append(found["others"]["key"])
+                queries.append(found["others"]["query"])
+    mean = lambda rows: dict(zip(found["pieces"], np.mean(rows, 0).round(2).tolist()))  # noqa: E731
+    return {"gap": float(np.mean(gaps)), "key": mean(keys), "query": mean(queries)}
 
 
 def train_lesson(out: Path, overrides: list[str]) -> float:
@@ -115,17 +143,22 @@ def main() -> None:
                                     "weights": digest(Path(tmp) / "again")}
             result["bit_identical"] = result["second_run"]["weights"] == result["weights"]
     change, circuit = result["phase_change"], result["circuit"]
-    rows = [[s, a, b, max(max(layer) for layer in i), max(max(layer) for layer in pv)]
-            for s, a, b, i, pv in zip(result["steps"], result["first_copies"], result["second_copies"],
-                                      result["induction"], result["previous_token"])]
+    rows = [[s, a, b, max(max(layer) for layer in i), max(max(layer) for layer in pv), max(max(layer) for layer in c)]
+            for s, a, b, i, pv, c in zip(result["steps"], result["first_copies"], result["second_copies"],
+                                         result["induction"], result["previous_token"], result["current_token"])]
     print(table(["step", "loss, first copies", "loss, second copies", "best induction score",
-                 "best previous-token score"], rows))
+                 "best previous-token score", "best current-token score"], rows))
     print(f"\nuniform attention scores: previous token {result['uniform']['previous_token']:.3f}, "
           f"induction {result['uniform']['induction']:.3f}")
     print(f"phase change: steps {change['start']} to {change['end']}, {change['snapshots']} snapshots in it")
     for kind, head in circuit.items():
         print(f"{kind} head: layer {head['layer']}, head {head['head']}, score {head['score']:.3f} "
               f"(reached {'0.5' if kind == 'induction' else '0.3'} at step {head['formed_at']})")
+    sources = result["sources"]
+    print(f"the induction head's right key against the others: {sources['gap']:.1f} higher, on average over the "
+          f"second copies of {SOURCE_LINES} lines; of it, by the key's pieces: "
+          + ", ".join(f"{name} {value:.1f}" for name, value in sources["key"].items())
+          + "; by the query's: " + ", ".join(f"{name} {value:.1f}" for name, value in sources["query"].items()))
     print("switching one head of the last model off, the loss on the second copies "
           f"(all on: {result['second_copies'][-1]:.3f}):")
     print(table(["layer", "head", "loss, second copies"], [[a["layer"], a["head"], a["second_copies"]]

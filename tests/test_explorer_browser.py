@@ -566,6 +566,12 @@ def test_a_typed_prompt_updates_the_page_token_by_token(server, open_page):
     counted = [text for text in page.page.evaluate("statuses") if text.startswith("token")]
     assert counted == ["token 1 of 3…", "token 2 of 3…", "token 3 of 3…"]
     assert page.page.input_value("#prompt").startswith("But soft") and len(page.page.input_value("#prompt")) == 11
+    # where a score comes from: the server splits the picked one (the page does not run a served model)
+    page.page.click('#grid canvas.thumb[data-layer="1"][data-head="0"]')
+    expect(page.page.locator("#sources tbody tr")).not_to_have_count(0)
+    total = page.values("#sources-total")[0]
+    key = int(re.search(r"key (\d+) ", page.text("#sources-title")).group(1))
+    assert total == pytest.approx(page.values(f'#steps tr[data-key="{key}"] td[data-step="2"]')[0], abs=1e-4)
     assert page.requests == [] and page.errors == []
     page.screenshot("explorer-served.png")
 

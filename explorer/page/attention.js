@@ -270,17 +270,22 @@ const AttentionPanels = (() => {
       rotated: Page.data.config.pos_encoding === "rope" ? t("rotatedQK") : "" });
     $("step-2").textContent = t("step2", { name: name("scale"), dk: s.dk, scale: s.factor.toFixed(6) });
     $("step-3").textContent = future ? t("step3", { name: name("mask"), count: future }) : t("step3none", { name: name("mask") });
-    $("step-4").textContent = t("step4", { name: name("softmax"), total: fmt(s.total, 6), sum: s.weights.reduce((a, b) => a + b, 0).toFixed(6) });
+    $("step-4").textContent = t("step4", { name: name("softmax"), total: sumText(s.total),
+      sum: s.weights.reduce((a, b) => a + b, 0).toFixed(6) });
     $("step-5").textContent = t("step5", { name: name("weighted_sum"), dk: s.dk });
     $("experiment-head").textContent = experiment ? t("colExperiment") : "";
     const contributions = head.v.map((vector, j) => vector.map((x) => s.weights[j] * x)); // step 5's terms, w_j v_j
     stepRows(s, contributions, experiment, v);
     $("weights-sum").textContent = `Σ = ${s.weights.reduce((a, b) => a + b, 0).toFixed(6)}`;
-    $("exps-sum").textContent = `Σ = ${fmt(s.total, 6)}`;
+    $("exps-sum").textContent = `Σ = ${sumText(s.total)}`;
     $("exps-sum").dataset.value = s.total;
     renderTerms(head, v, s);
     renderOutput(head, v, s, contributions, experiment);
   }
+
+  // Σ e^score: six decimals while it is small; past a million (the scores of a head that was
+  // never scaled) in six significant digits, not seventeen
+  const sumText = (total) => (Math.abs(total) < 1e6 ? fmt(total, 6) : total.toPrecision(6).replace("e+", "e"));
 
   function stepRows(s, contributions, experiment, v) {
     const biggest = Math.max(...contributions.map(norm), 1e-12);

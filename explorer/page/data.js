@@ -51,6 +51,7 @@ const PageData = (() => {
       losses: tokenLosses(pass.logits, ids, c.vocab_size),
       ablation: null, // on request: ablated
       texts: allTexts(model, tokenizer), left_out: [], colormap: shown.colormap, timeline: shown.timeline, run: shown.run,
+      sources: null, // (the page splits any score itself: sources.js)
     };
   }
 

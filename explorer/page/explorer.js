@@ -172,7 +172,8 @@ const Explorer = (() => {
         fromServer.set(pick, { why: "sourcesWaiting" });
         const timeline = Page.data.timeline;
         const step = timeline && Page.state.snapshot !== null ? timeline.steps[Page.state.snapshot] : undefined;
-        ask("api/sources", { ids: textIds, model: Page.data.model, step, layer, head, query, key })
+        const ids = Page.data.tokens.map((token) => token.id); // (the text the panels show)
+        ask("api/sources", { ids, model: Page.data.model, step, layer, head, query, key })
           .then((found) => fromServer.set(pick, found), (error) => fromServer.set(pick, { why: "sourcesFailed",
             error: error.message }))
           .then(() => AttentionPanels.renderSources());

@@ -210,10 +210,12 @@ const OutputPanels = (() => {
       rise: mean(head.losses) - base })));
     const byKl = [...every].sort((a, b) => b.kl - a.kl);
     const byRise = [...every].sort((a, b) => b.rise - a.rise);
-    $("ablation-ranking").textContent = t("ablationRanking", { layer: byKl[0].l, head: byKl[0].h, kl: fmt(byKl[0].kl, 4),
-      next: byKl.slice(1, 4).map((r) => t("layerHead", { layer: r.l, head: r.h })).join(t("headListSeparator")) })
-      + t("sentenceGap") + t("ablationLossRanking", { layer: byRise[0].l, head: byRise[0].h, from: fmt(base, 3),
-        to: fmt(base + byRise[0].rise, 3) });
+    // ranked by the text's loss, which every token of it scores; the next token's prediction alone
+    // (KL) says little on a text whose last token nothing can predict (a random symbol)
+    $("ablation-ranking").textContent = t("ablationLossRanking", { layer: byRise[0].l, head: byRise[0].h,
+      from: fmt(base, 3), to: fmt(base + byRise[0].rise, 3),
+      next: byRise.slice(1, 4).map((r) => t("layerHead", { layer: r.l, head: r.h })).join(t("headListSeparator")) })
+      + t("sentenceGap") + t("ablationRanking", { layer: byKl[0].l, head: byKl[0].h, kl: fmt(byKl[0].kl, 4) });
   }
 
   return { renderBlock, renderLens, renderPrediction, renderAblation, readSampling };

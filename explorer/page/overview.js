@@ -6,12 +6,21 @@ const Overview = (() => {
   const { t, word } = Page;
   const { el, $, count, fmt, visible, tokenLabel, index, lossColour } = View;
 
+  // A char model reads the characters its training text held, and no other: said before the
+  // learner types one it never saw (the page refuses those, naming them)
+  function knownCharacters() {
+    if (Page.TOKENIZER.kind !== "char") return "";
+    const known = [...Page.TOKENIZER.vocab.keys()].filter((piece) => [...piece].length === 1)
+      .sort((a, b) => a.codePointAt(0) - b.codePointAt(0));
+    return t("sentenceGap") + t("charsKnown", { count: known.length, characters: known.map(visible).join(" ") });
+  }
+
   function renderHeader() {
     const data = Page.data;
     const c = data ? data.config : null;
     const why = Page.SETTINGS.why_not;
     $("prompt-note").textContent = Page.SETTINGS.server ? "" : Page.MODEL ? t("inPageNote", { parameters: count(Page.MODEL.parameters) })
-      : why ? t(`whyNot_${why.code}`, { count: count(why.values.count ?? 0), limit: count(why.values.limit ?? 0) }) : "";
+      + knownCharacters() : why ? t(`whyNot_${why.code}`, { count: count(why.values.count ?? 0), limit: count(why.values.limit ?? 0) }) : "";
     $("lang").textContent = t("switchLanguage");
     $("lock-state").textContent = Page.state.locked ? t("locked") : t("unlocked");
     $("model-line").textContent = c ? t("modelLine", {
