@@ -34,7 +34,7 @@ from bench.common import ROOT, machine, save, table
 from common.run_dir import RunDir
 from data import shakespeare
 from data.tokenizer import train_tokenizer
-from explorer.data import default_prompt, page_model, prompt_data, to_json
+from explorer.data import carries_snapshots, default_prompt, page_model, prompt_data, to_json
 from explorer.page import render
 from explorer.screenshot import chromium_page
 from model import GPT, GPTConfig
@@ -114,8 +114,9 @@ def main() -> None:
         # a run's page opens on the start of its validation text, as explore.py writes it
         prompt = (default_prompt(run, tokenizer, 64) if args.checkpoint else None) or PROMPT
         start = time.perf_counter()
-        data = prompt_data(model.eval(), tokenizer, prompt, 64, run=run)
-        runnable, why_not = page_model(model, tokenizer)
+        runnable, why_not = page_model(model, tokenizer)  # (as explore.py writes the page: the same data, the same model)
+        data = prompt_data(model.eval(), tokenizer, prompt, 64, run=run,
+                           carry_weights=carries_snapshots(model, len(run.snapshot_paths())), sources=runnable is None)
         html = render(data, prompt=prompt, model=runnable, why_not=why_not)
         build = time.perf_counter() - start
         path = Path(tmp) / "explorer.html"
