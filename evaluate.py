@@ -11,9 +11,11 @@ character and per UTF-8 byte (these two compare char and BPE models), and the co
 A model trained on conversations (data/template.py) is scored by the rule it was trained by:
 on a .jsonl file of conversations (--text), or its validation conversations (--split
 val), the loss is over the assistant's tokens alone; and each conversation's last answer
-is written by the model (greedy, up to its end-of-turn token) and compared with the
-reference: the exact-match accuracy. --answers FILE.jsonl keeps each of them (the prompt,
-the expected answer, the model's); --chat-template FILE scores a model with another
+is written by the model (greedy, up to its end-of-turn token or --max-new-tokens) and compared
+with the reference as the template writes that turn, its text and its tool calls: the
+exact-match accuracy, with the answers that call tools scored apart (the right tool, the right
+arguments as JSON, the right text). --answers FILE.jsonl keeps each of them (the prompt,
+the expected answer, the model's, its kind and its scores); --chat-template FILE scores a model with another
 template, or one that has none (the base before fine-tuning).
 A transformers model folder (as train.init_from reads it) is scored as it is: the base before
 fine-tuning, with its own chat template, or with --chat-template default (the template
@@ -42,11 +44,13 @@ from common.run_dir import RunDir
 from common.threads import AdaptiveThreads, adaptable, set_threads, thread_help
 from common.chat import replies, run_template
 from data.batches import IGNORE, conversation_rows, in_memory
+from data.config import DataConfig
 from data.conversations import chat_source
 from data.prepare import validation_tokens
 from data.readers import check_readable
 from data.shared import DataError
 from data.template import ChatTemplate, chat_tokenizer, encode, prompt_ids, template_for, turn_ends
+from data.tool_calls import compare_turn
 from data.tokenizer import Encoder, start_ids, unknown_characters
 from interop.base_model import open_base_model, read_json, with_chat_markers
 from model import GPT
@@ -164,28 +168,59 @@ def val_source(checkpoint: Path, tokenizer, counts: dict, scratch: Path) -> Iter
 
 
 def conversations_to_score(args) -> list[tuple[list[dict], list[dict] | None]] | None:
-    """The conversations --text or --split val names, each (messages, tools) (None: plain text)."""
+    """The conversations --text or --split val names, each (messages, tools) (None: plain text);
+    the bad records among them skipped by the rule training skips them by (data.skip_bad_records),
+    and said."""
     if args.text is not None:
-        source = chat_source(str(args.text), 0.5)
-        return None if source is None else [(messages, tools) for _, messages, tools in source.everything()]
-    try:
-        data_config = RunDir(args.checkpoint).data_config()
-    except UserError as e:
-        raise UserError(f"--split val needs the run's data settings: {e}") from None
+        parts = [DataConfig(source=str(args.text))]
+    else:
+        try:
+            data_config = RunDir(args.checkpoint).data_config()
+        except UserError as e:
+            raise UserError(f"--split val needs the run's data settings: {e}") from None
+        parts = [part for part, _ in data_config.parts()] if data_config.sources is not None else [data_config]
     held_out = []
-    for part, _ in data_config.parts() if data_config.sources is not None else [(data_config, 1.0)]:  # (a mixture's every source)
-        source = chat_source(part.source, part.val_fraction, part.hf_split, part.hf_data_files)
+    for part in parts:  # (a mixture's every source)
+        source = chat_source(part)
         if source is None:
             return None
-        held_out += [(messages, tools) for _, messages, tools in source.val()]
+        records = source.everything() if args.text is not None else source.val()
+        held_out += [(messages, tools) for _, messages, tools in records]
+        if source.skipped.count:
+            print(f"note: {source.skipped.count:,} of {source.skipped.seen:,} conversations of {source.label} are bad "
+                  f"and skipped: {source.skipped.said()}", file=sys.stderr)
     return held_out
+
+
+def last_answer(tokenizer, template: ChatTemplate, messages: list[dict], tools: list[dict] | None) -> tuple[int, list[int]]:
+    """(the index of a conversation's last assistant message, its tokens as the model is taught
+    to write them): the template's text for that turn (its content and its calls), up to its
+    end-of-turn token, which is left out as a reply leaves it out."""
+    last = max(i for i, message in enumerate(messages) if message["role"] == "assistant")
+    ids, mask = encode(tokenizer, template, messages[:last + 1], tools)
+    flagged = np.flatnonzero(mask)
+    first = flagged[-1]
+    while first > 0 and mask[first - 1]:  # (back to the start of the last run of the assistant's tokens)
+        first -= 1
+    answer = ids[first:flagged[-1] + 1].tolist()
+    return last, answer[:-1] if answer and answer[-1] in turn_ends(tokenizer) else answer
+
+
+def answer_cap(expected: list[list[int]], block_size: int) -> int:
+    """--max-new-tokens' default: twice the longest expected answer (at least 16 tokens, at most
+    the context), so that a model that never ends its turn (a base before fine-tuning) is cut
+    where no right answer could still be coming."""
+    return min(block_size, max(16, 2 * (max(map(len, expected), default=0) + 1)))
 
 
 @torch.no_grad()
 def score_conversations(model, tokenizer, template: ChatTemplate,
-                        conversations: list[tuple[list[dict], list[dict] | None]], batch_size: int, device) -> dict:
+                        conversations: list[tuple[list[dict], list[dict] | None]], batch_size: int, device,
+                        max_new_tokens: int | None = None) -> dict:
     """The loss over the assistant's tokens (each conversation cut to block_size + 1 tokens,
-    as training cuts it), and the exact-match accuracy of each conversation's last answer.
+    as training cuts it), and each conversation's last answer written by the model (greedy, to
+    its end-of-turn token or max_new_tokens, default answer_cap) against the one expected,
+    both as the template writes the turn: its text and its tool calls (data/tool_calls.py).
     conversations: (messages, the tools they may call) each."""
     block = model.config.block_size
     rows = in_memory([encode(tokenizer, template, messages, tools) for messages, tools in conversations])
@@ -196,17 +231,41 @@ def score_conversations(model, tokenizer, template: ChatTemplate,
         y = y.to(device)
         nll += model.loss(logits, y, reduction="sum").item()
         scored += int((y != IGNORE).sum())
+    lasts = [last_answer(tokenizer, template, messages, tools) for messages, tools in conversations]
+    cap = max_new_tokens or answer_cap([expected for _, expected in lasts], block)
     answers = []
+    progress = tqdm(total=len(conversations), unit="answer", desc="answers", file=sys.stderr, leave=False)
     for start in range(0, len(conversations), batch_size):  # the last answers, written batch_size at a time
-        batch = conversations[start:start + batch_size]
-        lasts = [max(i for i, message in enumerate(messages) if message["role"] == "assistant") for messages, _ in batch]
+        batch = list(zip(conversations[start:start + batch_size], lasts[start:start + batch_size]))
         prompts = [prompt_ids(tokenizer, template, messages[:last], tools)[-block:]
-                   for (messages, tools), last in zip(batch, lasts)]
-        for written, (messages, _), last in zip(replies(model, prompts, turn_ends(tokenizer), block), batch, lasts):
-            got, expected = tokenizer.decode(written), messages[last]["content"]
-            answers.append({"prompt": messages[:last], "expected": expected, "got": got, "right": got == expected})
+                   for (messages, tools), (last, _) in batch]
+        for written, ((messages, tools), (last, expected)) in zip(replies(model, prompts, turn_ends(tokenizer), cap),
+                                                                  batch):
+            got, wanted = tokenizer.decode(written), tokenizer.decode(expected)
+            answers.append({"prompt": messages[:last], **({"tools": tools} if tools else {}), "expected": wanted,
+                            "got": got, **compare_turn(wanted, got, messages[last].get("tool_calls")),
+                            "at_the_cap": len(written) >= cap})
+        progress.update(len(batch))
+    progress.close()
     return {"loss": nll / max(scored, 1), "answer_tokens": scored, "conversations": len(conversations),
-            "exact_match": sum(a["right"] for a in answers) / len(conversations), "answers": answers}
+            "exact_match": sum(a["right"] for a in answers) / len(conversations), "answers": answers,
+            "max_new_tokens": cap, "at_the_cap": sum(a["at_the_cap"] for a in answers),
+            **answer_kinds(answers)}
+
+
+def answer_kinds(answers: list[dict]) -> dict:
+    """The scores of text answers and of answers that call tools, apart: how many, how many right,
+    and for the calls the share with the right names, arguments and text around them."""
+    def share(items: list[dict], right) -> float | None:
+        return sum(1 for item in items if right(item)) / len(items) if items else None
+
+    text = [a for a in answers if a["kind"] == "text"]
+    calls = [a for a in answers if a["kind"] == "tool_call"]
+    return {"text_answers": {"count": len(text), "exact_match": share(text, lambda a: a["right"])},
+            "tool_call_answers": {"count": len(calls), "exact_match": share(calls, lambda a: a["right"]),
+                                  **{key: share(calls, lambda a, key=key: a["calls"][key])
+                                     for key in ("name_right", "arguments_right", "text_right")},
+                                  "template_writes_json": all(a["calls"]["template_writes_json"] for a in calls)}}
 
 
 def scored_model(checkpoint: Path, device) -> tuple[GPT, Tokenizer, str | None]:
@@ -235,7 +294,8 @@ def chosen_template(args, tokenizer, own: str | None) -> ChatTemplate:
 
 def evaluate_conversations(args, model, tokenizer, template: ChatTemplate, conversations, device) -> dict:
     start = time.perf_counter()
-    result = score_conversations(model, tokenizer, template, conversations, args.batch_size, device)
+    result = score_conversations(model, tokenizer, template, conversations, args.batch_size, device,
+                                 args.max_new_tokens)
     if args.answers is not None:
         lines = "".join(json.dumps(answer, ensure_ascii=False) + "\n" for answer in result["answers"])
         write_atomic(args.answers, lines.encode())
@@ -250,9 +310,11 @@ def read_template(path: Path) -> str:
 
 
 def check_conversation_options(args, conversations) -> None:
-    """--answers and --chat-template are for conversations; --answers never overwrites a file."""
+    """--answers, --chat-template and --max-new-tokens are for conversations; --answers never
+    overwrites a file."""
     if conversations is None:
-        for option, value in (("--answers", args.answers), ("--chat-template", args.chat_template)):
+        for option, value in (("--answers", args.answers), ("--chat-template", args.chat_template),
+                              ("--max-new-tokens", args.max_new_tokens)):
             if value is not None:
                 raise UserError(f"{option} is for conversations (a .jsonl of them, or a chat run's --split val); "
                                 f"{args.text or 'the validation split'} is plain text")
@@ -301,12 +363,15 @@ def command(args) -> int:
     what = "the validation split" if args.split else str(args.text)
     if "exact_match" in r:
         if args.json:
-            print(json.dumps({k: r[k] for k in ("loss", "perplexity", "answer_tokens", "conversations", "exact_match")}))
+            print(json.dumps({k: r[k] for k in ("loss", "perplexity", "answer_tokens", "conversations", "exact_match",
+                                                "text_answers", "tool_call_answers", "max_new_tokens", "at_the_cap")}))
             return 0
         print(f"{what}: {r['conversations']:,} conversations, {r['answer_tokens']:,} answer tokens scored in "
               f"{r['seconds']:.1f} s")
         print(f"loss {r['loss']:.4f} nats/answer token | perplexity {r['perplexity']:.3f} | exact match of the "
               f"last answer {r['exact_match']:.1%}")
+        for line in answer_lines(r):
+            print(line)
         return 0
     if args.json:
         print(json.dumps({k: r[k] for k in ("loss", "perplexity", "bits_per_char", "bits_per_byte", "tokens",
@@ -318,6 +383,26 @@ def command(args) -> int:
     print(f"loss {r['loss']:.4f} nats/token | perplexity {r['perplexity']:.3f} | "
           f"{r['bits_per_char']:.4f} bits/char | {r['bits_per_byte']:.4f} bits/byte")
     return 0
+
+
+def answer_lines(r: dict) -> list[str]:
+    """The last answers by kind (text, tool calls), and how many the cap on their length cut."""
+    text, calls = r["text_answers"], r["tool_call_answers"]
+    lines = []
+    if calls["count"]:
+        lines.append(f"text answers: {text['count']:,}" + (f", exact match {text['exact_match']:.1%}" if text["count"]
+                                                           else ""))
+        lines.append(f"answers that call tools: {calls['count']:,}, exact match {calls['exact_match']:.1%} | the "
+                     f"right tool {calls['name_right']:.1%} | the right arguments (as JSON) {calls['arguments_right']:.1%}"
+                     f" | the right text around the calls {calls['text_right']:.1%}")
+        if not calls["template_writes_json"]:
+            lines.append("note: the chat template writes some calls in a form other than JSON; those calls are "
+                         "compared as text only (data/tool_calls.py)")
+    cut = r["at_the_cap"]
+    lines.append(f"answers written up to {r['max_new_tokens']:,} tokens (--max-new-tokens): "
+                 + (f"{cut:,} of {r['conversations']:,} reached it without ending their turn" if cut
+                    else "every answer ended its turn before it"))
+    return lines
 
 
 def parse_args(argv):
@@ -334,10 +419,12 @@ def parse_args(argv):
                    help="the weights' dtype while scoring (auto: bfloat16 on a GPU that has it, else float32)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--answers", type=Path, metavar="FILE.jsonl", help="conversations: write each last answer, with "
-                   "its prompt and the expected one, a JSON line each")
+                   "its prompt, the expected one, its kind (text or tool calls) and its scores, a JSON line each")
     p.add_argument("--chat-template", metavar="FILE", help="conversations: the Jinja chat template to use instead "
                    f"of the model's, or {DEFAULT}: the template a model without one is given when it is fine-tuned, "
                    "its markers added the same way: the base as fine-tuning starts it")
+    p.add_argument("--max-new-tokens", type=positive, metavar="N", help="conversations: the most tokens a written "
+                   "answer may have (default: twice the longest expected answer, at least 16, at most the context)")
     p.add_argument("--threads", type=positive, help=thread_help("evaluate"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = p.parse_args(argv)

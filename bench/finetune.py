@@ -49,11 +49,12 @@ def held_out_answers(run: Path) -> dict:
 def before(base: Path, data: Path, tmp: Path) -> dict:
     """The held-out answers of the model fine-tuning starts from, by evaluate.py's one command:
     the base with the default template's markers added as fine-tuning adds them."""
+    from data.config import DataConfig
     from data.conversations import chat_source
 
     held_out = tmp / "held_out.jsonl"
     held_out.write_text("".join(json.dumps({"messages": messages}) + "\n"
-                                for _, messages, _ in chat_source(str(data), 0.1).val()))
+                                for _, messages, _ in chat_source(DataConfig(source=str(data))).val()))
     done = subprocess.run([sys.executable, "evaluate.py", "--checkpoint", str(base), "--text", str(held_out),
                            "--chat-template", "default", "--json"], cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(done.stdout)

@@ -22,6 +22,8 @@ class DataConfig:
     hf_split: str = "train"  # hf: sources: the dataset's split to read, as load_dataset names it ("train[:10%]")
     hf_data_files: str | None = None  # hf: sources: only the files matching this pattern ("en/*.parquet")
     chat_too_long: str = "cut"  # conversations longer than the context: cut at the end, or refuse the run
+    skip_bad_records: float = 0.01  # conversations: the share of records that may be skipped as bad, each counted
+    # by its reason and the first named (more refuses the source; 0 refuses the first), data/conversations.py
     sources: list | None = None  # a mixture of conversations: each a source as data.source takes it, or
     # {source: ..., weight: 2.0, hf_split: ..., hf_data_files: ...}; weight: how often its conversations come in an epoch
 
@@ -33,6 +35,10 @@ class DataConfig:
                             f"byte-level BPE starts from, plus {EOT}; use at least {BYTE_ALPHABET + 1}")
         if self.chat_too_long not in ("cut", "refuse"):
             raise DataError(f"data.chat_too_long={self.chat_too_long!r}: must be cut or refuse")
+        if isinstance(self.skip_bad_records, bool) or not isinstance(self.skip_bad_records, (int, float)) \
+                or not 0.0 <= self.skip_bad_records < 1.0:
+            raise DataError(f"data.skip_bad_records={self.skip_bad_records!r}: must be a share from 0 (refuse any bad "
+                            "record) up to 1, e.g. 0.01")
         if not 0.0 < self.val_fraction < 1.0:
             raise DataError(f"data.val_fraction={self.val_fraction}: must be between 0 and 1, e.g. 0.1")
         if self.sources is not None:

@@ -15,67 +15,174 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .readers import (check_readable, dataset_columns, file_stats, first_record, folder_files, hub_reachable,
                       json_lines, load_split, parquet_columns, parquet_rows)
+from .config import DataConfig
 from .shared import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
 MESSAGE_EXTRAS = {"tool_calls": list, "tool_call_id": str, "name": str}  # what a message may hold besides its text
+FIRST_NAMED = 3  # the bad records a report names (the rest are counted)
+
+
+class BadRecord(DataError):
+    """A record that is no conversation a model can learn from: its reason, a few words to
+    count such records by, and the one-line error, which says where it is."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class Skipped:
+    """The bad records of one reading of a source, skipped: at most `allowed` of them (a share
+    of the records seen; data.skip_bad_records); with 0 the first is refused as it is found.
+    Counted by reason, the first FIRST_NAMED named; `check` refuses the source past the limit."""
+
+    allowed: float
+    seen: int = 0
+    reasons: dict = field(default_factory=dict)
+    first: list = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return sum(self.reasons.values())
+
+    def take(self, error: BadRecord) -> None:
+        if not self.allowed:
+            raise error
+        self.reasons[error.reason] = self.reasons.get(error.reason, 0) + 1
+        if len(self.first) < FIRST_NAMED:
+            self.first.append(str(error))
+
+    def said(self) -> str:
+        """'2 with the roles out of order, 1 with a tool reply and no call; the first: ...'"""
+        reasons = ", ".join(f"{n:,} {reason}" for reason, n in sorted(self.reasons.items(), key=lambda r: -r[1]))
+        return f"{reasons}; the first: {' | '.join(self.first)}"
+
+    def check(self, label: str) -> None:
+        """A DataError if more of the records seen are bad than `allowed` lets be skipped."""
+        if self.count > self.allowed * self.seen:
+            raise DataError(f"{label}: {self.count:,} of {self.seen:,} conversations are bad, more than "
+                            f"data.skip_bad_records={self.allowed:g} lets be skipped ({self.said()}); fix the data, "
+                            "or raise data.skip_bad_records")
+
+    def report(self) -> dict:
+        """What meta.json keeps of the skipped records."""
+        return {"allowed": self.allowed, "of": self.seen, "reasons": self.reasons, "first": self.first}
+
+    @classmethod
+    def added(cls, reports: list[dict]) -> "Skipped":
+        """The skipped records of several reports (a mixture's sources', from meta.json) as one."""
+        total = cls(max(report["allowed"] for report in reports))
+        for report in reports:
+            total.seen += report["of"]
+            for reason, count in report["reasons"].items():
+                total.reasons[reason] = total.reasons.get(reason, 0) + count
+            total.first += report["first"][:FIRST_NAMED - len(total.first)]
+        return total
 
 
 def conversation(record, where: str) -> list[dict]:
     """The messages of one record ({"messages": [...]} or {"prompt", "response"[, "system"]}),
     checked: known roles, text contents (an assistant's may be empty when it calls tools),
-    at least one assistant message. A message keeps its tool_calls, tool_call_id and name
-    (a tool's) where it has them; a field with no value (a Parquet row's None) is left out."""
+    at least one assistant message, the roles in an order a chat can have (check_turns). A
+    message keeps its tool_calls, tool_call_id and name (a tool's) where it has them; a field
+    with no value (a Parquet row's None) is left out. A bad record is a BadRecord."""
     if not isinstance(record, dict):
-        raise DataError(f"{where}: a conversation is a JSON object with \"messages\" (or \"prompt\" and "
-                        f"\"response\"), not a {type(record).__name__}")
+        raise BadRecord("not a JSON object", f"{where}: a conversation is a JSON object with \"messages\" (or "
+                        f"\"prompt\" and \"response\"), not a {type(record).__name__}")
     if record.get("messages") is not None:
         messages = record["messages"]
     elif record.get("prompt") is not None and record.get("response") is not None:
         messages = ([{"role": "system", "content": record["system"]}] if record.get("system") else []) + [
             {"role": "user", "content": record["prompt"]}, {"role": "assistant", "content": record["response"]}]
     else:
-        raise DataError(f"{where} has neither \"messages\" nor \"prompt\" and \"response\" (it has "
-                        f"{', '.join(record) or 'nothing'}); give each record one of them")
+        raise BadRecord("with no messages", f"{where} has neither \"messages\" nor \"prompt\" and \"response\" (it "
+                        f"has {', '.join(record) or 'nothing'}); give each record one of them")
     if not isinstance(messages, list) or not messages:
-        raise DataError(f"{where}: \"messages\" must be a list of {{\"role\", \"content\"}} objects")
+        raise BadRecord("with no messages", f"{where}: \"messages\" must be a list of {{\"role\", \"content\"}} objects")
     checked = []
     for number, message in enumerate(messages):
         calls = isinstance(message, dict) and message.get("role") == "assistant" and message.get("tool_calls")
         if (not isinstance(message, dict) or message.get("role") not in ROLES
                 or not (isinstance(message.get("content"), str) or (calls and message.get("content") is None))):
-            raise DataError(f"{where}, message {number}: each message needs a \"role\" ({', '.join(ROLES)}) and a "
-                            f"text \"content\", not {json.dumps(message, ensure_ascii=False, default=str)[:80]}")
+            raise BadRecord("with a message that has no role or text", f"{where}, message {number}: each message "
+                            f"needs a \"role\" ({', '.join(ROLES)}) and a text \"content\", not "
+                            f"{json.dumps(message, ensure_ascii=False, default=str)[:80]}")
         kept = {"role": message["role"], "content": message.get("content") or ""}
         for key, kind in MESSAGE_EXTRAS.items():
             if message.get(key) is not None:
                 if not isinstance(message[key], kind):
-                    raise DataError(f"{where}, message {number}: \"{key}\" must be a {kind.__name__}")
+                    raise BadRecord("with a message field of the wrong type",
+                                    f"{where}, message {number}: \"{key}\" must be a {kind.__name__}")
                 kept[key] = message[key]
         checked.append(kept)
     if not any(message["role"] == "assistant" for message in checked):
-        raise DataError(f"{where}: no assistant message, so nothing to learn; give each conversation an answer")
+        raise BadRecord("with no assistant message",
+                        f"{where}: no assistant message, so nothing to learn; give each conversation an answer")
+    check_turns(checked, where)
     return checked
+
+
+def check_turns(messages: list[dict], where: str) -> None:
+    """The roles in an order a chat can have, as chat templates expect it: a system message
+    first or not at all; then the user and the assistant in turns, the user first; after an
+    assistant's tool calls, the tools' replies (each to a call of it: by tool_call_id where the
+    calls have ids, else no more replies than calls), then the assistant again."""
+    before = None  # the role of the message before
+    waiting: list = []  # the calls of the last assistant message that no tool has answered yet
+
+    def refuse(number: int, problem: str, reason: str = "with the roles out of order"):
+        raise BadRecord(reason, f"{where}, message {number}: {problem}; a chat goes [system,] user, assistant, "
+                                "user, ... with a tool's replies after the assistant's calls")
+
+    for number, message in enumerate(messages):
+        role = message["role"]
+        if role == "system" and number:
+            refuse(number, "a system message after the conversation began")
+        elif role == "user" and before in ("user", "tool"):
+            refuse(number, f"a user message after a {before} message" + (" (the assistant answers the tool's reply "
+                                                                          "first)" if before == "tool" else ""))
+        elif role == "assistant" and before in (None, "system", "assistant"):
+            refuse(number, "the assistant speaks first" if before != "assistant" else "two assistant messages in a row")
+        elif role == "tool":
+            if not waiting:
+                refuse(number, "a tool's reply with no call of the assistant's before it", "with a tool reply to no call")
+            ids = [call.get("id") for call in waiting if isinstance(call, dict) and call.get("id") is not None]
+            answered = message.get("tool_call_id")
+            if answered is not None and ids:
+                if answered not in ids:
+                    refuse(number, f"a tool's reply to call {answered!r}, which no unanswered call of the assistant's "
+                                   "has", "with a tool reply to no call")
+                waiting = [call for call in waiting if not (isinstance(call, dict) and call.get("id") == answered)]
+            else:
+                waiting = waiting[1:]
+        if role == "assistant":
+            waiting = list(message.get("tool_calls") or [])
+        elif role in ("user", "system"):
+            waiting = []
+        before = role
 
 
 def conversation_tools(record: dict, where: str) -> list[dict] | None:
     """The tools a record's conversation may call ("tools": a list of function descriptions, or
     that list as JSON text, as some datasets keep it), as templates take them; None if none."""
     tools = record.get("tools") if isinstance(record, dict) else None
+    bad = "with a tools field that is not a list of tools"
     if isinstance(tools, str):
         try:
             tools = json.loads(tools) if tools.strip() else None
         except json.JSONDecodeError as e:
-            raise DataError(f"{where}: \"tools\" is text but not JSON ({e.msg})") from None
+            raise BadRecord(bad, f"{where}: \"tools\" is text but not JSON ({e.msg})") from None
     if not tools:
         return None
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-        raise DataError(f"{where}: \"tools\" must be a list of tool descriptions (JSON objects)")
+        raise BadRecord(bad, f"{where}: \"tools\" must be a list of tool descriptions (JSON objects)")
     return tools
 
 
@@ -92,18 +199,23 @@ def has_conversations(columns) -> bool:
 
 # A conversation as a source yields it: where it is (file and line, or row), its messages, its tools.
 Record = tuple[str, list[dict], list[dict] | None]
+Rows = Callable[[], Iterator[tuple[str, object]]]  # (where, record) of each record of a source, as read
 
 
 @dataclass
 class ChatSource:
-    """Conversations: `train()` and `val()` yield Records, `everything()` all of
-    them (evaluate.py --text)."""
+    """Conversations: `train()` and `val()` yield Records, `everything()` all of them
+    (evaluate.py --text); the bad records among them are skipped, as `skipped` counts them
+    (data.skip_bad_records): those of reading, found when the records are first counted, and
+    those the chat template refuses, added as the token files are made (data/prepare.py)."""
 
     name: str
+    label: str  # the source as the user named it, for messages
     identity: dict
     train: Callable[[], Iterator[Record]]
     val: Callable[[], Iterator[Record]]
     everything: Callable[[], Iterator[Record]]
+    skipped: Skipped
     size: Callable[[], int | None] = lambda: None
 
 
@@ -119,20 +231,30 @@ def what_is_said(records: Iterable[Record]) -> Iterator[str]:
                 yield json.dumps(message["tool_calls"], ensure_ascii=False)
 
 
-def checked_records(rows: Iterable[tuple[str, object]]) -> Iterator[Record]:
+def checked_records(rows: Iterable[tuple[str, object]], skipped: Skipped) -> Iterator[Record]:
+    """Each row that is a conversation, as a Record; a bad one goes to `skipped` (counted, or refused)."""
     for where, row in rows:
-        yield where, conversation(row, where), conversation_tools(row, where)
+        skipped.seen += 1
+        try:
+            record = where, conversation(row, where), conversation_tools(row, where)
+        except BadRecord as e:
+            skipped.take(e)
+            continue
+        yield record
 
 
-def split_records(label: str, identity: dict, records: Callable[[], Iterator[Record]], val_fraction: float,
+def split_records(label: str, identity: dict, rows: Rows, val_fraction: float, skip_bad: float,
                   size: Callable[[], int | None] = lambda: None) -> ChatSource:
-    """A source of conversations split at its end: the last val_fraction of them (at least one)
-    is validation. The first read counts them; each split reads them again."""
+    """A source of conversations split at its end: the last val_fraction of its good records (at
+    least one) is validation. The first read counts them, and the bad ones (refused past
+    skip_bad, data.skip_bad_records); each split reads them again."""
+    skipped = Skipped(skip_bad)
     counts: list[int] = []
 
     def split_point() -> int:
         if not counts:
-            total = sum(1 for _ in records())
+            total = sum(1 for _ in checked_records(rows(), skipped))
+            skipped.check(label)
             train = min(int(total * (1.0 - val_fraction)), total - 1)
             if train < 1:
                 raise DataError(f"data source {label!r} holds {total} conversation{'s' if total != 1 else ''}; "
@@ -142,29 +264,34 @@ def split_records(label: str, identity: dict, records: Callable[[], Iterator[Rec
 
     def train() -> Iterator[Record]:
         end = split_point()
-        for index, item in enumerate(records()):
+        for index, item in enumerate(checked_records(rows(), Skipped(skip_bad))):
             if index == end:
                 return
             yield item
 
     def val() -> Iterator[Record]:
         start = split_point()
-        for index, item in enumerate(records()):
+        for index, item in enumerate(checked_records(rows(), Skipped(skip_bad))):
             if index >= start:
                 yield item
 
+    def everything() -> Iterator[Record]:  # (a pass of its own: it counts the bad records itself)
+        skipped.seen, skipped.reasons, skipped.first = 0, {}, []
+        yield from checked_records(rows(), skipped)
+        skipped.check(label)
+
     path = Path(label.removeprefix("hf:"))
     name = path.stem if path.is_file() else path.name.replace("/", "_") or "hub"
-    return ChatSource(name, identity, train, val, records, size)
+    return ChatSource(name, label, identity, train, val, everything, skipped, size)
 
 
-def chat_source(source: str, val_fraction: float, hf_split: str = "train",
-                hf_data_files: str | None = None) -> ChatSource | None:
-    """The conversations of a source, else None: a local .jsonl file (or folder of them)
+def chat_source(config: DataConfig) -> ChatSource | None:
+    """The conversations of config's source, else None: a local .jsonl file (or folder of them)
     whose first record is one, a .parquet file (or folder) with a "messages" column (or
     "prompt" and "response"), or an hf: dataset with one (hub_chat_source)."""
+    source = config.source
     if source.startswith("hf:"):
-        return hub_chat_source(source, val_fraction, hf_split, hf_data_files)
+        return hub_chat_source(config)
     path = Path(source).expanduser()
     if not path.exists():
         return None
@@ -181,37 +308,37 @@ def chat_source(source: str, val_fraction: float, hf_split: str = "train",
                 yield from parquet_rows(f)
     else:
         return None
-    identity = {"source": "local", "kind": "chat", "files": file_stats(files), "val_fraction": val_fraction}
-    return split_records(source, identity, lambda: checked_records(rows()), val_fraction,
+    identity = {"source": "local", "kind": "chat", "files": file_stats(files), "val_fraction": config.val_fraction}
+    return split_records(source, identity, rows, config.val_fraction, config.skip_bad_records,
                          lambda: sum(f.stat().st_size for f in files))
 
 
-def hub_chat_source(source: str, val_fraction: float, split: str, data_files: str | None) -> ChatSource | None:
+def hub_chat_source(config: DataConfig) -> ChatSource | None:
     """The conversations of an hf: dataset (a local folder in the hub's layout, or a hub
     name) whose split has a "messages" column (or "prompt" and "response"), else None. The
     columns are read from the dataset's description or its first file where it can, else by
     loading it (datasets caches it) as preparing its text would; the rows are read only when
     the token files are made."""
-    spec = source[3:]
-    name, _, config = spec.partition(":")
+    source, split, data_files = config.source, config.hf_split, config.hf_data_files
+    name, _, subset = source[3:].partition(":")
     if not name:
         return None  # (the text path says what is missing)
     if not Path(name).is_dir() and not os.environ.get("HF_HUB_OFFLINE") and not hub_reachable():
         return None  # (the text path says the hub cannot be reached, or uses the token files it made)
-    columns = dataset_columns(name, config, split, data_files)
+    columns = dataset_columns(name, subset, split, data_files)
     if not has_conversations(columns):
         return None
 
     def rows() -> Iterator[tuple[str, object]]:
-        dataset, _ = load_split(name, data_files, split, name=config or None)
+        dataset, _ = load_split(name, data_files, split, name=subset or None)
         number = 0
         for batch in dataset.iter(batch_size=1000):
             for row in (dict(zip(batch, values)) for values in zip(*batch.values())):
                 number += 1
                 yield f"{source} ({split}), row {number}", row
 
-    identity = {"source": "hf", "kind": "chat", "name": name, "config": config, "val_fraction": val_fraction,
+    identity = {"source": "hf", "kind": "chat", "name": name, "config": subset, "val_fraction": config.val_fraction,
                 "split": split, "data_files": data_files}
     if Path(name).is_dir():
         identity["files"] = file_stats(sorted(p for p in Path(name).rglob("*") if p.is_file()))
-    return split_records(source, identity, lambda: checked_records(rows()), val_fraction)
+    return split_records(source, identity, rows, config.val_fraction, config.skip_bad_records)

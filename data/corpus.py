@@ -23,6 +23,7 @@ from tokenizers import Tokenizer
 
 from .batches import (BatchSampler, ConversationSampler, Conversations, answered, check_length, fixed_conversations,
                       fixed_windows, longer_than)
+from .conversations import Skipped
 from .shared import DataError
 from .tokenizer import suggest_prompt
 
@@ -67,6 +68,10 @@ class TextData(TokenFiles):
         """A DataError if a split is too short for one window of block_size + 1 tokens."""
         check_length(self.train, block_size, "train")
         check_length(self.val, block_size, "val")
+
+    def bad_records(self) -> str | None:
+        """What was left out of the corpus as bad, in words (None: nothing; a text has no records)."""
+        return None
 
     def bits_per_character(self, loss: float) -> float | None:
         """A validation loss in nats per token, as bits per character of the validation text."""
@@ -117,6 +122,15 @@ class ConversationData(TokenFiles):
             print(f"note: {longer} conversations are longer than the context ({block_size + 1} tokens with the last "
                   f"target): each is cut at its end (data.chat_too_long=cut)"
                   + (f"; {dropped:,} keep no answer and are left out" if dropped else ""))
+
+    def bad_records(self) -> str | None:
+        """The bad conversations skipped when the token files were made (data.skip_bad_records),
+        in words: how many of how many, by reason, the first named (None: none)."""
+        if "skipped" not in self.meta:
+            return None
+        skipped = Skipped.added([self.meta["skipped"]])
+        return (f"{skipped.count:,} of {skipped.seen:,} conversations are bad and left out (data.skip_bad_records="
+                f"{skipped.allowed:g}): {skipped.said()}")
 
     def bits_per_character(self, loss: float) -> float | None:
         """None: the loss is on the assistant's tokens alone, not on a text."""

@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from .batches import Conversations
 from .config import MIXTURE, DataConfig
-from .conversations import ChatSource, Record, chat_source, what_is_said
+from .conversations import BadRecord, ChatSource, Record, Skipped, chat_source, what_is_said
 from .corpus import ConversationData, TextData, TokenFiles
 from .shared import END, DataError, Piece
 from .template import DEFAULT_TEMPLATE, chat_tokenizer, encode, template_for
@@ -75,7 +75,7 @@ def starts_file(split: str) -> str:
 
 
 FORMAT_VERSION = 2  # 2: BPE text cut only where the tokens cannot change; char vocabularies hold "\n"
-CHAT_FORMAT = 1  # conversations' token files: ids, the assistant's flags, where each starts
+CHAT_FORMAT = 2  # conversations' token files: ids, the assistant's flags, where each starts; 2: the roles' order checked
 CHUNK_CHARS = 1 << 20  # text is tokenized in chunks of about 1M characters
 LEGACY_CACHE = Path(__file__).resolve().parent / "cache"  # the default before default_cache(): still read
 SPLITS = ("train", "val")
@@ -120,7 +120,7 @@ def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | N
     parts = config.parts()
     sources = []
     for part, _ in parts:
-        src = chat_source(part.source, part.val_fraction, part.hf_split, part.hf_data_files)
+        src = chat_source(part)
         if src is None:
             raise DataError(f"data.sources mixes conversations; {part.source!r} is not conversations (a \"messages\" "
                             "column, or \"prompt\" and \"response\"): train on a text alone with data.source")
@@ -142,8 +142,12 @@ def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | N
               if key.startswith(("train_", "val_")) and all(key in data.meta for data in datas)}
     folders = [{"source": part.source, "directory": str(data.directory), "fingerprint": data.meta["fingerprint"]}
                for data, (part, _) in zip(datas, parts)]
+    skipped = [data.meta["skipped"] for data in datas if "skipped" in data.meta]
     meta = {**datas[0].meta, **counts, "fingerprint": fingerprint_of([data.meta["fingerprint"] for data in datas]),
             "source": {"source": MIXTURE}, "parts": folders}
+    meta.pop("skipped", None)
+    if skipped:  # (the parts' bad records, added up)
+        meta["skipped"] = Skipped.added(skipped).report()
     build(directory / META, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
     # the weights (how often each source's conversations come) are the run's, not the folder's
     weighted = {**meta, "fingerprint": fingerprint_of([[data.meta["fingerprint"], weight]
@@ -186,7 +190,7 @@ def locate(config: DataConfig, tokenizer: Tokenizer | None = None, chat_template
         found = located(text, config, tokenizer, chat_template)
         if (found[3] / META).is_file():
             return found
-    src = chat_source(config.source, config.val_fraction, config.hf_split, config.hf_data_files) or text or \
+    src = chat_source(config) or text or \
         open_source(config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
     return located(src, config, tokenizer, chat_template)
 
@@ -387,10 +391,12 @@ class ConversationFiles:
                                 if self.chat_template else "the default chat template")
         tokenizer.save(str(tmp / TOKENIZER))
         dtype = token_dtype(tokenizer.get_vocab_size())
-        sizes = {split: write_conversations(conversations, tokenizer, template, tmp, split, dtype)
+        sizes = {split: write_conversations(conversations, tokenizer, template, tmp, split, dtype, src.skipped)
                  for split, conversations in (("train", src.train()), ("val", src.val()))}
+        src.skipped.check(src.label)  # (the run says what was skipped: training/preparation.py)
         write_meta(tmp, self.kind, src, settings, fingerprint, tokenizer, sizes, log,
-                   "tokens are <unk>: characters the tokenizer never saw", chat_template=template.source)
+                   "tokens are <unk>: characters the tokenizer never saw", chat_template=template.source,
+                   **({"skipped": src.skipped.report()} if src.skipped.count else {}))
 
 
 def write_meta(tmp: Path, kind: str, src, settings: dict, fingerprint: str, tokenizer: Tokenizer, sizes: dict,
@@ -407,15 +413,20 @@ def write_meta(tmp: Path, kind: str, src, settings: dict, fingerprint: str, toke
 
 
 def write_conversations(conversations: Iterable[Record], tokenizer: Tokenizer,
-                        template, folder: Path, split: str, dtype) -> dict:
+                        template, folder: Path, split: str, dtype, skipped: Skipped) -> dict:
     """Each conversation's ids into split.bin, its assistant's flags into split.mask.bin and
-    where it starts into split.starts.npy; returns the counts (tokens, conversations, the
-    assistant's tokens and characters, <unk> tokens)."""
+    where it starts into split.starts.npy (one the template refuses goes to `skipped`, named by
+    where it is); returns the counts (tokens, conversations, the assistant's tokens and
+    characters, <unk> tokens)."""
     starts, answer_characters, unknown = [0], 0, 0
     unk = tokenizer.token_to_id(UNK)
     with open(folder / tokens_file(split), "wb") as ids_file, open(folder / mask_file(split), "wb") as flags_file:
-        for _, messages, tools in conversations:
-            ids, mask = encode(tokenizer, template, messages, tools)
+        for where, messages, tools in conversations:
+            try:
+                ids, mask = encode(tokenizer, template, messages, tools)
+            except DataError as e:
+                skipped.take(BadRecord("that the chat template refused", f"{where}: {e}"))
+                continue
             ids.astype(dtype).tofile(ids_file)
             mask.tofile(flags_file)
             starts.append(starts[-1] + len(ids))

@@ -199,6 +199,12 @@ def test_a_run_on_conversations_keeps_its_template_and_evaluate_scores_it_by_the
     assert said[0].startswith(f"{held_out}: 10 conversations, {scored['answer_tokens']} answer tokens scored in ")
     assert said[1] == (f"loss {scored['loss']:.4f} nats/answer token | perplexity {scored['perplexity']:.3f} | "
                        f"exact match of the last answer {scored['exact_match']:.1%}")
+    reached = scored["at_the_cap"]
+    assert said[2] == (f"answers written up to {scored['max_new_tokens']} tokens (--max-new-tokens): "
+                       + (f"{reached} of 10 reached it without ending their turn" if reached
+                          else "every answer ended its turn before it"))
+    assert evaluate.main(["--checkpoint", str(run), "--text", str(held_out), "--json", "--max-new-tokens", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_new_tokens"] == 2
 
 
 @pytest.mark.slow  # (two runs in their own processes)
@@ -531,6 +537,9 @@ def test_evaluate_keeps_each_answer_and_scores_a_base_with_a_template_given(chat
     assert evaluate.main(["--checkpoint", str(chat_runs / "sft"), "--text", str(tmp_path / "text.txt"),
                           "--answers", str(tmp_path / "x.jsonl")]) == 2
     assert capsys.readouterr().err.startswith("error: --answers is for conversations")
+    assert evaluate.main(["--checkpoint", str(chat_runs / "sft"), "--text", str(tmp_path / "text.txt"),
+                          "--max-new-tokens", "3"]) == 2
+    assert capsys.readouterr().err.startswith("error: --max-new-tokens is for conversations")
 
 
 def test_evaluate_scores_a_base_as_fine_tuning_starts_it_and_a_transformers_folder_as_the_run(chat_runs, tmp_path,
@@ -622,6 +631,7 @@ def test_the_exports_carry_the_chat_template(chat_runs, tmp_path):
 
 
 def test_a_folder_of_conversation_shards_is_read_in_order_and_split_at_its_end(tmp_path):
+    from data.config import DataConfig
     from data.conversations import chat_source
 
     folder = tmp_path / "shards"
@@ -629,11 +639,11 @@ def test_a_folder_of_conversation_shards_is_read_in_order_and_split_at_its_end(t
     write_tasks(folder / "part-1.jsonl", task_conversations("add", 6, seed=1))
     write_tasks(folder / "part-0.jsonl", task_conversations("add", 4, seed=0))
     (folder / "README.md").write_text("not data")
-    source = chat_source(str(folder), 0.2)
+    source = chat_source(DataConfig(source=str(folder), val_fraction=0.2))
     every = task_conversations("add", 4, seed=0) + task_conversations("add", 6, seed=1)
     assert [m for _, m, _ in source.train()] == [r["messages"] for r in every[:8]]
     assert [m for _, m, _ in source.val()] == [r["messages"] for r in every[8:]]
     assert [where for where, _, _ in source.val()] == [f"{folder / 'part-1.jsonl'}, line {n}" for n in (5, 6)]
     (folder / "part-2.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
     with pytest.raises(DataError, match="part-2.jsonl, line 1: no assistant message"):
-        list(chat_source(str(folder), 0.2).train())
+        list(chat_source(DataConfig(source=str(folder), val_fraction=0.2, skip_bad_records=0)).train())

@@ -50,7 +50,7 @@ def test_a_tool_turn_renders_with_its_tools_and_the_call_is_learnt():
 def test_parquet_conversations_with_a_tool_turn_come_in_and_bad_rows_name_their_row(tmp_path):
     records = [WITH_A_TOOL | {"tools": json.dumps([WEATHER])}] + task_conversations("add", 9, seed=0)
     write_parquet(tmp_path / "chat.parquet", [r | {"tools": r.get("tools")} for r in records])
-    source = chat_source(str(tmp_path / "chat.parquet"), 0.2)
+    source = chat_source(DataConfig(source=str(tmp_path / "chat.parquet"), val_fraction=0.2))
     train = list(source.train())
     assert len(train) == 8 and len(list(source.val())) == 2
     where, messages, tools = train[0]
@@ -61,7 +61,7 @@ def test_parquet_conversations_with_a_tool_turn_come_in_and_bad_rows_name_their_
     bad = [{"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}]}]
     write_parquet(tmp_path / "bad.parquet", records[1:4] + bad)
     with pytest.raises(DataError, match=r"bad.parquet, row 4, message 1: each message needs a \"role\""):
-        list(chat_source(str(tmp_path / "bad.parquet"), 0.2).val())
+        list(chat_source(DataConfig(source=str(tmp_path / "bad.parquet"), val_fraction=0.2, skip_bad_records=0)).val())
 
 
 def test_an_hf_folder_in_the_hubs_layout_is_read_as_conversations_and_fingerprinted(tmp_path):

@@ -122,6 +122,8 @@ def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tupl
                       f"{data.vocab_size - model_config.vocab_size} rows to its embedding, each the mean of the "
                       "others, for fine-tuning to teach")
             model_config = dataclasses.replace(model_config, vocab_size=data.vocab_size)
+    if dist.is_main and (left_out := data.bad_records()):
+        print(f"note: {left_out}")
     try:  # (a text too short for one window of either split; conversations too long, refused)
         data.check_fits(model_config.block_size, cfg.data.chat_too_long, say=dist.is_main)
     except DataError:

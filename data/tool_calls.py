@@ -1,0 +1,87 @@
+"""Tool calls in what an assistant writes: found in its text, compared by name and arguments.
+
+A chat template writes a call as JSON inside markers of its own: the default template
+(data/template.py) the message's list of tool_calls, Qwen2's and Hermes's
+{"name": ..., "arguments": ...} between <tool_call> tags, Llama 3.1's
+{"name": ..., "parameters": ...} alone. Whatever the markers, the call is a JSON object with
+a "name" and its "arguments" (or "parameters"), alone, in a list, or inside a "function":
+that is what `split_calls` looks for, and what it leaves, with the calls taken out, is the
+turn's text with the template's markers. A template that writes calls in another form
+(Python's syntax, say) is read as text.
+
+evaluate.py scores a turn that calls tools by the calls' names, their arguments as JSON
+values (key order and spacing aside) and the text around them (compare_turn);
+generate.py --chat shows the calls a model writes and takes the tools' replies.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def call_of(value) -> dict | None:
+    """{"name", "arguments"} of one call as JSON holds it (OpenAI's {"type": "function",
+    "function": {...}} or the bare {"name", "arguments"}; Llama's "parameters"; arguments given
+    as JSON text, as OpenAI's API gives them, read as the value they hold), else None."""
+    if not isinstance(value, dict):
+        return None
+    inner = value["function"] if isinstance(value.get("function"), dict) else value
+    if not isinstance(inner.get("name"), str) or not ("arguments" in inner or "parameters" in inner):
+        return None
+    arguments = inner["arguments"] if "arguments" in inner else inner["parameters"]
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass  # (text that is not JSON stays text, and is compared as text)
+    return {"name": inner["name"], "arguments": arguments}
+
+
+def calls_in(value) -> list[dict]:
+    """The calls a JSON value holds: one call, or a list of them (every item a call); else none."""
+    if (call := call_of(value)) is not None:
+        return [call]
+    if isinstance(value, list) and value and all(call_of(item) is not None for item in value):
+        return [call_of(item) for item in value]
+    return []
+
+
+def split_calls(text: str) -> tuple[str, list[dict]]:
+    """(the text with each call's JSON taken out, the calls in the order written). Each
+    { or [ is tried as the start of a JSON value; one that holds calls is taken out whole."""
+    decoder = json.JSONDecoder()
+    kept, calls = [], []
+    start = i = 0
+    while i < len(text):
+        if text[i] in "{[":
+            try:
+                value, end = decoder.raw_decode(text, i)
+            except json.JSONDecodeError:
+                end = None
+            if end is not None and (found := calls_in(value)):
+                kept.append(text[start:i])
+                calls += found
+                start = i = end
+                continue
+        i += 1
+    kept.append(text[start:])
+    return "".join(kept), calls
+
+
+def compare_turn(expected: str, got: str, expected_calls: list[dict] | None = None) -> dict:
+    """How the turn a model wrote (`got`) compares with the one expected, both as the
+    template writes them: "right" when they are the same text; for a turn that calls tools
+    (expected_calls: the message's tool_calls, as the data holds them), also whether the calls
+    have the right names (all of them, in order), the right arguments (as JSON values) and the
+    right text around them (the turns with their calls taken out, spaces at the ends aside)."""
+    result = {"kind": "tool_call" if expected_calls else "text", "right": got == expected}
+    if expected_calls:
+        wanted = [call for item in expected_calls for call in calls_in(item)]
+        text_expected, _ = split_calls(expected)
+        text_got, written = split_calls(got)
+        names = [call["name"] for call in written] == [call["name"] for call in wanted]
+        result["calls"] = {"expected": wanted, "got": written, "name_right": names,
+                           "arguments_right": names and [c["arguments"] for c in written] == [c["arguments"] for c in wanted],
+                           "text_right": text_got.strip() == text_expected.strip(),
+                           "template_writes_json": len(split_calls(expected)[1]) == len(wanted)}
+    return result
