@@ -4,13 +4,15 @@ Loads model.safetensors, config.json and tokenizer.json (no pickle) and samples 
 by token with a KV cache. Several --prompt flags run as one left-padded batch.
 --chat talks with a model fine-tuned on conversations: each line you type is a user's
 message (a line ending in \\ goes on on the next), put in the run's chat template after
---system's message; the reply ends at the end-of-turn token.
+--system's message; the reply ends at the end-of-turn token. With --tools FILE.json the
+model may call tools: each call is shown, and a line "/tool RESULT" gives its result.
 Exit codes: 0 ok, 2 bad input.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 import typing
@@ -26,6 +28,7 @@ from common.prompt import encode_prompt, left_padded
 from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import set_threads, thread_help
 from data.tokenizer import encode_or_start, end_of_text_ids, suppressed_ids
+from data.tool_calls import call_of
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
 from model import Sampling
 
@@ -219,23 +222,64 @@ def interactive(model, tokenizer, settings: Settings, device) -> None:
             print(f"error: {e}", file=sys.stderr)
 
 
-def chat(model, tokenizer, checkpoint: Path, settings: Settings, device, system: str | None = None) -> None:
+TOOL_RESULT = "/tool "  # --chat: a line that starts so gives the result of the model's call
+
+
+def chat(model, tokenizer, checkpoint: Path, settings: Settings, device, system: str | None = None,
+         tools: list[dict] | None = None) -> None:
     """generate.py --chat: each line read (from the terminal, or piped in) is the user's
-    message, or lines joined where one ends in a backslash; `system` opens the conversation."""
+    message, or lines joined where one ends in a backslash; `system` opens the conversation;
+    `tools` (--tools) are the tools the model may call: a reply that calls them is shown
+    call by call (on stderr), and a line "/tool RESULT" gives each call's result, after which
+    the model answers."""
     session = Chat(model, tokenizer, run_template(checkpoint, tokenizer), settings.sampling, settings.max_new_tokens,
                    seeded(settings.seed, device), note=lambda text: print(f"\nnote: {text}", file=sys.stderr),
-                   system=system)
+                   system=system, tools=tools)
     if sys.stdin.isatty():
-        print("Type a message and press Enter (end a line with \\ to go on on the next; Ctrl-D to quit).",
-              file=sys.stderr)
+        print("Type a message and press Enter (end a line with \\ to go on on the next; Ctrl-D to quit)"
+              + (f"; give a tool's result as {TOOL_RESULT}RESULT." if tools else "."), file=sys.stderr)
     for text in messages(sys.stdin):
         try:
             stream = Stream(sys.stdout, [])
-            stream.update(session.reply(text, stream.update), final=True)
+            if text.startswith(TOOL_RESULT):
+                answer = session.tool_result(text[len(TOOL_RESULT):], stream.update)
+                if answer is None:
+                    say_waiting(session)
+                    continue
+            else:
+                answer = session.reply(text, stream.update)
+            stream.update(answer, final=True)
             sys.stdout.write("\n")
             sys.stdout.flush()
+            say_waiting(session)
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
+
+
+def say_waiting(session: Chat) -> None:
+    """The model's calls still waiting for a result, each as the template writes it read back
+    (its name and its arguments as JSON), on stderr."""
+    for number, call in enumerate(session.waiting):
+        called = call_of(call)
+        print(f"call: {called['name']}({json.dumps(called['arguments'], ensure_ascii=False)})"
+              + (f"; give its result as {TOOL_RESULT}RESULT" if number == 0 else " (its result after that one's)"),
+              file=sys.stderr)
+
+
+def read_tools(path: Path) -> list[dict]:
+    """--tools FILE.json: the tools the model may call, a JSON list of descriptions as the
+    conversations it learnt from hold them (one per tool: {"type": "function", "function":
+    {"name", "description", "parameters"}})."""
+    try:
+        tools = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"--tools {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"--tools {path} is not a JSON file ({e}); give a JSON list of tool descriptions") from None
+    if not isinstance(tools, list) or not tools or not all(isinstance(tool, dict) for tool in tools):
+        raise UserError(f"--tools {path}: give a JSON list of tool descriptions (objects), e.g. [{{\"type\": "
+                        "\"function\", \"function\": {\"name\": ..., \"parameters\": ...}}]")
+    return tools
 
 
 def messages(lines):
@@ -274,6 +318,8 @@ def parse_args(argv):
                    help="talk with a model fine-tuned on conversations: each line is a message (end a line with \\ "
                         "to go on on the next)")
     p.add_argument("--system", help="--chat: the system message the conversation starts with")
+    p.add_argument("--tools", type=Path, metavar="FILE.json", help="--chat: the tools the model may call (a JSON list "
+                   f"of tool descriptions); a line {TOOL_RESULT}RESULT gives a call's result")
     Settings.add_options(p)
     p.add_argument("--show-attention", type=Path, metavar="FILE.png",
                    help="for the first sample, prompt and generated text: every layer's attention maps "
@@ -304,6 +350,9 @@ def command(args) -> int:
                         "or --show-attention")
     if args.system is not None and not args.chat:
         raise UserError("--system is the system message of a conversation: give it with --chat")
+    if args.tools is not None and not args.chat:
+        raise UserError("--tools are the tools a model may call in a conversation: give them with --chat")
+    tools = read_tools(args.tools) if args.tools is not None else None
     interactive_mode = args.interactive or (not prompts and sys.stdin.isatty())
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device, training=False)  # 'auto': bf16 on GPUs, float32 on CPUs
@@ -312,7 +361,7 @@ def command(args) -> int:
     model, tokenizer = load_model(args.checkpoint, device, dtype)
     settings = dataclasses.replace(settings, suppress_tokens=suppressed_ids(tokenizer))
     if args.chat:
-        chat(model, tokenizer, args.checkpoint, settings, device, args.system)
+        chat(model, tokenizer, args.checkpoint, settings, device, args.system, tools)
     elif interactive_mode:
         interactive(model, tokenizer, dataclasses.replace(settings, interactive=True), device)
     else:

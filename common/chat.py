@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from data.template import ChatTemplate, prompt_ids, template_for, turn_ends
+from data.tool_calls import assistant_turn
 from model import GPT, Sampling
 from model.attention import KVCache
 from model.sampling import sample_next
@@ -57,13 +58,16 @@ def replies(model: GPT, prompts: list[list[int]], ends: set[int], max_new_tokens
 
 class Chat:
     """A conversation with the model, turn by turn: the run's template applied to the
-    messages so far, the KV cache kept across turns (each turn runs only the tokens the
-    cache does not hold), the reply ended by the end-of-turn token. When the conversation
-    outgrows the context, its oldest turns are dropped (a system message stays) and `note`
-    says so; the cache then starts again. `system`: the system message it starts with."""
+    messages so far (with the tools the model may call), the KV cache kept across turns (each
+    turn runs only the tokens the cache does not hold), the reply ended by the end-of-turn
+    token. A reply that calls tools (data/tool_calls.py) waits for their results
+    (`tool_result`), then the model answers them. When the conversation outgrows the context,
+    its oldest exchanges are dropped (a system message stays) and `note` says so; the cache then
+    starts again. `system`: the system message it starts with."""
 
     def __init__(self, model: GPT, tokenizer, template: ChatTemplate, sampling: Sampling, max_new_tokens: int,
-                 generator: torch.Generator, note: Callable[[str], None], system: str | None = None):
+                 generator: torch.Generator, note: Callable[[str], None], system: str | None = None,
+                 tools: list[dict] | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.template = template
@@ -71,37 +75,65 @@ class Chat:
         self.max_new_tokens = max_new_tokens
         self.generator = generator
         self.note = note
+        self.tools = tools
         self.block_size = model.config.block_size
         self.device = next(model.parameters()).device
         self.cache = KVCache(model.config, 1, self.block_size, self.device, next(model.parameters()).dtype)
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
+        self.waiting: list[dict] = []  # the calls of the last reply that no tool's result has answered yet
         self.ends = turn_ends(tokenizer)
 
     def prompt(self) -> list[int]:
-        """The conversation with the prompt for an answer, its oldest turns dropped until it
-        leaves room for a reply (up to max_new_tokens, at most half the context)."""
+        """The conversation with the prompt for an answer, its oldest exchanges (a user's message
+        and all that follows it up to the next one) dropped until it leaves room for a reply (up
+        to max_new_tokens, at most half the context)."""
         room = self.block_size - min(self.max_new_tokens, self.block_size // 2)
         dropped = 0
-        while len(ids := prompt_ids(self.tokenizer, self.template, self.messages)) > room:
-            oldest = next((i for i, m in enumerate(self.messages[:-1]) if m["role"] != "system"), None)
-            if oldest is None:
-                self.messages.pop()
+        while len(ids := prompt_ids(self.tokenizer, self.template, self.messages, self.tools)) > room:
+            oldest = next((i for i, m in enumerate(self.messages) if m["role"] != "system"), len(self.messages))
+            end = next((i for i in range(oldest + 1, len(self.messages)) if self.messages[i]["role"] == "user"), None)
+            if end is None:  # (the exchange under way is all there is)
                 raise UserError(f"that message is {len(ids)} tokens with the template; the model's context holds "
                                 f"{self.block_size} and needs room for the reply: write less")
-            turn = 2 if self.messages[oldest + 1]["role"] == "assistant" else 1  # a message and its reply
-            del self.messages[oldest:oldest + turn]
+            del self.messages[oldest:end]
             dropped += 1
         if dropped:
             turns = "the oldest turn is" if dropped == 1 else f"the {dropped} oldest turns are"
             self.note(f"the conversation outgrew the context ({self.block_size} tokens): {turns} forgotten")
         return ids
 
-    @torch.no_grad()
     def reply(self, text: str, on_text: Callable[[str], None] = lambda text: None) -> str:
-        """The model's answer to the user's `text`; `on_text` sees the answer as it grows."""
-        self.messages.append({"role": "user", "content": text})
-        ids = self.prompt()
+        """The model's answer to the user's `text` (calls still waiting stay unanswered); `on_text`
+        sees the answer as it grows."""
+        return self.answer({"role": "user", "content": text}, on_text)
+
+    def tool_result(self, text: str, on_text: Callable[[str], None] = lambda text: None) -> str | None:
+        """The result of the oldest call not yet answered, as the tool's message (answering it by
+        id where the call has one); the model's answer once every call has its result, else None."""
+        if not self.waiting:
+            raise UserError("no call of the model's waits for a result; a tool's result follows a reply that calls it")
+        call = self.waiting[0]
+        called = call.get("function", call)
+        message = {"role": "tool", "content": text, **({"name": called["name"]} if "name" in called else {}),
+                   **({"tool_call_id": call["id"]} if isinstance(call.get("id"), str) else {})}
+        if len(self.waiting) > 1:
+            self.messages.append(message)
+            self.waiting = self.waiting[1:]
+            return None
+        return self.answer(message, on_text)
+
+    @torch.no_grad()
+    def answer(self, message: dict, on_text: Callable[[str], None]) -> str:
+        """`message` added to the conversation, and the model's reply to it (a message that the
+        context cannot hold is taken back, and refused)."""
+        self.messages.append(message)
+        try:
+            ids = self.prompt()
+        except UserError:
+            self.messages.pop()
+            raise
+        self.waiting = []
         common = 0  # the tokens the cache already holds: only the rest runs
         while common < min(len(ids), len(self.cached)) and ids[common] == self.cached[common]:
             common += 1
@@ -121,5 +153,7 @@ class Chat:
             if len(written) < self.max_new_tokens:
                 self.note("the context is full; the reply is cut here")
         answer = self.tokenizer.decode(written)
-        self.messages.append({"role": "assistant", "content": answer})
+        turn = assistant_turn(self.template, self.messages, self.tools, answer)
+        self.messages.append(turn)
+        self.waiting = list(turn.get("tool_calls", []))
         return answer

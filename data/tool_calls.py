@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 
+from .template import TURN_ENDS
+
 
 def call_of(value) -> dict | None:
     """{"name", "arguments"} of one call as JSON holds it (OpenAI's {"type": "function",
@@ -38,17 +40,18 @@ def call_of(value) -> dict | None:
 
 
 def calls_in(value) -> list[dict]:
-    """The calls a JSON value holds: one call, or a list of them (every item a call); else none."""
-    if (call := call_of(value)) is not None:
-        return [call]
+    """The calls a JSON value holds, as written: one call, or a list of them (every item a
+    call); else none."""
+    if call_of(value) is not None:
+        return [value]
     if isinstance(value, list) and value and all(call_of(item) is not None for item in value):
-        return [call_of(item) for item in value]
+        return value
     return []
 
 
 def split_calls(text: str) -> tuple[str, list[dict]]:
-    """(the text with each call's JSON taken out, the calls in the order written). Each
-    { or [ is tried as the start of a JSON value; one that holds calls is taken out whole."""
+    """(the text with each call's JSON taken out, the calls as written, in order). Each { or [
+    is tried as the start of a JSON value; one that holds calls is taken out whole."""
     decoder = json.JSONDecoder()
     kept, calls = [], []
     start = i = 0
@@ -68,6 +71,31 @@ def split_calls(text: str) -> tuple[str, list[dict]]:
     return "".join(kept), calls
 
 
+def assistant_turn(template, messages: list[dict], tools: list[dict] | None, written: str) -> dict:
+    """The assistant's message that the template writes as `written` after `messages` (a
+    ChatTemplate's; the turn without its end-of-turn marker): its text and its calls, kept as
+    written so that the template writes them again as they were. The text is what is left with
+    the calls taken out and, around them, the template's own markers (what it writes for the
+    same calls with no text); if no such message is written back as `written`, the text is
+    what is left with the calls taken out."""
+    text, calls = split_calls(written)
+    if not calls:
+        return {"role": "assistant", "content": written}
+    before = template.render(messages, add_generation_prompt=True, tools=tools)
+
+    def turn(content: str) -> str:  # what the template writes for the message after `before`
+        message = {"role": "assistant", "content": content, "tool_calls": calls}
+        return template.render([*messages, message], tools=tools)[len(before):]
+
+    markers = split_calls(turn(""))[0]
+    markers = markers[:min([markers.find(end) for end in TURN_ENDS if end in markers], default=len(markers))]
+    candidates = [text, text.strip()]
+    if markers.strip() and text.rstrip().endswith(markers.strip()):
+        candidates.append(text.rstrip()[:-len(markers.strip())].strip())
+    content = next((c for c in candidates if turn(c).startswith(written)), text.strip())
+    return {"role": "assistant", "content": content, "tool_calls": calls}
+
+
 def compare_turn(expected: str, got: str, expected_calls: list[dict] | None = None) -> dict:
     """How the turn a model wrote (`got`) compares with the one expected, both as the
     template writes them: "right" when they are the same text; for a turn that calls tools
@@ -76,9 +104,10 @@ def compare_turn(expected: str, got: str, expected_calls: list[dict] | None = No
     right text around them (the turns with their calls taken out, spaces at the ends aside)."""
     result = {"kind": "tool_call" if expected_calls else "text", "right": got == expected}
     if expected_calls:
-        wanted = [call for item in expected_calls for call in calls_in(item)]
+        wanted = [call_of(call) for item in expected_calls for call in calls_in(item)]
         text_expected, _ = split_calls(expected)
         text_got, written = split_calls(got)
+        written = [call_of(call) for call in written]
         names = [call["name"] for call in written] == [call["name"] for call in wanted]
         result["calls"] = {"expected": wanted, "got": written, "name_right": names,
                            "arguments_right": names and [c["arguments"] for c in written] == [c["arguments"] for c in wanted],

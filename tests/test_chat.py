@@ -483,8 +483,8 @@ def test_generate_chat_answers_each_line_as_the_chat_engine_does(chat_runs, monk
     expected = session.reply("2\n3")  # (the 16 tokens of this model's context hold no more)
     import common.chat
     seen = []
-    monkeypatch.setattr(common.chat, "prompt_ids", lambda tok, template, messages: (
-        seen.append([dict(m) for m in messages]), prompt_ids(tok, template, messages))[1])
+    monkeypatch.setattr(common.chat, "prompt_ids", lambda tok, template, messages, tools: (
+        seen.append([dict(m) for m in messages]), prompt_ids(tok, template, messages, tools))[1])
     assert chat("--temperature", "0", "--system", "B", typed="2\\\n3\n") == f"{expected}\n"
     assert seen[0] == session.messages[:2] == [{"role": "system", "content": "B"}, {"role": "user", "content": "2\n3"}]
     assert generate.main(["--checkpoint", str(run), "--chat", "--prompt", "2+3="]) == 2

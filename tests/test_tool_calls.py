@@ -10,7 +10,7 @@ from tokenizers import AddedToken
 import evaluate
 from data.template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer, encode, prompt_ids
 from data.tokenizer import train_tokenizer
-from data.tool_calls import compare_turn, split_calls
+from data.tool_calls import assistant_turn, call_of, compare_turn, split_calls
 from model import GPT, GPTConfig
 from test_chat_sources import CALL, WEATHER
 
@@ -48,11 +48,11 @@ def test_the_calls_are_found_in_what_each_template_writes_and_the_rest_is_the_te
     messages = cut_after_the_call()
     turn = template.render(messages)[len(template.render(messages[:1], add_generation_prompt=True)):]
     text, calls = split_calls(turn)
-    assert calls == [PARIS]
+    assert [call_of(call) for call in calls] == [PARIS]
     assert "Let me look." in text and "weather" not in text and "Paris" not in text
     # OpenAI's arguments as JSON text are the same call
     stringly = [{"type": "function", "function": {"name": "weather", "arguments": json.dumps({"city": "Paris"})}}]
-    assert split_calls(json.dumps(stringly))[1] == [PARIS]
+    assert [call_of(call) for call in split_calls(json.dumps(stringly))[1]] == [PARIS]
     # JSON that is no call stays text, and so does JSON that does not parse
     assert split_calls('a {"city": "Paris"} [1, 2] {"name": "x"} {"name": "weather", "arguments": {')[1] == []
 
@@ -146,3 +146,106 @@ def test_the_answers_are_capped_and_those_that_reach_the_cap_are_counted(tmp_pat
     written = [len(tokenizer.encode(a["got"], add_special_tokens=False).ids) for a in scored["answers"]]
     assert all(n <= 3 for n in written)
     assert scored["at_the_cap"] == sum(a["at_the_cap"] for a in scored["answers"])
+
+
+@pytest.mark.parametrize("source", [DEFAULT_TEMPLATE, CHATML_TOOLS], ids=["default", "chatml"])
+@pytest.mark.parametrize("content", ["Let me look.", ""])
+def test_a_turn_that_calls_a_tool_is_read_back_as_the_message_the_template_writes_so(source, content):
+    """generate.py --chat keeps a reply as the message the template would write as that text:
+    its text and its calls (as written), so the conversation renders again as the model wrote it."""
+    template = ChatTemplate(source)
+    messages = cut_after_the_call(content)
+    asked = messages[:1]
+    written = template.render(messages)[len(template.render(asked, add_generation_prompt=True)):]
+    written = written[:min(written.find(end) for end in ("<|end|>", "<|im_end|>") if end in written)]
+    turn = assistant_turn(template, asked, None, written)
+    assert turn == {"role": "assistant", "content": content, "tool_calls": messages[1]["tool_calls"]
+                    if source == DEFAULT_TEMPLATE else [PARIS]}
+    assert template.render([*asked, turn]) == template.render(messages)
+    assert assistant_turn(template, asked, None, "Sunny.") == {"role": "assistant", "content": "Sunny."}
+
+
+def scripted(monkeypatch, tokenizer, *turns):
+    """The chat's sampling replaced by a script: each turn's text, token by token, then the end
+    of the turn (the model still runs every step, with its cache)."""
+    import common.chat
+
+    script = []
+    for text in turns:
+        script += tokenizer.encode(text, add_special_tokens=False).ids + [tokenizer.token_to_id("<|end|>")]
+    monkeypatch.setattr(common.chat, "sample_next", lambda logits, sampling, generator: torch.tensor([script.pop(0)]))
+    return script
+
+
+def test_chat_with_tools_shows_the_call_takes_its_result_and_answers_it(monkeypatch):
+    """Chat with tools: the tools are in every prompt; a reply that calls them waits for their
+    results (the tool's message answers the call by its id and name), and the model's answer to
+    them is written on the conversation with the results in it."""
+    from common.chat import Chat
+    from model import Sampling
+
+    tokenizer = tokenizer_for(DEFAULT_TEMPLATE)
+    template = ChatTemplate(DEFAULT_TEMPLATE)
+    calls = [{"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}},
+             {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": {"city": "Rome"}}}]
+    script = scripted(monkeypatch, tokenizer, "Let me look." + json.dumps(calls), "Sunny in both.")
+    seen = []
+    model = model_for(tokenizer, block_size=512)
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda idx, *a, **k: (seen.append(idx[0].tolist()), forward(idx, *a, **k))[1])
+    session = Chat(model, tokenizer, template, Sampling(temperature=0), 100, torch.Generator(), note=print,
+                   tools=[WEATHER])
+    assert session.reply("Weather in Paris and Rome?") == "Let me look." + json.dumps(calls)
+    assert session.messages[-1] == {"role": "assistant", "content": "Let me look.", "tool_calls": calls}
+    assert session.waiting == calls
+    assert session.tool_result("sunny, 21 C") is None and session.waiting == calls[1:]  # (the other call waits)
+    answer = session.tool_result("sunny, 25 C")
+    assert answer == "Sunny in both." and not script and not session.waiting
+    assert session.messages[2:] == [
+        {"role": "tool", "content": "sunny, 21 C", "name": "weather", "tool_call_id": "c1"},
+        {"role": "tool", "content": "sunny, 25 C", "name": "weather", "tool_call_id": "c2"},
+        {"role": "assistant", "content": "Sunny in both."}]
+    # the answer was written after the whole conversation, tools and results in it, as the template writes it
+    ran = [token for step in seen for token in step]
+    expected = prompt_ids(tokenizer, template, session.messages[:4], [WEATHER])
+    assert ran[:len(expected)] == expected
+    with pytest.raises(evaluate.UserError, match="no call of the model's waits for a result"):
+        session.tool_result("sunny")
+
+
+def test_generate_chat_takes_tools_shows_each_call_and_reads_their_results(tmp_path, monkeypatch, capsys):
+    import io
+
+    import generate
+    import train
+    from test_chat import chat_run
+
+    records = [{"messages": cut_after_the_call() + [{"role": "tool", "content": "sunny"},
+                                                    {"role": "assistant", "content": "Sunny."}], "tools": [WEATHER]}] * 40
+    data = tmp_path / "tools.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert train.main(chat_run(tmp_path, "train.max_iters=1", "data.tokenizer=bpe", "data.vocab_size=300",
+                               "model.block_size=512", data=data)) == 0
+    from common.run_dir import RunDir
+
+    tokenizer = RunDir(tmp_path / "run").load_model()[1]
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([WEATHER]))
+    script = scripted(monkeypatch, tokenizer, "Let me look." + json.dumps(CALL), "Sunny.")
+    monkeypatch.setattr("sys.stdin", io.StringIO("Weather in Paris?\n/tool sunny, 21 C\n"))
+    capsys.readouterr()
+    assert generate.main(["--checkpoint", str(tmp_path / "run"), "--chat", "--tools", str(tools)]) == 0
+    out = capsys.readouterr()
+    assert out.out == "Let me look." + json.dumps(CALL) + "\nSunny.\n" and not script
+    assert 'call: weather({"city": "Paris"}); give its result as /tool RESULT' in out.err
+    for bad, said in [("[]", "give a JSON list of tool descriptions"), ("{", "is not a JSON file"),
+                      (None, "does not exist")]:
+        path = tmp_path / "bad.json"
+        path.unlink(missing_ok=True)
+        if bad is not None:
+            path.write_text(bad)
+        assert generate.main(["--checkpoint", str(tmp_path / "run"), "--chat", "--tools", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --tools {path}") and said in err and len(err.splitlines()) == 1
+    assert generate.main(["--checkpoint", str(tmp_path / "run"), "--tools", str(tools), "--prompt", "x"]) == 2
+    assert "give them with --chat" in capsys.readouterr().err
