@@ -21,6 +21,8 @@ class DataConfig:
     cache_dir: str | None = None  # where token files go; default ~/.cache/tinygpt/tokens (data/prepare.py)
     hf_split: str = "train"  # hf: sources: the dataset's split to read, as load_dataset names it ("train[:10%]")
     hf_data_files: str | None = None  # hf: sources: only the files matching this pattern ("en/*.parquet")
+    hf_val_split: str = "auto"  # hf: sources: the split to validate on; auto: the dataset's validation (or test)
+    # split where it has one and data.hf_split is train, else a cut of data.val_fraction; none: always the cut
     chat_too_long: str = "cut"  # conversations longer than the context: cut at the end, or refuse the run
     skip_bad_records: float = 0.01  # conversations: the share of records that may be skipped as bad, each counted
     # by its reason and the first named (more refuses the source; 0 refuses the first), data/conversations.py
@@ -46,9 +48,10 @@ class DataConfig:
         elif self.source == MIXTURE:
             raise DataError(f"data.source={MIXTURE} names the conversations of data.sources, which is not set: give "
                             "data.sources, or another data.source")
-        if not self.source.startswith("hf:") and (self.hf_split != "train" or self.hf_data_files is not None):
-            raise DataError(f"data.hf_split and data.hf_data_files choose within an hf: dataset; data.source="
-                            f"{self.source!r} is not one: remove them")
+        if not self.source.startswith("hf:") and (self.hf_split != "train" or self.hf_data_files is not None
+                                                  or self.hf_val_split != "auto"):
+            raise DataError(f"data.hf_split, data.hf_val_split and data.hf_data_files choose within an hf: dataset; "
+                            f"data.source={self.source!r} is not one: remove them")
 
     def check_mixture(self) -> None:
         """data.sources: a list of sources (text, or {source, weight, hf_split, hf_data_files});
@@ -73,8 +76,25 @@ class DataConfig:
 
     def part_fields(self, fields: dict) -> dict:
         shared = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("source", "sources", "hf_split",
-                                                                               "hf_data_files")}
+                                                                               "hf_val_split", "hf_data_files")}
         return shared | {k: v for k, v in fields.items() if k != "weight"}
+
+    def held_out_split(self, splits: list[str]) -> str | None:
+        """The split of an hf: dataset (whose splits are `splits`) to validate on, by
+        data.hf_val_split; None: a cut of data.val_fraction of data.hf_split."""
+        if self.hf_val_split == "none":
+            return None
+        if self.hf_val_split != "auto":
+            if self.hf_val_split not in splits and splits:
+                raise DataError(f"data.hf_val_split={self.hf_val_split!r}: {self.source} has no such split (it has "
+                                f"{', '.join(splits)}); name one of them, or auto, or none")
+            if self.hf_val_split == self.hf_split:
+                raise DataError(f"data.hf_val_split={self.hf_val_split!r} is the split the run trains on "
+                                "(data.hf_split); validate on another, or on a cut of it: none")
+            return self.hf_val_split
+        if self.hf_split != "train":
+            return None
+        return next((split for split in ("validation", "test") if split in splits), None)
 
     def parts(self) -> list[tuple["DataConfig", float]]:
         """The mixture's sources, each as a DataConfig of its own, with its weight."""
@@ -83,4 +103,4 @@ class DataConfig:
 
 
 MIXTURE = "mixture"  # data.source of a run on data.sources
-MIXTURE_FIELDS = ("source", "weight", "hf_split", "hf_data_files")
+MIXTURE_FIELDS = ("source", "weight", "hf_split", "hf_val_split", "hf_data_files")

@@ -12,14 +12,15 @@ with, where a model may call tools, the record's "tools" and an assistant messag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .readers import (check_readable, dataset_columns, file_stats, first_record, folder_files, hub_reachable,
-                      json_lines, load_split, parquet_columns, parquet_rows)
+from .readers import (check_readable, dataset_columns, file_stats, first_record, folder_files, held_out_split,
+                      hub_reachable, json_lines, load_split, parquet_columns, parquet_rows)
 from .config import DataConfig
 from .shared import DataError
 
@@ -217,6 +218,7 @@ class ChatSource:
     everything: Callable[[], Iterator[Record]]
     skipped: Skipped
     size: Callable[[], int | None] = lambda: None
+    val_split: Callable[[], str | None] = lambda: None  # the dataset's own split that is validation (None: a cut)
 
 
 def what_is_said(records: Iterable[Record]) -> Iterator[str]:
@@ -244,21 +246,25 @@ def checked_records(rows: Iterable[tuple[str, object]], skipped: Skipped) -> Ite
 
 
 def split_records(label: str, identity: dict, rows: Rows, val_fraction: float, skip_bad: float,
-                  size: Callable[[], int | None] = lambda: None) -> ChatSource:
+                  size: Callable[[], int | None] = lambda: None,
+                  val_rows: Callable[[], Rows | None] = lambda: None) -> ChatSource:
     """A source of conversations split at its end: the last val_fraction of its good records (at
-    least one) is validation. The first read counts them, and the bad ones (refused past
-    skip_bad, data.skip_bad_records); each split reads them again."""
+    least one) is validation, or, where val_rows gives a split of its own (a dataset's test
+    split), all of them train and those validate. The first read counts the records, and the
+    bad ones (refused past skip_bad, data.skip_bad_records); each split reads them again."""
     skipped = Skipped(skip_bad)
     counts: list[int] = []
 
     def split_point() -> int:
         if not counts:
             total = sum(1 for _ in checked_records(rows(), skipped))
+            held = sum(1 for _ in checked_records(val_rows()(), skipped)) if val_rows() else None
             skipped.check(label)
-            train = min(int(total * (1.0 - val_fraction)), total - 1)
-            if train < 1:
-                raise DataError(f"data source {label!r} holds {total} conversation{'s' if total != 1 else ''}; "
-                                "training and validation need at least one each")
+            train = total if held is not None else min(int(total * (1.0 - val_fraction)), total - 1)
+            if train < 1 or held == 0:
+                raise DataError(f"data source {label!r} holds {total} conversation{'s' if total != 1 else ''}"
+                                + (f" and {held} to validate on" if held is not None else "")
+                                + "; training and validation need at least one each")
             counts.append(train)
         return counts[0]
 
@@ -271,6 +277,9 @@ def split_records(label: str, identity: dict, rows: Rows, val_fraction: float, s
 
     def val() -> Iterator[Record]:
         start = split_point()
+        if val_rows():
+            yield from checked_records(val_rows()(), Skipped(skip_bad))
+            return
         for index, item in enumerate(checked_records(rows(), Skipped(skip_bad))):
             if index >= start:
                 yield item
@@ -329,16 +338,22 @@ def hub_chat_source(config: DataConfig) -> ChatSource | None:
     if not has_conversations(columns):
         return None
 
-    def rows() -> Iterator[tuple[str, object]]:
-        dataset, _ = load_split(name, data_files, split, name=subset or None)
-        number = 0
-        for batch in dataset.iter(batch_size=1000):
-            for row in (dict(zip(batch, values)) for values in zip(*batch.values())):
-                number += 1
-                yield f"{source} ({split}), row {number}", row
+    def rows_of(which: str) -> Rows:
+        def rows() -> Iterator[tuple[str, object]]:
+            dataset, _ = load_split(name, data_files, which, name=subset or None)
+            number = 0
+            for batch in dataset.iter(batch_size=1000):
+                for row in (dict(zip(batch, values)) for values in zip(*batch.values())):
+                    number += 1
+                    yield f"{source} ({which}), row {number}", row
+
+        return rows
 
     identity = {"source": "hf", "kind": "chat", "name": name, "config": subset, "val_fraction": config.val_fraction,
-                "split": split, "data_files": data_files}
+                "split": split, "data_files": data_files, "val_split": config.hf_val_split}
     if Path(name).is_dir():
         identity["files"] = file_stats(sorted(p for p in Path(name).rglob("*") if p.is_file()))
-    return split_records(source, identity, rows, config.val_fraction, config.skip_bad_records)
+    held_out = held_out_split(config, name, subset)
+    chats = split_records(source, identity, rows_of(split), config.val_fraction, config.skip_bad_records,
+                          val_rows=lambda: rows_of(held_out()) if held_out() else None)
+    return dataclasses.replace(chats, val_split=held_out)

@@ -145,7 +145,8 @@ def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | N
     skipped = [data.meta["skipped"] for data in datas if "skipped" in data.meta]
     meta = {**datas[0].meta, **counts, "fingerprint": fingerprint_of([data.meta["fingerprint"] for data in datas]),
             "source": {"source": MIXTURE}, "parts": folders}
-    meta.pop("skipped", None)
+    for own in ("skipped", "val_split"):  # (each part's; the parts' folders keep them)
+        meta.pop(own, None)
     if skipped:  # (the parts' bad records, added up)
         meta["skipped"] = Skipped.added(skipped).report()
     build(directory / META, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n"))
@@ -186,12 +187,12 @@ def locate(config: DataConfig, tokenizer: Tokenizer | None = None, chat_template
     conversations is found from its columns; token files made from it as text are used without."""
     text = None
     if config.source.startswith("hf:"):
-        text = open_source(config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
+        text = open_source(config)
         found = located(text, config, tokenizer, chat_template)
         if (found[3] / META).is_file():
             return found
     src = chat_source(config) or text or \
-        open_source(config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
+        open_source(config)
     return located(src, config, tokenizer, chat_template)
 
 
@@ -237,7 +238,7 @@ def find_prepared(config: DataConfig, tokenizer: Tokenizer, chat_template: str |
 def tokenize_split(config: DataConfig, tokenizer: Tokenizer, split: str, path: Path) -> tuple[np.ndarray, dict]:
     """One split of config's text encoded by `tokenizer` into the file `path`, as `prepare`
     writes it, without a cache folder: (its tokens, their counts)."""
-    src = open_source(config.source, config.text_field, config.val_fraction, config.hf_split, config.hf_data_files)
+    src = open_source(config)
     dtype = token_dtype(tokenizer.get_vocab_size())
     sizes = write_tokens(chunked(src.train() if split == "train" else src.val()), tokenizer, path, dtype)
     tokens = np.memmap(path, dtype=dtype, mode="r") if sizes["tokens"] else np.empty(0, dtype=dtype)
@@ -407,6 +408,7 @@ def write_meta(tmp: Path, kind: str, src, settings: dict, fingerprint: str, toke
         if sizes[split]["unknown"]:
             log(f"warning: {sizes[split]['unknown']} {split} {unknown}")
     meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings, "kind": kind, **more,
+            **({"val_split": src.val_split()} if src.val_split() else {}),  # (a dataset's own split validates)
             "vocab_size": tokenizer.get_vocab_size(), "dtype": token_dtype(tokenizer.get_vocab_size()).name,
             **{f"{split}_{key}": sizes[split][key] for split in SPLITS for key in sizes[split]}}
     (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -146,6 +146,35 @@ def parquet_columns(path: Path) -> list[str]:
         return pyarrow.parquet.read_schema(path).names
     except (OSError, pyarrow.ArrowException):
         return []  # (the text path says what is wrong with the file)
+
+
+def dataset_splits(name: str, config: str, data_files: str | None) -> list[str]:
+    """The splits an hf: dataset has (its description's, or its files' as datasets names them
+    from a folder in the hub's layout: train-*, test-*, validation-*); [] where it cannot say."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        builder = datasets.load_dataset_builder(name, data_files=data_files, name=config or None)
+    except Exception:  # (datasets raises many kinds; loading the split says what is wrong)
+        return []
+    if builder.info.splits:
+        return list(builder.info.splits)
+    return list(builder.config.data_files or {})
+
+
+def held_out_split(config, name: str, subset: str) -> Callable[[], str | None]:
+    """The split an hf: dataset is validated on (DataConfig.held_out_split; None: a cut of
+    data.hf_split), found from the dataset's splits when the data is first read, so that token
+    files already made are found without it."""
+    found: list = []
+
+    def split() -> str | None:
+        if not found:
+            found.append(config.held_out_split(dataset_splits(name, subset, config.hf_data_files)))
+        return found[0]
+
+    return split
 
 
 def dataset_columns(name: str, config: str, split: str, data_files: str | None) -> list[str]:

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Callable
 
 from . import copies, shakespeare
-from .readers import LOCAL_FORMATS, check_readable, file_stats, folder_files, hub_reachable, json_lines, load_split
+from .config import DataConfig
+from .readers import (LOCAL_FORMATS, check_readable, file_stats, folder_files, held_out_split, hub_reachable,
+                      json_lines, load_split)
 from .shared import END, DataError, Piece
 
 BLOCK = 1 << 20  # characters of a .txt file read at a time
@@ -27,20 +29,20 @@ class Source:
     train: Callable[[], Iterator[Piece]]
     val: Callable[[], Iterator[Piece]]
     size: Callable[[], int | None] = lambda: None  # UTF-8 bytes of both splits, where known (progress)
+    val_split: Callable[[], str | None] = lambda: None  # the dataset's own split that is validation (None: a cut)
 
 
-def open_source(source: str, text_field: str = "text", val_fraction: float = 0.1, hf_split: str = "train",
-                hf_data_files: str | None = None) -> Source:
+def open_source(config: DataConfig) -> Source:
     """Resolve data.source: 'shakespeare', 'copies' (the induction lesson's text),
-    'hf:<name>[:<config>]' (with its split and data files) or a local path (conversations:
+    'hf:<name>[:<config>]' (with its splits and data files) or a local path (conversations:
     data/conversations.py's chat_source)."""
-    if source == "shakespeare":
-        return shakespeare_source(val_fraction)
-    if source == "copies":
-        return copies_source(val_fraction)
-    if source.startswith("hf:"):
-        return hub_source(source[3:], text_field, val_fraction, hf_split, hf_data_files)
-    return local_source(source, text_field, val_fraction)
+    if config.source == "shakespeare":
+        return shakespeare_source(config.val_fraction)
+    if config.source == "copies":
+        return copies_source(config.val_fraction)
+    if config.source.startswith("hf:"):
+        return hub_source(config)
+    return local_source(config.source, config.text_field, config.val_fraction)
 
 
 def shakespeare_source(val_fraction: float) -> Source:
@@ -104,36 +106,43 @@ def local_source(source: str, text_field: str, val_fraction: float) -> Source:
     return split_by_characters(name, identity, documents, val_fraction, label=source)
 
 
-def hub_source(spec: str, text_field: str, val_fraction: float, split: str = "train",
-               data_files: str | None = None) -> Source:
+def hub_source(config: DataConfig) -> Source:
     """'name' or 'name:config' on the Hugging Face hub (or a local dataset folder): its
-    `split` (load_dataset's, e.g. "train" or "train[:10%]"), of the files matching
-    `data_files` where it is given.
+    data.hf_split (load_dataset's, e.g. "train" or "train[:10%]"), of the files matching
+    data.hf_data_files where it is given; validated on the dataset's own validation or test
+    split where it has one (data.hf_val_split), else on the last data.val_fraction of it.
 
     A local folder is fingerprinted by its files (paths, sizes, modification times), as a
     folder source is, so that rows appended to a shard make new token files. A hub dataset
     is fingerprinted by its name (and config) only: asking the hub whether it changed would
     need the network at every run; delete its token files (or change data.cache_dir) to
     take a new version."""
-    name, _, config = spec.partition(":")
+    name, _, subset = config.source[3:].partition(":")
+    split, data_files, text_field = config.hf_split, config.hf_data_files, config.text_field
     if not name:
         raise DataError("data.source='hf:' needs a dataset name, e.g. hf:karpathy/tiny_shakespeare")
 
-    def documents() -> Iterator[Piece]:
+    def documents(which: str) -> Iterator[Piece]:
         # checked only when the text is needed, so token files already made work offline
         if not Path(name).is_dir() and not os.environ.get("HF_HUB_OFFLINE") and not hub_reachable():
             raise DataError(f"could not reach the Hugging Face hub to load dataset {name!r}; "
                             "download the text and use data.source=path/to/file.txt "
                             "(or set HF_HUB_OFFLINE=1 to use a copy already cached)")
-        for text in load_rows(name, data_files, text_field, split, name=config or None):
+        for text in load_rows(name, data_files, text_field, which, name=subset or None):
             yield text
             yield END
 
-    identity = {"source": "hf", "name": name, "config": config, "text_field": text_field,
-                "val_fraction": val_fraction, "split": split, "data_files": data_files}
+    identity = {"source": "hf", "name": name, "config": subset, "text_field": text_field,
+                "val_fraction": config.val_fraction, "split": split, "data_files": data_files,
+                "val_split": config.hf_val_split}
     if Path(name).is_dir():
         identity["files"] = file_stats(sorted(p for p in Path(name).rglob("*") if p.is_file()))
-    return split_by_characters(name.replace("/", "_"), identity, documents, val_fraction, label=f"hf:{spec}")
+    cut = split_by_characters(name.replace("/", "_"), identity, lambda: documents(split), config.val_fraction,
+                              label=config.source)
+    held_out = held_out_split(config, name, subset)
+    return Source(cut.name, identity, lambda: documents(split) if held_out() else cut.train(),
+                  lambda: documents(held_out()) if held_out() else cut.val(),
+                  lambda: None if held_out() else cut.size(), held_out)
 
 
 def load_rows(builder: str, files: list[Path] | str | None, text_field: str, split: str = "train",
@@ -141,9 +150,9 @@ def load_rows(builder: str, files: list[Path] | str | None, text_field: str, spl
     """Rows of `text_field` of a dataset's `split` (load_split), read in batches."""
     dataset, where = load_split(builder, files, split, **kwargs)
     if text_field not in dataset.column_names:
+        column = conversations_column(dataset.features)
         raise DataError(f"{where} has no field {text_field!r} (it has {', '.join(dataset.column_names)}); "
-                        + (CONVERSATIONS_HERE.format(column="conversations") if "conversations" in dataset.column_names
-                           else "set data.text_field"))
+                        + (CONVERSATIONS_HERE.format(column=column) if column is not None else "set data.text_field"))
     for batch in dataset.iter(batch_size=1000):
         for text in batch[text_field]:
             if text and not isinstance(text, str):
@@ -154,10 +163,21 @@ def load_rows(builder: str, files: list[Path] | str | None, text_field: str, spl
                 yield text
 
 
+def conversations_column(features) -> str | None:
+    """A column of a dataset (its datasets Features) that looks like conversations: a list of
+    {"role", "content"} objects (or ShareGPT's {"from", "value"}), under whatever name."""
+    for name, feature in features.items():
+        item = getattr(feature, "feature", feature[0] if isinstance(feature, list) and feature else None)
+        if isinstance(item, dict) and ({"role", "content"} <= set(item) or {"from", "value"} <= set(item)):
+            return name
+    return None
+
+
 # Conversations in a column other than "messages": refused in one line, saying what is read
-CONVERSATIONS_HERE = ("its {column!r} column holds a list; conversations are read from a \"messages\" column (or "
-                      "\"prompt\" and \"response\") of .jsonl or .parquet files or an hf: dataset (docs/usage.md): "
-                      "name the column messages, or set data.text_field to a column of text")
+CONVERSATIONS_HERE = ("its {column!r} column holds a list; conversations are read from a \"messages\" column of "
+                      "{{\"role\", \"content\"}} objects (or \"prompt\" and \"response\" columns) of .jsonl or .parquet "
+                      "files or an hf: dataset (docs/usage.md): name the column messages, or set data.text_field to a "
+                      "column of text")
 
 
 def jsonl_rows(path: Path, text_field: str) -> Iterator[str]:

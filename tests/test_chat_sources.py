@@ -66,23 +66,51 @@ def test_parquet_conversations_with_a_tool_turn_come_in_and_bad_rows_name_their_
 
 def test_an_hf_folder_in_the_hubs_layout_is_read_as_conversations_and_fingerprinted(tmp_path):
     """A dataset folder as the hub lays one out (data/train-00000-of-00001.parquet, a test
-    split beside it): its split's conversations are prepared once; changing a shard makes new
-    token files, and data.hf_split picks the other split."""
+    split beside it): its train split's conversations train and its test split's validate
+    (data.hf_val_split: auto), prepared once; changing a shard makes new token files;
+    data.hf_val_split=none cuts validation from train, and data.hf_split picks another split."""
     hub = tmp_path / "org_chat"
     write_parquet(hub / "data" / "train-00000-of-00001.parquet", task_conversations("add", 40, seed=0))
     write_parquet(hub / "data" / "test-00000-of-00001.parquet", task_conversations("reverse", 10, seed=1))
     (hub / "README.md").write_text("---\nlicense: mit\n---\n")
     config = DataConfig(f"hf:{hub}", tokenizer="char", cache_dir=str(tmp_path / "c"))
     data = prepare(config, progress=False)
-    assert len(data.conversations["train"]) == 36 and len(data.conversations["val"]) == 4
+    assert len(data.conversations["train"]) == 40 and len(data.conversations["val"]) == 10
+    assert data.meta["val_split"] == "test"
+    assert data.meta["val_unknown"] > 0 == data.meta["train_unknown"]  # (the test split's letters, unknown to train's)
     again = prepare(config, progress=False)
     assert again.directory == data.directory and not again.built
+    cut = prepare(DataConfig(f"hf:{hub}", tokenizer="char", hf_val_split="none", cache_dir=str(tmp_path / "c")),
+                  progress=False)
+    assert len(cut.conversations["train"]) == 36 and len(cut.conversations["val"]) == 4 and "val_split" not in cut.meta
     test = prepare(DataConfig(f"hf:{hub}", tokenizer="char", hf_split="test", cache_dir=str(tmp_path / "c")),
                    progress=False)
     assert test.directory != data.directory and len(test.conversations["train"]) + len(test.conversations["val"]) == 10
+    with pytest.raises(DataError, match="data.hf_val_split='validation': .* has no such split \\(it has train, test\\)"):
+        prepare(DataConfig(f"hf:{hub}", tokenizer="char", hf_val_split="validation", cache_dir=str(tmp_path / "c")),
+                progress=False)
     write_parquet(hub / "data" / "train-00000-of-00001.parquet", task_conversations("add", 50, seed=0))
     changed = prepare(config, progress=False)
-    assert changed.directory != data.directory and len(changed.conversations["train"]) == 45
+    assert changed.directory != data.directory and len(changed.conversations["train"]) == 50
+
+
+def test_an_hf_text_folder_validates_on_its_test_split_and_the_run_says_so(tmp_path, capsys):
+    import train
+    from test_chat import chat_run
+
+    hub = tmp_path / "org_text"
+    write_parquet(hub / "data" / "train-00000-of-00001.parquet", [{"text": "to be or not to be, that is the question " * 20}] * 20)
+    write_parquet(hub / "data" / "validation-00000-of-00001.parquet", [{"text": "that is the question " * 20}] * 3)
+    data = prepare(DataConfig(f"hf:{hub}", tokenizer="char", cache_dir=str(tmp_path / "c")), progress=False)
+    assert data.meta["val_split"] == "validation"
+    assert data.tokenizer.decode(data.val[:21].tolist()) == "that is the question "
+    assert data.meta["train_characters"] == 20 * len("to be or not to be, that is the question " * 20)
+    assert train.main(chat_run(tmp_path, "train.max_iters=1", f"data.source=hf:{hub}")) == 0
+    assert " val tokens (val: the dataset's validation split), vocab " in capsys.readouterr().out
+    with pytest.raises(DataError, match="data.hf_val_split='train' is the split the run trains on"):
+        prepare(DataConfig(f"hf:{hub}", hf_val_split="train", cache_dir=str(tmp_path / "c")), progress=False)
+    with pytest.raises(DataError, match="data.hf_split, data.hf_val_split and data.hf_data_files choose within an hf:"):
+        DataConfig("a.txt", hf_val_split="none")
 
 
 def test_a_mixture_prepares_each_source_once_and_weighs_them(tmp_path):

