@@ -75,15 +75,22 @@ def tokenizer_config(tokenizer, block_size: int, chat_template: str | None = Non
             **({"chat_template": chat_template} if chat_template is not None else {})}
 
 
-def generation_config(tokenizer) -> dict:
+def generation_config(tokenizer, declared: dict[str, str] | None = None) -> dict:
     """generation_config.json: transformers' generate follows the sampling rule of
     generate.py: it starts and stops where generate.py does (every end-of-text token, and
     the end of a chat turn), and never picks the tokens generate.py never picks (a char
-    model's <unk>)."""
+    model's <unk>). The start token is declared only where the run has one: that of the model
+    it came from (`declared`, where it kept its tokens' roles: a Qwen2 declares none), else the
+    tokenizer's start (a Llama's <s>) or, for a tokenizer trained here, <|endoftext|> (GPT-2's
+    convention)."""
     ends, start = sorted(set(end_of_text_ids(tokenizer)) | turn_ends(tokenizer)), start_ids(tokenizer)
     suppressed = list(suppressed_ids(tokenizer))
-    return {"bos_token_id": start[0] if start else (ends[0] if ends else None),
-            "eos_token_id": (ends[0] if len(ends) == 1 else ends) if ends else None,
+    if declared:
+        bos = tokenizer.token_to_id(declared["bos_token"]) if "bos_token" in declared else None
+    else:
+        bos = start[0] if start else (ends[0] if ends else None)
+    return {**({"bos_token_id": bos} if bos is not None else {}),
+            **({"eos_token_id": ends[0] if len(ends) == 1 else ends} if ends else {}),
             **({"suppress_tokens": suppressed} if suppressed else {})}
 
 
@@ -192,7 +199,10 @@ def transformers_files(run: RunDir, model, tokenizer) -> tuple[dict, dict[str, s
     try:
         hf_config, tensors = to_transformers(model.config, model.state_dict(), end_of_text_id(tokenizer),
                                             qwen_pretokenized(tokenizer))
-        hf_config.update({k: v for k, v in generation_config(tokenizer).items() if k.endswith("_token_id")})
+        generation = generation_config(tokenizer, run.special_tokens())
+        for key in ("bos_token_id", "eos_token_id"):  # (the tokens the run has, and no others)
+            hf_config.pop(key, None)
+        hf_config.update({k: v for k, v in generation.items() if k.endswith("_token_id")})
     except Unsupported as e:
         raise UserError(f"{run.path} cannot be exported: {e}") from None
     return hf_config, {
@@ -201,7 +211,7 @@ def transformers_files(run: RunDir, model, tokenizer) -> tuple[dict, dict[str, s
         "tokenizer.json": tokenizer.to_str(),
         "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size, run.chat_template(),
                                                              run.special_tokens()), indent=2, ensure_ascii=False),
-        "generation_config.json": json.dumps(generation_config(tokenizer), indent=2)}
+        "generation_config.json": json.dumps(generation, indent=2)}
 
 
 def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | bytes]:

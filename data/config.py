@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .shared import DataError
-from .tokenizer import BYTE_ALPHABET, EOT, KINDS
+from .tokenizer import KINDS
 
 
 @dataclass
@@ -32,9 +32,6 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.tokenizer not in KINDS:
             raise DataError(f"data.tokenizer={self.tokenizer!r}: must be one of {', '.join(KINDS)}")
-        if self.tokenizer == "bpe" and self.vocab_size < BYTE_ALPHABET + 1:
-            raise DataError(f"data.vocab_size={self.vocab_size} is below the {BYTE_ALPHABET} byte tokens "
-                            f"byte-level BPE starts from, plus {EOT}; use at least {BYTE_ALPHABET + 1}")
         if self.chat_too_long not in ("cut", "refuse"):
             raise DataError(f"data.chat_too_long={self.chat_too_long!r}: must be cut or refuse")
         if isinstance(self.skip_bad_records, bool) or not isinstance(self.skip_bad_records, (int, float)) \

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from .shared import END, Piece
+from .shared import END, DataError, Piece
 
 UNK = "<unk>"
 EOT = "<|endoftext|>"
@@ -31,7 +31,7 @@ BYTE_ALPHABET = 256
 
 def train_tokenizer(kind: str, pieces: Iterable[Piece], vocab_size: int) -> Tokenizer:
     """Build a tokenizer of `kind` (one of KINDS) from the training text (vocab_size is
-    for bpe only; DataConfig checks both)."""
+    for bpe only: check_bpe_vocabulary)."""
     return train_char(pieces) if kind == "char" else train_bpe(pieces, vocab_size)
 
 
@@ -53,11 +53,21 @@ def train_char(pieces: Iterable[Piece]) -> Tokenizer:
 BPE_SAMPLE = 1 << 26  # characters of training text (64 Mi) a BPE tokenizer learns its merges from
 
 
+def check_bpe_vocabulary(vocab_size: int) -> None:
+    """A byte-level BPE trained here starts from the 256 bytes and <|endoftext|>: a smaller
+    data.vocab_size is a DataError. (A tokenizer brought in, train.init_from, is not trained
+    here: one trained on a text's own bytes may have fewer tokens, and is used as it is.)"""
+    if vocab_size < BYTE_ALPHABET + 1:
+        raise DataError(f"data.vocab_size={vocab_size} is below the {BYTE_ALPHABET} byte tokens byte-level BPE starts "
+                        f"from, plus {EOT}; use at least {BYTE_ALPHABET + 1}")
+
+
 def train_bpe(pieces: Iterable[Piece], vocab_size: int) -> Tokenizer:
     """Byte-level BPE learned from the first BPE_SAMPLE characters of the training text:
     its trainer counts every distinct word it meets, so on a corpus of gigabytes it would
     grow with the corpus; a few tens of millions of characters teach a vocabulary of
     thousands of tokens as well."""
+    check_bpe_vocabulary(vocab_size)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

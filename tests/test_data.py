@@ -789,12 +789,23 @@ def test_a_text_files_token_files_do_not_depend_on_the_text_field(tmp_path):
     assert again.directory == first.directory  # reused: a .txt file has no fields
 
 
-def test_bpe_needs_room_for_the_bytes_and_the_end_of_text_token():
+def test_a_bpe_trained_here_needs_room_for_the_bytes_and_the_end_of_text_token():
+    """Checked before any work (the run's config) and where the BPE is trained; a tokenizer a
+    model brings (train.init_from) is not trained here, and may have fewer tokens
+    (tests/test_interop.py)."""
+    from conftest import ROOT
+    from training.config import load_config
+
+    said = "data.vocab_size=256 is below the 256 byte tokens byte-level BPE starts from, plus <|endoftext|>; use at least 257"
     with pytest.raises(DataError) as e:
-        DataConfig("x.txt", "bpe", 256)
-    assert str(e.value) == ("data.vocab_size=256 is below the 256 byte tokens byte-level BPE starts from, plus "
-                            "<|endoftext|>; use at least 257")
-    assert DataConfig("x.txt", "bpe", 257).vocab_size == 257
+        load_config(ROOT / "configs" / "tiny.yaml", ["data.tokenizer=bpe", "data.vocab_size=256"])
+    assert str(e.value) == said
+    with pytest.raises(DataError) as e:
+        train_tokenizer("bpe", ["some text"], 256)
+    assert str(e.value) == said
+    assert load_config(ROOT / "configs" / "tiny.yaml", ["data.tokenizer=bpe", "data.vocab_size=257"]).data.vocab_size == 257
+    assert load_config(ROOT / "configs" / "tiny.yaml", ["data.tokenizer=bpe", "data.vocab_size=100",
+                                                        "train.init_from=out/base"]).data.vocab_size == 100
 
 
 def test_token_files_go_to_the_users_cache_unless_told_otherwise(tmp_path, monkeypatch):

@@ -588,3 +588,65 @@ def test_the_configs_written_and_read_carry_what_transformers_defaults_would_get
     bare = {k: v for k, v in hf.items() if k not in ("rms_norm_eps", "attention_dropout")}
     read = config_from_transformers(bare)
     assert (read.norm_eps, read.dropout) == (1e-6, 0.0)
+
+
+def own_bytes_folder(tmp, family: str, text: str):
+    """A transformers model folder (random weights) over a byte-level BPE trained on the user's
+    own text, whose alphabet is that text's bytes alone (fewer than 256 tokens), with the
+    special tokens its family's tokenizer_config declares: a Qwen2's no start token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator([text], trainers.BpeTrainer(vocab_size=110, special_tokens=["<|endoftext|>"],
+                                                              show_progress=False))
+    eot = tokenizer.token_to_id("<|endoftext|>")
+    shape = dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    if family == "gpt2":
+        config = transformers.GPT2Config(vocab_size=shape["vocab_size"], n_positions=64, n_embd=32, n_layer=2,
+                                         n_head=2, bos_token_id=eot, eos_token_id=eot)
+        model, declared = transformers.GPT2LMHeadModel(config), {"bos_token": "<|endoftext|>"}
+    elif family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape, bos_token_id=eot, eos_token_id=eot))
+        declared = {"bos_token": "<|endoftext|>"}
+    else:  # (Qwen2Config's defaults: no start token, none at all)
+        model, declared = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**shape, eos_token_id=eot)), {}
+    folder = tmp / family
+    torch.manual_seed(0)
+    model.save_pretrained(folder)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
+                                         **declared).save_pretrained(folder)
+    return folder, tokenizer.get_vocab_size()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+def test_a_base_whose_tokenizer_has_only_its_texts_bytes_fine_tunes_and_exports_the_tokens_it_has(
+        family, tmp_path, corpus, capsys):
+    """A base brought in with a byte-level BPE of fewer than 257 tokens (trained on the user's
+    own text) fine-tunes, resumes, and is scored: the check meant for a BPE trained here is not
+    run on the tokenizer it brings. Its export declares the start token the base declared, and
+    none where it declared none (a Qwen2's)."""
+    import evaluate
+    from data.tokenizer import end_of_text_id
+
+    folder, size = own_bytes_folder(tmp_path, family, corpus.read_text()[:20000])
+    assert size < 257
+    args = micro_finetune(corpus, tmp_path, folder, "model.block_size=32", "train.max_iters=2")
+    assert train.main(args) == 0
+    assert RunDir(tmp_path / "ft").data_config().vocab_size == size  # (config.yaml reads back)
+    assert train.main([*args, "train.max_iters=3"]) == 0
+    assert "resuming at iteration 2" in capsys.readouterr().out
+    assert evaluate.main(["--checkpoint", str(tmp_path / "ft"), "--split", "val", "--json"]) == 0
+    assert export.main(["--checkpoint", str(tmp_path / "ft"), "--out", str(tmp_path / "hf")]) == 0
+    hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    eot = end_of_text_id(RunDir(tmp_path / "ft").load_model()[1])
+    if family == "qwen2":
+        assert "bos_token_id" not in hf_config and "bos_token_id" not in generation
+        assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").bos_token is None
+    else:
+        assert hf_config["bos_token_id"] == generation["bos_token_id"] == eot
+    assert hf_config["eos_token_id"] == eot
+    transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")  # (loads as it is declared)

@@ -22,6 +22,7 @@ import yaml
 from common.cli import UserError
 from common.device import DTYPES
 from data.config import DataConfig
+from data.tokenizer import check_bpe_vocabulary
 from lora import LoRAConfig
 from model import GPTConfig
 from model.config import checked_types
@@ -134,6 +135,10 @@ class RunConfig:
     out_dir: str
     model_keys: tuple[str, ...] = ()  # the model fields the file or the overrides set
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)  # low-rank adapters (lora/), off by default
+
+    def __post_init__(self) -> None:
+        if self.data.tokenizer == "bpe" and not self.train.init_from:  # (a model brought in brings its tokenizer)
+            check_bpe_vocabulary(self.data.vocab_size)
 
     def model_with_vocab(self, vocab_size: int) -> GPTConfig:
         return dataclasses.replace(self.model, vocab_size=vocab_size)
