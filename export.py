@@ -28,7 +28,7 @@ from common.cli import OneLineParser, UserError, check_output_folder, positive, 
 from common.run_dir import RunDir
 from common.threads import set_threads, thread_help
 from interop.gguf import GGUF_TYPES, write_gguf
-from interop.hf import EMBEDDINGS, PEFT_PREFIX, Unsupported, lora_to_transformers, to_transformers
+from interop.hf import EMBEDDINGS, PEFT_PREFIX, Unsupported, lora_to_transformers, module_in_transformers, to_transformers
 from data.template import turn_ends
 from data.tokenizer import EOT, UNK, end_of_text_id, end_of_text_ids, start_ids, suppressed_ids
 from model import GPT
@@ -222,7 +222,8 @@ def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | byte
     model brought in need not be at hand: each adapted matrix is the merged one less
     (α/r) B A (the frozen W, to float32's rounding), and the new tokens' rows are as the run
     started them, the mean of the old rows (which never trained). peft over base/ computes
-    the merged export's logits."""
+    the merged export's logits. The modules trained whole (lora.modules_to_save) are in base/
+    as they started (the run kept them so) and beside it as peft keeps them."""
     trained, settings = run.adapters()
     if "rows_from" not in settings and any(not name.endswith(("lora_A", "lora_B")) for name in trained):
         raise UserError(f"{run.path}'s adapter files were written before they said which embedding rows trained; "
@@ -235,8 +236,11 @@ def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | byte
             state[f"{module}.weight"] -= settings["lora_alpha"] / settings["r"] * (b @ a)
         for name, first in settings.get("rows_from", {}).items():  # (as interop/base_model.grown_vocabulary began them)
             state[name][first:] = state[name][:first].mean(0)
-    if model.config.tie_embeddings:
-        state["lm_head.weight"] = state["transformer.wte.weight"]  # (one matrix)
+    starts = run.whole_starts()
+    state.update(starts)
+    if model.config.tie_embeddings:  # (one matrix)
+        state["lm_head.weight"] = state["transformer.wte.weight"] = starts.get(
+            "lm_head.weight", state["transformer.wte.weight"])
     base = GPT(model.config)
     base.load_state_dict(state)
     hf_config, files = transformers_files(run, base, tokenizer)
@@ -248,9 +252,18 @@ def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | byte
               "target_modules": sorted({re.sub(r"^.*\.\d+\.", "", name.split(".lora_")[0].removeprefix(PEFT_PREFIX))
                                         for name in tensors}),
               "base_model_name_or_path": str((out / "base").resolve()), "inference_mode": True}
+    whole = settings.get("modules_to_save", [])
+    if model.config.tie_embeddings and {"transformer.wte", "lm_head"} & set(whole):  # (one matrix, in two modules)
+        whole = sorted(set(whole) | {"transformer.wte", "lm_head"})
+    for ours in whole:
+        theirs = module_in_transformers(kind, ours)
+        config.setdefault("modules_to_save", []).append(theirs)
+        for name, t in model.state_dict().items():  # (the trained values: the merged model's)
+            if name.startswith(f"{ours}."):
+                tensors[f"{PEFT_PREFIX}{theirs}.{name.removeprefix(ours + '.')}"] = t.clone()  # (a tied one twice)
     rows = {EMBEDDINGS[kind]: "transformer.wte.weight", "lm_head": "lm_head.weight"}
     for module, ours in rows.items():
-        if ours in trained and not (module == "lm_head" and model.config.tie_embeddings):
+        if ours in settings.get("rows_from", {}) and not (module == "lm_head" and model.config.tie_embeddings):
             config.setdefault("trainable_token_indices", {})[module.rsplit(".", 1)[-1]] = list(
                 range(settings["rows_from"][ours], model.config.vocab_size))
             tensors[f"{PEFT_PREFIX}{module}.token_adapter.trainable_tokens_delta"] = trained[ours].contiguous()

@@ -62,6 +62,7 @@ class RunDir:
     CHAT_TEMPLATE = "chat_template.jinja"  # (transformers' name for the file)
     SPECIAL_TOKENS = "special_tokens_map.json"  # (transformers' name too: {"eos_token": "</s>", ...})
     ADAPTERS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"  # (peft's names)
+    WHOLE_STARTS = "modules_to_save.start.safetensors"  # LoRA: the modules trained whole, as they started
     RUN_CONFIG = "config.yaml"
     SUMMARY = "summary.json"
     STATE = "trainer_state.pt"
@@ -177,6 +178,24 @@ class RunDir:
         write_atomic(self.path / self.ADAPTERS,
                      safetensors_bytes({k: v.contiguous() for k, v in tensors.items()}, {"format": "pt"}))
         write_atomic(self.path / self.ADAPTER_CONFIG, (json.dumps(config, indent=2) + "\n").encode())
+
+    def save_whole_starts(self, tensors: dict[str, torch.Tensor]) -> None:
+        """A LoRA run's modules trained whole (lora.modules_to_save), as they started: the base
+        export.py --adapters writes has them so."""
+        from model.files import safetensors_bytes
+
+        write_atomic(self.path / self.WHOLE_STARTS, safetensors_bytes(tensors, {"format": "pt"}))
+
+    def whole_starts(self) -> dict[str, torch.Tensor]:
+        """What save_whole_starts kept ({} for a run that trained no module whole)."""
+        from safetensors.torch import load_file
+
+        if not (self.path / self.WHOLE_STARTS).is_file():
+            return {}
+        try:
+            return load_file(str(self.path / self.WHOLE_STARTS))
+        except (OSError, ValueError) as e:
+            raise UserError(f"{self.path / self.WHOLE_STARTS} cannot be read ({e}); copy the run directory again") from None
 
     def save_chat_template(self, template: str) -> None:
         """A run on conversations: its template, once, at the start (it never changes)."""

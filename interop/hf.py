@@ -243,6 +243,20 @@ def lora_to_transformers(c: GPTConfig, kind: str,
 
 
 
+def module_in_transformers(kind: str, ours: str) -> str:
+    """The transformers name of one of our modules that LoRA trains whole (lora.modules_to_save:
+    the embedding, the head, the final norm, a block's norms), in an export of `kind`
+    (export_kind's; a Qwen2 written as a Llama is a "llama" here)."""
+    block = re.fullmatch(r"transformer\.h\.(\d+)\.(ln_1|ln_2)", ours)
+    if block:
+        i, norm = block.groups()
+        if kind == "gpt2":
+            return ours
+        return f"gpt_neox.layers.{i}.{NEOX_NAMES[norm]}" if kind == "gpt_neox" else f"model.layers.{i}.{LLAMA_NAMES[norm]}"
+    final_norm = {"gpt2": "transformer.ln_f", "gpt_neox": "gpt_neox.final_layer_norm"}.get(kind, "model.norm")
+    return {"transformer.wte": EMBEDDINGS[kind], "lm_head": "lm_head", "transformer.ln_f": final_norm}[ours]
+
+
 def with_zero_biases(c: GPTConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if c.bias:
         return dict(state)

@@ -14,6 +14,7 @@ from torch import nn
 from model import GPT
 
 TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_gate", "mlp.c_proj")  # each block's matrices
+WHOLE = ("wte", "lm_head", "ln_f", "ln_1", "ln_2")  # what lora.modules_to_save may name: embedding, head, norms
 
 
 @dataclass
@@ -24,6 +25,8 @@ class LoRAConfig:
     alpha: float = 16.0  # the update B A is scaled by alpha / rank
     dropout: float = 0.0  # on each adapter's input, while training
     targets: list[str] = field(default_factory=lambda: list(TARGETS))  # which matrices of each block get one
+    modules_to_save: list[str] = field(default_factory=list)  # modules that train whole beside the adapters (peft's
+    # name): wte (the embedding), lm_head, ln_f, ln_1 and ln_2 (each block's norms)
 
     def __post_init__(self) -> None:
         if self.rank < 0:
@@ -35,6 +38,9 @@ class LoRAConfig:
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown or not self.targets:
             raise ValueError(f"lora.targets={self.targets}: each must be one of {', '.join(TARGETS)}")
+        if not isinstance(self.modules_to_save, list) or any(m not in WHOLE for m in self.modules_to_save):
+            raise ValueError(f"lora.modules_to_save={self.modules_to_save}: a list of modules that train whole, each "
+                             f"one of {', '.join(WHOLE)}")
 
 
 class LoRALinear(nn.Linear):
@@ -84,17 +90,28 @@ def adapted_layers(model: GPT):
 
 def add_adapters(model: GPT, config: LoRAConfig, new_tokens_from: int | None = None) -> GPT:
     """Freeze every weight of `model` and put an adapter beside each targeted matrix of
-    each block. new_tokens_from: the first id a chat template added to the tokenizer, whose
-    embedding rows (and an untied head's) then train too, and only those rows."""
+    each block; the modules config.modules_to_save names train whole (whole_modules). new_tokens_from:
+    the first id a chat template added to the tokenizer, whose embedding rows (and an untied
+    head's) then train too, and only those rows (unless the matrix trains whole)."""
     model.requires_grad_(False)
     for target, parent, name, layer in list(adapted_layers(model)):
         if target in config.targets:
             setattr(parent, name, LoRALinear(layer, config.rank, config.alpha, config.dropout))
+    for module in whole_modules(model, config.modules_to_save).values():
+        module.requires_grad_(True)
     if new_tokens_from is not None:
         heads = [model.transformer.wte.weight, model.lm_head.weight]
         for weight in {id(w): w for w in heads}.values():  # (a tied head is the embedding)
-            train_rows(weight, new_tokens_from)
+            if not weight.requires_grad:
+                train_rows(weight, new_tokens_from)
     return model
+
+
+def whole_modules(model: GPT, names: list[str]) -> dict[str, nn.Module]:
+    """{name: module} of the modules that train whole (lora.modules_to_save: a name matches
+    the module of that name, or its name's last part: ln_1 is every block's first norm)."""
+    return {name: module for name, module in model.named_modules()
+            if any(name == wanted or name.endswith(f".{wanted}") for wanted in names)}
 
 
 def frozen_in(model: GPT, dtype: torch.dtype) -> None:
@@ -109,6 +126,7 @@ def train_rows(weight: nn.Parameter, start: int) -> None:
     """Let the rows from `start` on train: the gradient of the others is zeroed, so AdamW
     (with no weight decay on embeddings) leaves them exactly as they were."""
     weight.requires_grad_(True)
+    weight.rows_from = start  # (new_rows_from reads it)
     rows = torch.zeros(weight.size(0), 1, device=weight.device, dtype=weight.dtype)
     rows[start:] = 1
     weight.register_hook(lambda grad: grad * rows)
@@ -119,10 +137,10 @@ def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def trained_count(model: nn.Module, new_tokens_from: int | None = None) -> int:
+def trained_count(model: nn.Module) -> int:
     """The numbers that train: every number of a parameter that trains, but of a matrix whose
     new tokens' rows alone train (add_adapters' new_tokens_from on), those rows only."""
-    rows_from = new_rows_from(model, new_tokens_from)
+    rows_from = new_rows_from(model)
     return sum((p.size(0) - rows_from[name]) * p[0].numel() if name in rows_from else p.numel()
                for name, p in model.named_parameters() if p.requires_grad)
 
@@ -133,14 +151,10 @@ def adapter_state(model: nn.Module, names) -> dict[str, torch.Tensor]:
     return {name: state[name] for name in names}
 
 
-def new_rows_from(model: nn.Module, new_tokens_from: int | None) -> dict[str, int]:
-    """{name: first trained row} of each matrix whose new tokens' rows alone train: the
-    embedding (and an untied head) of a model given new tokens from `new_tokens_from` on by
-    add_adapters; {} if none."""
-    if new_tokens_from is None:
-        return {}
-    return {name: new_tokens_from for name, p in model.named_parameters()
-            if p.requires_grad and name in ("transformer.wte.weight", "lm_head.weight")}
+def new_rows_from(model: nn.Module) -> dict[str, int]:
+    """{name: first trained row} of each matrix whose new tokens' rows alone train (the
+    embedding, and an untied head, that add_adapters gave new tokens' rows to train); {} if none."""
+    return {name: p.rows_from for name, p in model.named_parameters() if hasattr(p, "rows_from")}
 
 
 def adapter_file(model: nn.Module, names, rows_from: dict[str, int]) -> dict[str, torch.Tensor]:

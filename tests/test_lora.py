@@ -15,6 +15,7 @@ import train
 from common.run_dir import RunDir
 from conftest import make_trainer, run_cli
 from lora import LoRAConfig, add_adapters, merged, trained_count, trained_parameters
+from lora.adapters import TARGETS
 from lora.adapters import adapted_layers
 from model import GPT, GPTConfig
 from test_chat import chat_run
@@ -121,7 +122,7 @@ def test_only_the_adapters_train_and_the_rank_counts():
     C, kv = 32, 2 * 2 * 8  # c_attn: [C + 2 H_kv d_k, C]
     assert sum(p.numel() for p in trained.values()) == trained_count(model) == 2 * (4 * C + (C + kv) * 4)
     grown = add_adapters(GPT(GPTConfig(**SETTINGS)), LoRAConfig(rank=4, targets=["attn.c_attn"]), new_tokens_from=36)
-    assert trained_count(grown, 36) == 2 * (4 * C + (C + kv) * 4) + 4 * C  # and the 4 new rows of the (tied) embedding
+    assert trained_count(grown) == 2 * (4 * C + (C + kv) * 4) + 4 * C  # and the 4 new rows of the (tied) embedding
     with pytest.raises(ValueError, match=r"lora.targets=\['attn.c_q'\]: each must be one of attn.c_attn, attn.c_proj, "
                                          "mlp.c_fc, mlp.c_gate, mlp.c_proj"):
         LoRAConfig(rank=4, targets=["attn.c_q"])
@@ -322,3 +323,60 @@ def test_every_list_setting_comes_in_from_yaml_and_from_the_command_line(tmp_pat
                       ("lora.targets=[attn.c_q]", "each must be one of")):
         with pytest.raises(ConfigError, match=said):
             load_config(config, [bad])
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt_neox", pytest.param("gpt2", marks=pytest.mark.slow)])
+def test_modules_to_save_train_whole_resume_exactly_and_export_as_peft_keeps_them(runs, tmp_path, kind):
+    """lora.modules_to_save: the head, the final norm and each block's first norm train whole
+    beside the adapters (the rest of the model brought in stays as it was); a run stopped half
+    way and resumed ends with the same tensors; export.py --adapters writes them as peft's
+    modules_to_save (a tied head with its embedding, one matrix), base/ holding them as they
+    started, and peft over base/ computes the merged export's logits."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    shape = ["model.n_layer=2", *SHAPES[kind]]
+    assert train.main(chat_run(tmp_path, f"data.source={runs / 'sums.txt'}", *shape, out="base")) == 0
+    whole = ["lora.modules_to_save=[lm_head,ln_f,ln_1]", "lora.rank=4", "train.lr=0.01", "lora.dropout=0.1"]
+
+    def lora(*extra, out):
+        return chat_run(tmp_path, f"train.init_from={tmp_path / 'base'}", *shape, *whole, *extra,
+                        data=runs / "sums.txt", out=out)
+
+    assert train.main(lora(out="straight")) == 0
+    assert train.main(lora("train.max_iters=10", out="resumed")) == 0
+    assert train.main(lora(out="resumed")) == 0
+    for name in ("model.safetensors", "adapter_model.safetensors"):
+        straight, resumed = (load_file(tmp_path / run / name) for run in ("straight", "resumed"))
+        assert sorted(straight) == sorted(resumed) and all(torch.equal(straight[k], resumed[k]) for k in straight)
+    trained = load_file(tmp_path / "straight" / "adapter_model.safetensors")
+    head = "transformer.wte.weight" if kind != "llama" else "lm_head.weight"  # (GPT-2's and GPT-NeoX's head is tied)
+    wanted = {head, "transformer.ln_f.weight", *(f"transformer.h.{i}.ln_1.weight" for i in range(2))}
+    assert wanted <= set(trained) and all("lora_" in name or name in wanted or name.endswith(".bias")
+                                          for name in trained)
+    brought, _ = RunDir(tmp_path / "base").load_model()
+    merged_run, _ = RunDir(tmp_path / "straight").load_model()
+    for name, weight in brought.state_dict().items():
+        changed = not torch.equal(merged_run.state_dict()[name], weight)
+        adapted = name.endswith(".weight") and any(f".{target}." in name for target in TARGETS)
+        assert changed == (name in wanted or adapted or name.removesuffix(".bias") + ".weight" in wanted
+                           or (kind != "llama" and name == "lm_head.weight")), name
+    run = str(tmp_path / "straight")
+    assert export.main(["--checkpoint", run, "--out", str(tmp_path / "merged")]) == 0
+    assert export.main(["--checkpoint", run, "--out", str(tmp_path / "peft"), "--adapters"]) == 0
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    norms = {"llama": ["model.norm", "model.layers.0.input_layernorm", "model.layers.1.input_layernorm"],
+             "gpt_neox": ["gpt_neox.final_layer_norm", "gpt_neox.layers.0.input_layernorm",
+                          "gpt_neox.layers.1.input_layernorm"],
+             "gpt2": ["transformer.ln_f", "transformer.h.0.ln_1", "transformer.h.1.ln_1"]}[kind]
+    heads = {"llama": ["lm_head"], "gpt_neox": ["lm_head", "gpt_neox.embed_in"],
+             "gpt2": ["lm_head", "transformer.wte"]}[kind]
+    assert sorted(config["modules_to_save"]) == sorted(norms + heads)
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "peft" / "base").eval()
+    x = torch.randint(0, merged.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(base(x).logits, brought.eval()(x)[0], atol=1e-5, rtol=0)  # (as they started)
+        adapted = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
+        torch.testing.assert_close(adapted(x).logits, merged(x).logits, atol=2e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"lora.modules_to_save=\['attn'\]: a list of modules that train whole"):
+        LoRAConfig(rank=4, modules_to_save=["attn"])

@@ -22,7 +22,7 @@ def header(model, training: int, data, device, dtype, processes: int, resumed_at
 
     c = model.config
     trains = "" if training == model.num_parameters() else (
-        f" ({training:,} train: LoRA's adapters, lora/, and any new tokens' rows)")
+        f" ({training:,} train: LoRA's adapters, lora/, any modules trained whole and any new tokens' rows)")
     return (f"model: {model.num_parameters():,} parameters{trains}, {c.n_layer} layers, {c.pos_encoding} positions | "
             f"data: {len(data.train):,} train / {len(data.val):,} val tokens"
             + (f" (val: the dataset's {data.meta['val_split']} split)" if data.meta.get("val_split") else "")

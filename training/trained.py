@@ -2,8 +2,8 @@
 
     AllWeights  every weight of the model (from scratch, or a model brought in fine-tuned whole),
                 but those of the heads held off (train.heads_off)
-    Adapters    LoRA's adapters beside a frozen model brought in (lora/), and any new chat
-                markers' embedding rows
+    Adapters    LoRA's adapters beside a frozen model brought in (lora/), the modules named
+                to train whole (lora.modules_to_save), and any new chat markers' embedding rows
 
 Each knows the weights the run's state keeps (`state_dict`, `load_state_dict`), the model
 the run folder keeps (`saved`: with adapters, merged into plain matrices) and what it
@@ -16,7 +16,7 @@ import torch
 
 from common.run_dir import RunDir
 from lora import (add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state, merged, new_rows_from,
-                  trained_count, trained_parameters)
+                  trained_count, trained_parameters, whole_modules)
 from model import GPT
 
 from .config import HEAD, ConfigError
@@ -62,13 +62,19 @@ class Adapters:
             frozen_in(model, torch.bfloat16)
         self.model = model
         self.names = list(trained_parameters(model))  # the parameters that train
-        self.rows_from = new_rows_from(model, self.new_tokens_from)  # (a matrix whose new rows alone train: the first)
+        self.rows_from = new_rows_from(model)  # (a matrix whose new rows alone train: the first)
+        whole = whole_modules(model, lora.modules_to_save)
+        # what the modules trained whole start from: export.py --adapters writes it as base/'s
+        self.starts: dict[str, torch.Tensor] | None = {f"{name}.{key}": t.detach().to("cpu", copy=True)
+                                                      for name, module in whole.items()
+                                                      for key, t in module.state_dict().items()} or None
         self.settings = {"r": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
-                         "target_modules": lora.targets, "base_model_name_or_path": run.config.train.init_from}
+                         "target_modules": lora.targets, "modules_to_save": sorted(whole),
+                         "base_model_name_or_path": run.config.train.init_from}
 
     def count(self) -> int:
         """The numbers that train: the adapters', and the new tokens' rows."""
-        return trained_count(self.model, self.new_tokens_from)
+        return trained_count(self.model)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return adapter_state(self.model, self.names)
@@ -82,10 +88,15 @@ class Adapters:
         return merged(model)
 
     def save_beside(self, run_dir: RunDir, model: GPT) -> None:
-        """adapter_model.safetensors and adapter_config.json: the adapters alone, and their
-        settings (peft's keys where they mean the same: r, lora_alpha, lora_dropout, target_modules)."""
+        """adapter_model.safetensors and adapter_config.json: the adapters alone (and the modules
+        trained whole), and their settings (peft's keys where they mean the same: r, lora_alpha,
+        lora_dropout, target_modules, modules_to_save); at a process's first save, what the
+        modules trained whole started from."""
         run_dir.save_adapters(adapter_file(model, self.names, self.rows_from),
                               self.settings | {"trained": self.names, "rows_from": self.rows_from})
+        if self.starts is not None:
+            run_dir.save_whole_starts(self.starts)
+            self.starts = None
 
 
 def held_off(model: GPT, heads: list[str]) -> None:
