@@ -389,9 +389,9 @@ def answer_lines(r: dict) -> list[str]:
     """The last answers by kind (text, tool calls), and how many the cap on their length cut."""
     text, calls = r["text_answers"], r["tool_call_answers"]
     lines = []
+    if calls["count"] and text["count"]:
+        lines.append(f"text answers: {text['count']:,}, exact match {text['exact_match']:.1%}")
     if calls["count"]:
-        lines.append(f"text answers: {text['count']:,}" + (f", exact match {text['exact_match']:.1%}" if text["count"]
-                                                           else ""))
         lines.append(f"answers that call tools: {calls['count']:,}, exact match {calls['exact_match']:.1%} | the "
                      f"right tool {calls['name_right']:.1%} | the right arguments (as JSON) {calls['arguments_right']:.1%}"
                      f" | the right text around the calls {calls['text_right']:.1%}")

@@ -45,6 +45,15 @@ class TokenFiles:
     def vocab_size(self) -> int:
         return self.meta["vocab_size"]
 
+    def validated_on(self) -> str | None:
+        """What validates, where it is not a held-out cut of the training data: a dataset's own
+        split (data.hf_val_split), or in a mixture, the sources' that have one (None: cuts alone)."""
+        if self.meta.get("val_split"):
+            return f"the dataset's {self.meta['val_split']} split"
+        own = [f"the {part['val_split']} split of {part['source']}" for part in self.meta.get("parts", [])
+               if part.get("val_split")]
+        return ", ".join(own) + " (the others: held-out cuts)" if own else None
+
 
 @dataclass
 class TextData(TokenFiles):

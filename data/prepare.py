@@ -140,7 +140,8 @@ def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | N
     conversations = {split: joined([data.conversations[split] for data in datas]) for split in SPLITS}
     counts = {key: sum(data.meta[key] for data in datas) for key in datas[0].meta
               if key.startswith(("train_", "val_")) and all(key in data.meta for data in datas)}
-    folders = [{"source": part.source, "directory": str(data.directory), "fingerprint": data.meta["fingerprint"]}
+    folders = [{"source": part.source, "directory": str(data.directory), "fingerprint": data.meta["fingerprint"],
+                **({"val_split": data.meta["val_split"]} if "val_split" in data.meta else {})}
                for data, (part, _) in zip(datas, parts)]
     skipped = [data.meta["skipped"] for data in datas if "skipped" in data.meta]
     meta = {**datas[0].meta, **counts, "fingerprint": fingerprint_of([data.meta["fingerprint"] for data in datas]),

@@ -12,13 +12,15 @@ import pytest
 from conftest import ROOT
 
 SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer", "elastic", "prepare", "snapshots",
-           "finetune", "induction", "packing"]
+           "finetune", "induction", "packing", "sft"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_benchmark_quick_mode(tmp_path, name):
     pytest.importorskip("transformers")
+    if name == "sft":
+        pytest.importorskip("trl")
     if name == "explorer" and not os.path.exists("/usr/bin/chromium") and os.environ.get("CI") != "true":
         pytest.skip("no Chromium: apt-get install -y chromium")
     out = tmp_path / f"{name}.json"

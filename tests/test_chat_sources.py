@@ -76,7 +76,13 @@ def test_an_hf_folder_in_the_hubs_layout_is_read_as_conversations_and_fingerprin
     config = DataConfig(f"hf:{hub}", tokenizer="char", cache_dir=str(tmp_path / "c"))
     data = prepare(config, progress=False)
     assert len(data.conversations["train"]) == 40 and len(data.conversations["val"]) == 10
-    assert data.meta["val_split"] == "test"
+    assert data.meta["val_split"] == "test" and data.validated_on() == "the dataset's test split"
+    sums = tmp_path / "sums.jsonl"
+    sums.write_text("".join(json.dumps(r) + "\n" for r in task_conversations("add", 20, seed=2)))
+    mixed = prepare(DataConfig(sources=[f"hf:{hub}", str(sums)], tokenizer="char", cache_dir=str(tmp_path / "c")),
+                    progress=False)
+    assert len(mixed.conversations["val"]) == 10 + 2  # (the test split, and a tenth of the sums)
+    assert mixed.validated_on() == f"the test split of hf:{hub} (the others: held-out cuts)"
     assert data.meta["val_unknown"] > 0 == data.meta["train_unknown"]  # (the test split's letters, unknown to train's)
     again = prepare(config, progress=False)
     assert again.directory == data.directory and not again.built

@@ -8,6 +8,7 @@ import torch
 from tokenizers import AddedToken
 
 import evaluate
+from data.tasks import WEATHER_TOOL as WEATHER_SET_TOOL
 from data.template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer, prompt_ids
 from data.tokenizer import train_tokenizer
 from data.tool_calls import assistant_turn, call_of, compare_turn, split_calls
@@ -249,3 +250,41 @@ def test_generate_chat_takes_tools_shows_each_call_and_reads_their_results(tmp_p
         assert err.startswith(f"error: --tools {path}") and said in err and len(err.splitlines()) == 1
     assert generate.main(["--checkpoint", str(tmp_path / "run"), "--tools", str(tools), "--prompt", "x"]) == 2
     assert "give them with --chat" in capsys.readouterr().err
+    # evaluate.py says the scores of the answers that call tools apart, in words
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text(json.dumps({"messages": cut_after_the_call(), "tools": [WEATHER]}) + "\n"
+                        + json.dumps({"messages": records[0]["messages"]}) + "\n")
+    assert evaluate.main(["--checkpoint", str(tmp_path / "run"), "--text", str(held_out), "--max-new-tokens", "3"]) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[2].startswith("text answers: 1, exact match ")
+    assert said[3].startswith("answers that call tools: 1, exact match 0.0% | the right tool 0.0% | the right "
+                              "arguments (as JSON) 0.0% | the right text around the calls ")
+    assert said[4] == "answers written up to 3 tokens (--max-new-tokens): 2 of 2 reached it without ending their turn"
+
+
+def test_the_weather_set_is_function_calls_a_chat_run_takes(tmp_path, capsys):
+    """python -m data.tasks weather: conversations as the hub's sets of function calls hold them
+    (system prompt, tools, a call with an id, the tool's reply to it, the answer), checked as any
+    record is; the same seed, the same file; --until-call ends each with its call."""
+    from data import tasks
+    from data.conversations import conversation, conversation_tools
+
+    assert tasks.main(["weather", "--count", "20", "--turns", "2", "--out", str(tmp_path / "a.jsonl")]) == 0
+    assert tasks.main(["weather", "--count", "20", "--turns", "2", "--out", str(tmp_path / "b.jsonl")]) == 0
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    records = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    for record in records:
+        messages = conversation(record, "x")  # (the roles in order, each reply to its call)
+        assert conversation_tools(record, "x") == [WEATHER_SET_TOOL] and messages[0]["role"] == "system"
+        calls = [m["tool_calls"][0] for m in messages if m.get("tool_calls")]
+        city = calls[-1]["function"]["arguments"]["city"]
+        assert city in messages[-4]["content"] and city in messages[-1]["content"]
+    ids = [m["tool_calls"][0]["id"] for r in records for m in r["messages"] if m.get("tool_calls")]
+    assert len(ids) == len(set(ids)) > 20  # (some conversations hold two calls)
+    assert tasks.main(["weather", "--count", "5", "--until-call", "--out", str(tmp_path / "c.jsonl")]) == 0
+    cut = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert all(r["messages"][-1]["role"] == "assistant" and r["messages"][-1]["tool_calls"] for r in cut)
+    for refused in (["add", "--until-call"], ["weather", "--plain"]):
+        with pytest.raises(SystemExit):
+            tasks.main([*refused, "--out", str(tmp_path / "d.jsonl")])
+        assert "error:" in capsys.readouterr().err

@@ -25,7 +25,7 @@ def header(model, training: int, data, device, dtype, processes: int, resumed_at
         f" ({training:,} train: LoRA's adapters, lora/, any modules trained whole and any new tokens' rows)")
     return (f"model: {model.num_parameters():,} parameters{trains}, {c.n_layer} layers, {c.pos_encoding} positions | "
             f"data: {len(data.train):,} train / {len(data.val):,} val tokens"
-            + (f" (val: the dataset's {data.meta['val_split']} split)" if data.meta.get("val_split") else "")
+            + (f" (val: {data.validated_on()})" if data.validated_on() else "")
             + f", vocab {data.vocab_size} | {device}, "
             f"{str(dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads, {processes} process(es)"
             + (f" | resuming at iteration {resumed_at}" if resumed_at else ""))
