@@ -52,7 +52,7 @@ ROWS = 8  # packed rows a step
 RANK, ALPHA, LR = 8, 16, 1e-3
 
 
-def conversations(count: int, seed: int = 0) -> list[dict]:
+def job_conversations(count: int, seed: int = 0) -> list[dict]:
     """Function calls (data/tasks.py's weather: a system prompt, the tools, the assistant's call,
     the tool's reply, the answer) and sums, one of each in turn."""
     from data.tasks import conversations as made
@@ -84,7 +84,7 @@ def make_base(folder: Path, records: list[dict]) -> None:
     wrapped.save_pretrained(folder)
 
 
-def ours(base: Path, data: Path, out: Path, steps: int, every: int, checkpointing: bool = False) -> dict:
+def trained_here(base: Path, data: Path, out: Path, steps: int, every: int, checkpointing: bool = False) -> dict:
     """This project's train.py on the job, in a process of its own (train.checkpointing: as trl's)."""
     command = [sys.executable, "train.py", "--config", "configs/chat.yaml", f"out_dir={out}", f"data.source={data}",
                f"data.cache_dir={out.parent / 'cache'}", f"train.init_from={base}", f"model.block_size={CONTEXT}",
@@ -101,7 +101,7 @@ def ours(base: Path, data: Path, out: Path, steps: int, every: int, checkpointin
             "peak_mb": peak}
 
 
-def theirs(base: Path, data: Path, out: Path, steps: int, every: int, checkpointing: bool) -> dict:
+def trained_in_trl(base: Path, data: Path, out: Path, steps: int, every: int, checkpointing: bool) -> dict:
     """trl's SFTTrainer with peft on the job, in a process of its own (this module's --child)."""
     result = out / "result.json"
     peak, _, wall = peak_of([sys.executable, "-m", "bench.sft", "--child", str(base), str(data), str(result),
@@ -164,7 +164,7 @@ def main() -> None:
         base, data, result, steps, every, checkpointing = args.child
         return child(base, data, result, int(steps), int(every), bool(int(checkpointing)))
     if args.write is not None:
-        records = conversations(args.count)
+        records = job_conversations(args.count)
         args.write.mkdir(parents=True, exist_ok=True)
         (args.write / "calls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         make_base(args.write / "base", records)
@@ -176,15 +176,15 @@ def main() -> None:
     steps, count, every = (6, 100, 2) if args.quick else (args.steps, args.count, 5)  # (every: steps a log)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        records = conversations(count)
+        records = job_conversations(count)
         data = tmp / "calls.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in records))
         make_base(tmp / "base", records)
         env_threads = os.environ.get("OMP_NUM_THREADS")
-        results = {"here": ours(tmp / "base", data, tmp / "here", steps, every),
-                   "here, checkpointing on": ours(tmp / "base", data, tmp / "here-checkpointing", steps, every, True),
-                   "trl, checkpointing on (its default)": theirs(tmp / "base", data, tmp, steps, every, True),
-                   "trl, checkpointing off": theirs(tmp / "base", data, tmp, steps, every, False)}
+        results = {"here": trained_here(tmp / "base", data, tmp / "here", steps, every),
+                   "here, checkpointing on": trained_here(tmp / "base", data, tmp / "here-checkpointing", steps, every, True),
+                   "trl, checkpointing on (its default)": trained_in_trl(tmp / "base", data, tmp, steps, every, True),
+                   "trl, checkpointing off": trained_in_trl(tmp / "base", data, tmp, steps, every, False)}
     rows = [[name, r["tokens_per_second"], r["wall_seconds"], r["peak_mb"]] for name, r in results.items()]
     print(table(["job", "real tokens/s in training", "wall s (all of it)", "peak MB"], rows))
     for mine, other in (("here", "trl, checkpointing off"), ("here, checkpointing on", "trl, checkpointing on (its default)")):
