@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .readers import (check_readable, dataset_columns, file_stats, first_record, folder_files, held_out_split,
-                      hub_reachable, json_lines, load_split, parquet_columns, parquet_rows)
+                      hub_out_of_reach, json_lines, load_split, parquet_columns, parquet_rows)
 from .config import DataConfig
 from .shared import DataError
 
@@ -332,7 +331,7 @@ def hub_chat_source(config: DataConfig) -> ChatSource | None:
     name, _, subset = source[3:].partition(":")
     if not name:
         return None  # (the text path says what is missing)
-    if not Path(name).is_dir() and not os.environ.get("HF_HUB_OFFLINE") and not hub_reachable():
+    if hub_out_of_reach(name):
         return None  # (the text path says the hub cannot be reached, or uses the token files it made)
     columns = dataset_columns(name, subset, split, data_files)
     if not has_conversations(columns):

@@ -5,6 +5,7 @@ datasets are read as streams, a batch at a time, never held whole in memory."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -97,6 +98,12 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def hub_out_of_reach(name: str) -> bool:
+    """Whether dataset name must come from the hub (not a folder here, not HF_HUB_OFFLINE's cache)
+    and the hub cannot be reached."""
+    return not Path(name).is_dir() and not os.environ.get("HF_HUB_OFFLINE") and not hub_reachable()
+
+
 def load_split(builder: str, files: list[Path] | str | None, split: str = "train", **kwargs):
     """A dataset's `split`, as datasets.load_dataset makes it (in its steps), memory-mapped
     from its Arrow cache, so memory stays bounded however large the files. files: local
@@ -171,7 +178,9 @@ def held_out_split(config, name: str, subset: str) -> Callable[[], str | None]:
 
     def split() -> str | None:
         if not found:
-            found.append(config.held_out_split(dataset_splits(name, subset, config.hf_data_files)))
+            # (a hub out of reach: reading the data says so at once, in one line, without waiting on datasets)
+            splits = [] if hub_out_of_reach(name) else dataset_splits(name, subset, config.hf_data_files)
+            found.append(config.held_out_split(splits))
         return found[0]
 
     return split

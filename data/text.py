@@ -5,7 +5,6 @@ the built-in corpus, which is 5 MB). Conversations come from data/conversations.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Callable
 
 from . import copies, shakespeare
 from .config import DataConfig
-from .readers import (LOCAL_FORMATS, check_readable, file_stats, folder_files, held_out_split, hub_reachable,
+from .readers import (LOCAL_FORMATS, check_readable, file_stats, folder_files, held_out_split, hub_out_of_reach,
                       json_lines, load_split)
 from .shared import END, DataError, Piece
 
@@ -124,7 +123,7 @@ def hub_source(config: DataConfig) -> Source:
 
     def documents(which: str) -> Iterator[Piece]:
         # checked only when the text is needed, so token files already made work offline
-        if not Path(name).is_dir() and not os.environ.get("HF_HUB_OFFLINE") and not hub_reachable():
+        if hub_out_of_reach(name):
             raise DataError(f"could not reach the Hugging Face hub to load dataset {name!r}; "
                             "download the text and use data.source=path/to/file.txt "
                             "(or set HF_HUB_OFFLINE=1 to use a copy already cached)")

@@ -311,7 +311,7 @@ def _roundtrip(state):
 
 def test_hub_unreachable_fails_fast_with_advice(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(text, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(readers, "hub_reachable", lambda timeout=3.0: False)
     with pytest.raises(DataError, match=r"could not reach the Hugging Face hub.*data.source=path/to/file.txt "
                                         r"\(or set HF_HUB_OFFLINE=1 to use a copy already cached\)$"):
         prepare(DataConfig("hf:someone/some_dataset", cache_dir=tmp_path), progress=False)
