@@ -181,7 +181,7 @@ def test_a_signal_while_the_data_is_prepared_cleans_up_as_ctrl_c_does(tmp_path, 
     or 143, no run folder left (the run made it), no half-built token folder in the cache."""
     text = tmp_path / "big.txt"
     text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog, again and again\n"
-                            for i in range(300_000)))
+                            for i in range(150_000)))
     cache = tmp_path / "cache"
     proc = subprocess.Popen([sys.executable, "train.py", "--config", TINY, f"data.source={text}", "data.tokenizer=bpe",
                              "data.vocab_size=300", f"data.cache_dir={cache}", f"out_dir={tmp_path / 'run'}"],
