@@ -30,11 +30,13 @@ FIRST_NAMED = 3  # the bad records a report names (the rest are counted)
 
 class BadRecord(DataError):
     """A record that is no conversation a model can learn from: its reason, a few words to
-    count such records by, and the one-line error, which says where it is."""
+    count such records by; the problem, which says where it is; and the one-line error, the
+    problem with its fix where that is a rule said apart (a list of skipped records says it once)."""
 
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
+    def __init__(self, reason: str, problem: str, fix: str = ""):
+        super().__init__(f"{problem}; {fix}" if fix else problem)
         self.reason = reason
+        self.problem = problem
 
 
 @dataclass
@@ -57,7 +59,7 @@ class Skipped:
             raise error
         self.reasons[error.reason] = self.reasons.get(error.reason, 0) + 1
         if len(self.first) < FIRST_NAMED:
-            self.first.append(str(error))
+            self.first.append(error.problem)
 
     def said(self) -> str:
         """'2 with the roles out of order, 1 with a tool reply and no call; the first: ...'"""
@@ -138,8 +140,8 @@ def check_turns(messages: list[dict], where: str) -> None:
     waiting: list = []  # the calls of the last assistant message that no tool has answered yet
 
     def refuse(number: int, problem: str, reason: str = "with the roles out of order"):
-        raise BadRecord(reason, f"{where}, message {number}: {problem}; a chat goes [system,] user, assistant, "
-                                "user, ... with a tool's replies after the assistant's calls")
+        raise BadRecord(reason, f"{where}, message {number}: {problem}",
+                        "a chat goes [system,] user, assistant, user, ... with a tool's replies after the assistant's calls")
 
     for number, message in enumerate(messages):
         role = message["role"]

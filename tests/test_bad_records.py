@@ -42,6 +42,8 @@ def test_a_conversation_whose_roles_are_out_of_order_is_a_bad_record(messages, s
     with pytest.raises(BadRecord, match=said) as error:
         conversation({"messages": messages}, "chat.jsonl, line 7")
     assert str(error.value).startswith("chat.jsonl, line 7, message ") and "\n" not in str(error.value)
+    assert str(error.value).endswith("; a chat goes [system,] user, assistant, user, ... with a tool's replies after "
+                                     "the assistant's calls")  # (the fix, where the record is refused alone)
 
 
 @pytest.mark.parametrize("messages", [
@@ -84,6 +86,8 @@ def test_bad_records_are_skipped_counted_by_reason_and_named_up_to_the_limit(tmp
     skipped = data.meta["skipped"]
     assert skipped["reasons"] == {"with the roles out of order": 2, "that the chat template refused": 1}
     assert skipped["of"] == 303 and skipped["first"][0].startswith(f"{path}, line 101, message 0: the assistant speaks")
+    assert skipped["first"][:2] == [f"{path}, line 101, message 0: the assistant speaks first",
+                                    f"{path}, line 202, message 1: a user message after a user message"]  # (no fix each)
     assert skipped["first"][2].startswith(f"{path}, line 203: the chat template of train.init_from refused a conversation: "
                                        "not this one")
     said = data.bad_records()
