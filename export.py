@@ -255,6 +255,7 @@ def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | byte
     whole = settings.get("modules_to_save", [])
     if model.config.tie_embeddings and {"transformer.wte", "lm_head"} & set(whole):  # (one matrix, in two modules)
         whole = sorted(set(whole) | {"transformer.wte", "lm_head"})
+        config["ensure_weight_tying"] = True  # (peft's two copies one matrix again, as the model has it)
     for ours in whole:
         theirs = module_in_transformers(kind, ours)
         config.setdefault("modules_to_save", []).append(theirs)

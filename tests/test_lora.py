@@ -378,5 +378,9 @@ def test_modules_to_save_train_whole_resume_exactly_and_export_as_peft_keeps_the
         torch.testing.assert_close(base(x).logits, brought.eval()(x)[0], atol=1e-5, rtol=0)  # (as they started)
         adapted = peft.PeftModel.from_pretrained(base, tmp_path / "peft").eval()
         torch.testing.assert_close(adapted(x).logits, merged(x).logits, atol=2e-5, rtol=0)
+    if kind != "llama":  # a tied head stays one matrix with its embedding in peft too (ensure_weight_tying)
+        copies = [module.modules_to_save["default"].weight
+                  for module in (adapted.get_input_embeddings(), adapted.base_model.model.lm_head)]
+        assert copies[0] is copies[1]
     with pytest.raises(ValueError, match=r"lora.modules_to_save=\['attn'\]: a list of modules that train whole"):
         LoRAConfig(rank=4, modules_to_save=["attn"])
