@@ -41,9 +41,11 @@ from model import GPT, GPTConfig
 
 PROMPT = ("ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
           "Arise, fair sun, and kill the envious moon,\nWho is already sick and pale with grief")  # its last 64 tokens
-# moves the timeline's slider to each snapshot in turn, as the keyboard would; the redraw's milliseconds
+# moves the timeline's slider to each snapshot in turn, as the keyboard would, with the slider in
+# sight (where a learner drags it); the redraw's milliseconds, its layout included
 SLIDE = """() => {
   const slider = document.getElementById("timeline-step");
+  slider.scrollIntoView({ block: "center" });
   const times = [];
   for (let k = 0; k <= Number(slider.max); k++) {
     const start = performance.now();

@@ -31,8 +31,10 @@ const Overview = (() => {
     $("model-state").textContent = data ? t(init ? "showingInit" : "showingTrained") : "";
     $("model-switch").textContent = t(init ? "switchToTrained" : "switchToInit");
     $("model-switch").hidden = !data || !(Page.SETTINGS.server || Page.SETTINGS.counterpart);
-    document.documentElement.lang = Page.state.lang === "zh" ? "zh-CN" : "en";
-    document.title = t("title");
+    // (set only when they change: setting them makes the browser restyle the page there and then)
+    const lang = Page.state.lang === "zh" ? "zh-CN" : "en";
+    if (document.documentElement.lang !== lang) document.documentElement.lang = lang;
+    if (document.title !== t("title")) document.title = t("title");
     for (const node of document.querySelectorAll("[data-i18n]")) node.textContent = t(node.dataset.i18n);
   }
 
@@ -128,7 +130,7 @@ const Overview = (() => {
       el("span", { class: "layers" }, ...chain(block),
         el("span", { class: "repeat", text: t("mapLayers", { count: c.n_layer, layer: Page.view().layer }) })),
       arrow(), ...chain(after));
-    lightMap();
+    lightSoon();
   }
 
   // The panel being read: the last one whose top has passed a third of the way down the window.
@@ -142,8 +144,11 @@ const Overview = (() => {
       if (lit) a.setAttribute("aria-current", "location"); else a.removeAttribute("aria-current");
     }
   }
+  // Lit at the next frame, once the panels are drawn: reading where they are while the page is
+  // being redrawn would make the browser lay it out twice (a slider's move redraws every panel).
   let mapFrame = null;
-  window.addEventListener("scroll", () => { mapFrame ??= requestAnimationFrame(() => { mapFrame = null; lightMap(); }); });
+  const lightSoon = () => { mapFrame ??= requestAnimationFrame(() => { mapFrame = null; lightMap(); }); };
+  window.addEventListener("scroll", lightSoon);
 
   // What each panel computes, in the code's notation, for this model's pieces (the words
   // between the symbols in the page's language).

@@ -102,23 +102,30 @@ const View = (() => {
   }
 
   // Token labels on both axes, every `every`-th one where they would overlap; the readout
-  // below the map names the token under the mouse whatever its label.
+  // below the map names the token under the mouse whatever its label. They are written on a
+  // canvas outside the page, then copied: text on a canvas in the page makes the browser restyle
+  // the whole page there and then, and the slider redraws every panel.
   function drawLabels(ctx, cell, margin) {
     const T = Page.data.tokens.length;
     const every = Math.max(1, Math.ceil(12 / cell));
-    ctx.fillStyle = "#5f6368";
-    ctx.font = `${Math.min(11, Math.max(8, cell))}px monospace`;
+    const labels = document.createElement("canvas");
+    labels.width = ctx.canvas.width;
+    labels.height = ctx.canvas.height;
+    const text = labels.getContext("2d");
+    text.fillStyle = "#5f6368";
+    text.font = `${Math.min(11, Math.max(8, cell))}px monospace`;
     for (let i = 0; i < T; i += every) {
       const label = axisLabel(i).slice(0, 8);
-      ctx.textAlign = "right";
-      ctx.fillText(label, margin - 3, margin + i * cell + cell * 0.8); // the query's row
-      ctx.save();
-      ctx.translate(margin + i * cell + cell * 0.8, margin - 3);
-      ctx.rotate(-Math.PI / 2);
-      ctx.textAlign = "left";
-      ctx.fillText(label, 0, 0); // the key's column
-      ctx.restore();
+      text.textAlign = "right";
+      text.fillText(label, margin - 3, margin + i * cell + cell * 0.8); // the query's row
+      text.save();
+      text.translate(margin + i * cell + cell * 0.8, margin - 3);
+      text.rotate(-Math.PI / 2);
+      text.textAlign = "left";
+      text.fillText(label, 0, 0); // the key's column
+      text.restore();
     }
+    ctx.drawImage(labels, 0, 0);
     return every;
   }
 
