@@ -75,7 +75,8 @@ def main(argv=None) -> None:
             page.click("#lang")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         if args.panel:
-            page.locator(args.panel).screenshot(path=str(args.out))
+            # (the model's map stays at the top of the window as the page scrolls: over a panel taller than the window)
+            page.locator(args.panel).screenshot(path=str(args.out), style="#model-map { position: static; }")
         else:
             top = page.eval_on_selector(args.top, "node => node.getBoundingClientRect().top + window.scrollY")
             page.screenshot(path=str(args.out), full_page=True, clip={"x": 0, "y": top, "width": 1280, "height": args.height})
