@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 
+from .shared import DataError
 from .template import TURN_ENDS
 
 
@@ -73,27 +74,40 @@ def split_calls(text: str) -> tuple[str, list[dict]]:
 
 def assistant_turn(template, messages: list[dict], tools: list[dict] | None, written: str) -> dict:
     """The assistant's message that the template writes as `written` after `messages` (a
-    ChatTemplate's; the turn without its end-of-turn marker): its text and its calls, kept as
-    written so that the template writes them again as they were. The text is what is left with
-    the calls taken out and, around them, the template's own markers (what it writes for the
-    same calls with no text); if no such message is written back as `written`, the text is
-    what is left with the calls taken out."""
-    text, calls = split_calls(written)
-    if not calls:
+    ChatTemplate's; the turn without its end-of-turn marker): its text and its calls. The calls
+    are kept as written where the template writes them again so (the default template writes
+    the message's own list), else in OpenAI's form, {"type": "function", "function": {...}},
+    which most templates read. The text is what is left with the calls taken out and, around
+    them, the template's own markers (what it writes for the same calls with no text); if no
+    such message is written back as `written`, the text is what is left with the calls taken
+    out. A template that refuses the calls in either form leaves the reply as text."""
+    text, written_calls = split_calls(written)
+    if not written_calls:
         return {"role": "assistant", "content": written}
     before = template.render(messages, add_generation_prompt=True, tools=tools)
 
-    def turn(content: str) -> str:  # what the template writes for the message after `before`
+    def turn(content: str, calls: list[dict]) -> str:  # what the template writes for the message after `before`
         message = {"role": "assistant", "content": content, "tool_calls": calls}
         return template.render([*messages, message], tools=tools)[len(before):]
 
-    markers = split_calls(turn(""))[0]
-    markers = markers[:min([markers.find(end) for end in TURN_ENDS if end in markers], default=len(markers))]
-    candidates = [text, text.strip()]
-    if markers.strip() and text.rstrip().endswith(markers.strip()):
-        candidates.append(text.rstrip()[:-len(markers.strip())].strip())
-    content = next((c for c in candidates if turn(c).startswith(written)), text.strip())
-    return {"role": "assistant", "content": content, "tool_calls": calls}
+    openai_form = [{"type": "function", "function": call_of(call)} for call in written_calls]
+    accepted = None  # (the first form the template renders, where neither writes the reply again)
+    for calls in (written_calls, openai_form):
+        try:
+            markers = split_calls(turn("", calls))[0]
+        except DataError:  # (a template that reads call["function"], say, given the calls as written)
+            continue
+        markers = markers[:min([markers.find(end) for end in TURN_ENDS if end in markers], default=len(markers))]
+        candidates = [text, text.strip()]
+        if markers.strip() and text.rstrip().endswith(markers.strip()):
+            candidates.append(text.rstrip()[:-len(markers.strip())].strip())
+        content = next((c for c in candidates if turn(c, calls).startswith(written)), None)
+        if content is not None:
+            return {"role": "assistant", "content": content, "tool_calls": calls}
+        accepted = accepted or calls
+    if accepted is None:
+        return {"role": "assistant", "content": written}
+    return {"role": "assistant", "content": text.strip(), "tool_calls": accepted}
 
 
 def compare_turn(expected: str, got: str, expected_calls: list[dict] | None = None) -> dict:

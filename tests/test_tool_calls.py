@@ -25,6 +25,9 @@ CHATML_TOOLS = (
     "| tojson + '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 PARIS = {"name": "weather", "arguments": {"city": "Paris"}}
+# the same, reading each call in OpenAI's form only (call["function"]), as many templates do
+OPENAI_ONLY = CHATML_TOOLS.replace("{% set call = call['function'] if call['function'] is defined else call %}",
+                                   "{% set call = call['function'] %}")
 
 
 def tokenizer_for(template: str):
@@ -149,21 +152,32 @@ def test_the_answers_are_capped_and_those_that_reach_the_cap_are_counted(tmp_pat
     assert scored["at_the_cap"] == sum(a["at_the_cap"] for a in scored["answers"])
 
 
-@pytest.mark.parametrize("source", [DEFAULT_TEMPLATE, CHATML_TOOLS], ids=["default", "chatml"])
+@pytest.mark.parametrize("source", [DEFAULT_TEMPLATE, CHATML_TOOLS, OPENAI_ONLY], ids=["default", "chatml", "openai"])
 @pytest.mark.parametrize("content", ["Let me look.", ""])
 def test_a_turn_that_calls_a_tool_is_read_back_as_the_message_the_template_writes_so(source, content):
     """generate.py --chat keeps a reply as the message the template would write as that text:
-    its text and its calls (as written), so the conversation renders again as the model wrote it."""
+    its text and its calls (as written, or in OpenAI's form where the template reads only that),
+    so the conversation renders again as the model wrote it."""
     template = ChatTemplate(source)
     messages = cut_after_the_call(content)
     asked = messages[:1]
     written = template.render(messages)[len(template.render(asked, add_generation_prompt=True)):]
     written = written[:min(written.find(end) for end in ("<|end|>", "<|im_end|>") if end in written)]
     turn = assistant_turn(template, asked, None, written)
-    assert turn == {"role": "assistant", "content": content, "tool_calls": messages[1]["tool_calls"]
-                    if source == DEFAULT_TEMPLATE else [PARIS]}
+    calls = {DEFAULT_TEMPLATE: messages[1]["tool_calls"], CHATML_TOOLS: [PARIS],
+             OPENAI_ONLY: [{"type": "function", "function": PARIS}]}[source]
+    assert turn == {"role": "assistant", "content": content, "tool_calls": calls}
     assert template.render([*asked, turn]) == template.render(messages)
     assert assistant_turn(template, asked, None, "Sunny.") == {"role": "assistant", "content": "Sunny."}
+
+
+def test_a_call_that_the_template_cannot_write_is_kept_as_text():
+    refusing = ChatTemplate("{% for message in messages %}{% if message['tool_calls'] %}{{ raise_exception('no calls') }}"
+                            "{% endif %}{{ message['role'] + ': ' + message['content'] + '\\n' }}{% endfor %}"
+                            "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+    written = json.dumps(PARIS)
+    assert assistant_turn(refusing, [{"role": "user", "content": "Weather?"}], None, written) == {
+        "role": "assistant", "content": written}
 
 
 def scripted(monkeypatch, tokenizer, *turns):
