@@ -27,6 +27,7 @@ from common.chat import Chat, run_template
 from common.prompt import encode_prompt, left_padded
 from common.run_dir import DEFAULT_RUN, RunDir
 from common.threads import set_threads, thread_help
+from data.shared import DataError
 from data.tokenizer import encode_or_start, end_of_text_ids, suppressed_ids
 from data.tool_calls import call_of
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
@@ -397,7 +398,7 @@ def show_attention(model, tokenizer, text: str, path: Path, device) -> None:
 
 
 def main(argv=None) -> int:
-    return run_main(parse_args, command, argv, {UserError: 2})
+    return run_main(parse_args, command, argv, {UserError: 2, DataError: 2})  # (DataError: a template that refuses)
 
 
 if __name__ == "__main__":

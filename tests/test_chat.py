@@ -495,6 +495,24 @@ def test_generate_chat_answers_each_line_as_the_chat_engine_does(chat_runs, monk
                                                     "with --chat")
 
 
+def test_a_conversation_the_template_refuses_is_one_line_and_exit_2(chat_runs, tmp_path, monkeypatch, capsys):
+    """A run's template is someone else's code and may refuse what is typed (a system message,
+    say): generate.py --chat says so in one line and exits 2, as every bad input does."""
+    import io
+    import shutil
+
+    import generate
+
+    run = shutil.copytree(chat_runs / "sft", tmp_path / "sft")
+    template = (run / "chat_template.jinja").read_text()
+    (run / "chat_template.jinja").write_text("{% if messages[0]['role'] == 'system' %}"
+                                             "{{ raise_exception('System role not supported') }}{% endif %}" + template)
+    monkeypatch.setattr("sys.stdin", io.StringIO("2+3=\n"))
+    assert generate.main(["--checkpoint", str(run), "--chat", "--system", "B"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith("refused a conversation: System role not supported") and "Traceback" not in err
+
+
 def test_the_messages_typed_are_lines_joined_by_a_final_backslash():
     from generate import messages
 
