@@ -207,9 +207,9 @@ def last_answer(tokenizer, template: ChatTemplate, messages: list[dict], tools: 
 
 
 def answer_cap(expected: list[list[int]], block_size: int) -> int:
-    """--max-new-tokens' default: twice the longest expected answer (at least 16 tokens, at most
-    the context), so that a model that never ends its turn (a base before fine-tuning) is cut
-    where no right answer could still be coming."""
+    """--max-new-tokens' default: twice the longest expected answer with its end-of-turn token
+    (at least 16 tokens, at most the context), so that a model that never ends its turn (a base
+    before fine-tuning) is cut where no right answer could still be coming."""
     return min(block_size, max(16, 2 * (max(map(len, expected), default=0) + 1)))
 
 
@@ -424,7 +424,8 @@ def parse_args(argv):
                    f"of the model's, or {DEFAULT}: the template a model without one is given when it is fine-tuned, "
                    "its markers added the same way: the base as fine-tuning starts it")
     p.add_argument("--max-new-tokens", type=positive, metavar="N", help="conversations: the most tokens a written "
-                   "answer may have (default: twice the longest expected answer, at least 16, at most the context)")
+                   "answer may have (default: twice the longest expected answer with its end of turn, at least 16, "
+                   "at most the context)")
     p.add_argument("--threads", type=positive, help=thread_help("evaluate"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = p.parse_args(argv)

@@ -294,7 +294,7 @@ def test_evaluate_command_line_help_requirements_and_debug(tmp_path, capsys):
         "Jinja chat template to use instead of the model's, or default: the template a model without one is given "
         "when it is fine-tuned, its markers added the same way: the base as fine-tuning starts it "
         "--max-new-tokens N conversations: the most tokens a written answer may have (default: twice the longest "
-        "expected answer, at least 16, at most the context) --threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else one per core, or one while the machine is so busy that one is faster) --debug show full tracebacks")
+        "expected answer with its end of turn, at least 16, at most the context) --threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else one per core, or one while the machine is so busy that one is faster) --debug show full tracebacks")
     for argv, message in [([], "the following arguments are required: --checkpoint"),
                           (["--checkpoint", "x"], "one of the arguments --text --split is required"),
                           (["--checkpoint", "x", "--text", "a", "--split", "val"],
