@@ -22,13 +22,13 @@ import functools
 import sys
 from pathlib import Path
 
-from common.cli import OneLineParser, UserError, check_output_folder, locale_language, positive, run_main
-from common.run_dir import DEFAULT_RUN, RunDir
-from common.threads import set_threads, thread_help
+from cli.program import OneLineParser, UserError, check_output_folder, locale_language, positive, run_main
+from runs.folder import DEFAULT_RUN, RunDir
+from machine.threads import set_threads, thread_help
 from explorer.data import (MAX_TOKENS, carries_snapshots, default_prompt, initial_model, page_model, prompt_data,
                            run_facts, run_timeline)
 from explorer.page import render, strings
-from model.files import write_atomic
+from storage.atomic import write_atomic
 
 PAGE_NAME = "explorer.html"  # written into the run folder unless --out says otherwise
 SAID = {  # what explore.py prints, in the page's language (--lang); why no page can be made: strings.json

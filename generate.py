@@ -21,17 +21,19 @@ from pathlib import Path
 
 import torch
 
-from common.cli import OneLineParser, UserError, check_output_folder, positive, run_main
-from common.device import DTYPES, resolve_device, resolve_dtype
-from common.chat import Chat, run_template
-from common.prompt import encode_prompt, left_padded
-from common.run_dir import DEFAULT_RUN, RunDir
-from common.threads import set_threads, thread_help
+from cli.program import OneLineParser, UserError, check_output_folder, positive, run_main
 from data.shared import DataError
 from data.tokenizer import encode_or_start, end_of_text_ids, suppressed_ids
 from data.tool_calls import call_of
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes
+from jobs import Job, job_of
+from jobs.chat_session import Chat
+from jobs.prompt import encode_prompt, left_padded
+from machine.device import DTYPES, resolve_device, resolve_dtype
+from machine.threads import set_threads, thread_help
 from model import Sampling
+from runs.folder import DEFAULT_RUN, RunDir
+from storage.atomic import write_atomic
 
 
 def option(default, help: str, **argparse):
@@ -226,16 +228,16 @@ def interactive(model, tokenizer, settings: Settings, device) -> None:
 TOOL_RESULT = "/tool "  # --chat: a line that starts so gives the result of the model's call
 
 
-def chat(model, tokenizer, checkpoint: Path, settings: Settings, device, system: str | None = None,
+def chat(job: Job, model, tokenizer, checkpoint: Path, settings: Settings, device, system: str | None = None,
          tools: list[dict] | None = None) -> None:
     """generate.py --chat: each line read (from the terminal, or piped in) is the user's
     message, or lines joined where one ends in a backslash; `system` opens the conversation;
     `tools` (--tools) are the tools the model may call: a reply that calls them is shown
     call by call (on stderr), and a line "/tool RESULT" gives each call's result, after which
     the model answers."""
-    session = Chat(model, tokenizer, run_template(checkpoint, tokenizer), settings.sampling, settings.max_new_tokens,
-                   seeded(settings.seed, device), note=lambda text: print(f"\nnote: {text}", file=sys.stderr),
-                   system=system, tools=tools)
+    session = job.chat_session(model, tokenizer, checkpoint, sampling=settings.sampling,
+                               max_new_tokens=settings.max_new_tokens, generator=seeded(settings.seed, device),
+                               note=lambda text: print(f"\nnote: {text}", file=sys.stderr), system=system, tools=tools)
     if sys.stdin.isatty():
         print("Type a message and press Enter (end a line with \\ to go on on the next; Ctrl-D to quit)"
               + (f"; give a tool's result as {TOOL_RESULT}RESULT." if tools else "."), file=sys.stderr)
@@ -362,7 +364,7 @@ def command(args) -> int:
     model, tokenizer = load_model(args.checkpoint, device, dtype)
     settings = dataclasses.replace(settings, suppress_tokens=suppressed_ids(tokenizer))
     if args.chat:
-        chat(model, tokenizer, args.checkpoint, settings, device, args.system, tools)
+        chat(job_of(RunDir(args.checkpoint)), model, tokenizer, args.checkpoint, settings, device, args.system, tools)
     elif interactive_mode:
         interactive(model, tokenizer, dataclasses.replace(settings, interactive=True), device)
     else:
@@ -390,7 +392,7 @@ def show_attention(model, tokenizer, text: str, path: Path, device) -> None:
     ids = encode_or_start(tokenizer, text)[-model.config.block_size:]
     maps = attention_maps(model, torch.tensor([ids], device=device))  # [n_layer, H, T, T]
     try:
-        path.write_bytes(png_bytes(heatmap_grid(maps.cpu())))
+        write_atomic(path, png_bytes(heatmap_grid(maps.cpu())))
     except OSError as e:
         raise UserError(f"--show-attention {path} cannot be written ({e.strerror}); choose another path") from None
     print(f"wrote {path}: attention of {len(ids)} tokens, {maps.shape[0]} layers (rows) × {maps.shape[1]} heads "

@@ -18,9 +18,9 @@ import sys
 
 import torch
 
-from common.cli import OneLineParser, UserError, locale_language, positive, run_main
-from common.device import resolve_device, resolve_dtype
-from common.run_dir import RunDir
+from cli.program import OneLineParser, UserError, locale_language, positive, run_main
+from machine.device import resolve_device, resolve_dtype
+from runs.folder import RunDir
 from data.shared import DataError
 from training.config import load_config
 from training.distributed import JoinError, join_process_group

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from bench.common import ROOT, machine, save, table
-from common.run_dir import RunDir
+from runs.folder import RunDir
 
 MICRO = ["data.tokenizer=char", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.batch_size=4",
          "train.max_iters=60", "train.eval_interval=10", "train.eval_iters=2", "train.checkpoint_interval=10",

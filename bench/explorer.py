@@ -31,7 +31,7 @@ import torch
 import yaml
 
 from bench.common import ROOT, machine, save, table
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from data import shakespeare
 from data.tokenizer import train_tokenizer
 from explorer.data import carries_snapshots, default_prompt, page_model, prompt_data, to_json

@@ -77,7 +77,7 @@ def teaches(base: Path, task: str, count: int, iters: int, tmp: Path) -> list[di
 def random_base(folder: Path, n_layer: int = 6, n_embd: int = 384) -> Path:
     """A run folder of a model of random weights (6 × 384: about 10 M parameters; 14 × 768:
     about 100 M) and a char tokenizer of the built-in Shakespeare."""
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from data import shakespeare
     from data.tokenizer import train_tokenizer
     from model import GPT, GPTConfig
@@ -93,7 +93,7 @@ def random_base(folder: Path, n_layer: int = 6, n_embd: int = 384) -> Path:
 def small_base(folder: Path, task: str) -> Path:
     """--quick without a base run: a run folder of a small random model whose char tokenizer
     knows the task's characters."""
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from data.tasks import conversations
     from data.tokenizer import train_tokenizer
     from model import GPT, GPTConfig
@@ -118,7 +118,7 @@ COSTS = {
 
 
 def costs(size: str, iters: int, tmp: Path) -> list[dict]:
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
 
     (n_layer, n_embd), recipes = COSTS[size]
     base = random_base(tmp / f"base-{size}", n_layer, n_embd)

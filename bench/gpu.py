@@ -17,10 +17,11 @@ import time
 import torch
 
 from bench.common import alternate, save, table, timed
-from common.device import autocast, measure_peak_flops
+from machine.device import autocast, measure_peak_flops
 from model import GPT, GPTConfig
 from training.config import TrainConfig
 from training.optim import make_optimizers
+from training.trained import AllWeights
 
 VOCAB = 65
 
@@ -51,7 +52,7 @@ def train_throughput(device, shape: dict, batch: int, steps: int, rounds: int, c
         model = make().to(device)
         if compiled:
             model.forward = torch.compile(model.forward)
-        optimizers = make_optimizers(model, TrainConfig(optimizer="muon"), device) if muon else \
+        optimizers = make_optimizers(AllWeights(model).groups(), TrainConfig(optimizer="muon"), device) if muon else \
             [torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)]
 
         def step():

@@ -105,7 +105,7 @@ def run_ours(snapshots: Path, argv: list[str]) -> int:
     """train.py ARGV, a hard link to the weights it saves kept at each checkpoint, as
     snapshots/ITER/ (config.json, model.safetensors, tokenizer.json: a run folder)."""
     import train
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from training.trainer import Trainer
 
     save = Trainer.save
@@ -164,7 +164,7 @@ def scores(snapshots: Path, text: str, val: Path, scratch: Path) -> list[dict]:
         folder = snapshots / f"{row['iter']:06d}"
         if not folder.is_dir():  # nanoGPT's
             folder = to_run_folder(read_checkpoint(folder.with_suffix(".pt")), text, scratch)
-        r = evaluate(parse_args(["--checkpoint", str(folder), "--text", str(val), "--batch-size", "32",
+        _, r = evaluate(parse_args(["--checkpoint", str(folder), "--text", str(val), "--batch-size", "32",
                                  "--dtype", "float32"]))
         rows.append({**row, "nats_per_char": r["bits_per_char"] * math.log(2), "bits_per_char": r["bits_per_char"]})
     return rows

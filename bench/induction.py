@@ -31,7 +31,7 @@ import torch
 
 import train
 from bench.common import ROOT, machine, save, table
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from data import copies
 from inspection.head_scores import head_scores, induction_probe, uniform_scores
 from inspection.in_context import copy_losses, copy_marks, copy_windows, phase_change

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from bench.common import ROOT, alternate, machine, save, table, timed
-from data.prepare import prepare
+from jobs import prepare
 from model import GPT
 from training.config import load_config
 
@@ -101,7 +101,7 @@ def step_speed(recipes: list[str], common: list[str], tmp: str, rounds: int, ste
     round is `steps` iterations of Trainer.fit (forward, backward, the recipe's optimizers
     and average of the weights), ended as the loop ends a run, by an evaluation and a
     checkpoint, made small here (one validation window, no sample)."""
-    from common.device import measure_peak_flops, resolve_device, resolve_dtype
+    from machine.device import measure_peak_flops, resolve_device, resolve_dtype
     from training.preparation import prepare_run
     from training.trainer import Trainer
 
@@ -215,7 +215,7 @@ def quick_corpus(folder: str) -> str:
 
 def dtype_of(config: Path, overrides: list[str]) -> str:
     """The training dtype train.py resolves on this machine for the recipe."""
-    from common.device import resolve_device, resolve_dtype
+    from machine.device import resolve_device, resolve_dtype
 
     tc = load_config(config, overrides).train
     return str(resolve_dtype(tc.dtype, resolve_device(tc.device), training=True)).removeprefix("torch.")

@@ -6,7 +6,7 @@ Workloads, for tiny.yaml's model shape (vocabulary 512, float32): one training s
 for one prompt and for a batch of 8, and evaluate.py's forward pass (16 windows of 64
 tokens, no gradients). Each setting runs in a process of its own that imports nothing of
 the project but model/ (OpenMP reads its wait policy once, when torch loads): OpenMP's
-default policy (what every program had before common/threads.py: spin a while, then
+default policy (what every program had before machine/threads.py: spin a while, then
 sleep) or PASSIVE (sleep at once), with 1 or 2 threads. The busy processes are pure-Python
 loops this benchmark starts before a measurement and stops after it. The settings take
 turns in --rounds rounds (a noisy machine slows them alike); each figure is the median

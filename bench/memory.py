@@ -81,7 +81,7 @@ def main() -> None:
         results.append({"job": "train tiny", "iters": iters, "peak_rss_mb": rss, "peak_anon_mb": anon,
                         "seconds": wall})
         for tokenizer in ("char", "bpe"):
-            code = ("from data.config import DataConfig; from data.prepare import prepare; "
+            code = ("from data.config import DataConfig; from jobs import prepare; "
                     f"prepare(DataConfig({str(text)!r}, {tokenizer!r}, 4096, "
                     f"cache_dir={str(tmp / ('prep-' + tokenizer))!r}), progress=False)")
             rss, anon, wall = peak_of([sys.executable, "-c", code])

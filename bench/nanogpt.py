@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from model import GPT, GPTConfig
 
 COMPILED_PREFIX = "_orig_mod."  # what torch.compile's wrapper puts before every name

@@ -92,7 +92,7 @@ def trained(out: Path, data: Path, cache: Path, epochs: float, batch_size: int, 
 def measure_set(name: str, task: str, turns: int, count: int, epochs: float, tmp: Path, rounds: int,
                 threads: int) -> dict:
     from data.config import DataConfig
-    from data.prepare import prepare
+    from jobs import prepare
     from data.tasks import conversations, write
 
     data = tmp / f"{task}-{turns}.jsonl"

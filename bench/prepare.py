@@ -129,7 +129,7 @@ def folder_mb(path: Path) -> float:
 
 OURS = """
 from data.config import DataConfig
-from data.prepare import prepare
+from jobs import prepare
 from data.tokenizer import load_tokenizer
 given = {given!r}
 prepare(DataConfig(source={source!r}, tokenizer={kind!r}, vocab_size={vocab}, cache_dir={cache!r}),

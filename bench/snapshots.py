@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from bench.common import ROOT, machine, save, table, timed
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from bench.learning import quick_corpus
 from training.config import load_config
 from training.logger import RunLogger

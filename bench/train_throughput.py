@@ -19,7 +19,7 @@ import argparse
 import torch
 
 from bench.common import alternate, machine, save, table, timed
-from common.device import autocast, measure_peak_flops
+from machine.device import autocast, measure_peak_flops
 from model import GPT, GPTConfig
 
 SIZES = {  # name: (n_layer, n_head, n_embd, block_size, batch_size)

@@ -10,8 +10,11 @@ program that only generates imports no reader of files or datasets):
     text.py           text sources: the built-in Shakespeare, the lesson's copies, files, hf: datasets
     conversations.py  conversation sources: .jsonl, Parquet, hf: datasets; each record checked
     template.py       chat templates in Jinja's sandbox: a conversation -> ids, the assistant's flags
-    prepare.py        token files, made once and cached: one preparation for every kind of corpus
-    corpus.py         TextData and ConversationData: what the trainer asks of a prepared corpus
+    tool_calls.py     tool calls in what an assistant writes: found, compared, read back as a message
+    prepare.py        token files, made once and cached: one preparation skeleton for every kind
+                      of job (jobs/ says what each kind writes, and reads its folders back)
     batches.py        training batches: random windows, or conversations in epochs (packed or not)
     shakespeare.py, copies.py, tasks.py, token_text.py: the built-in corpora, and tokens as text
+
+It knows no kind of job: jobs/ is where a text and conversations differ.
 """

@@ -24,6 +24,8 @@ import random
 import string
 from pathlib import Path
 
+from storage.atomic import write_atomic
+
 SYMBOLS = string.ascii_letters + string.digits + "+/"  # 64, base64's alphabet
 SHORTEST, LONGEST = 8, 64  # the length of the string a line writes twice
 SEED = 0
@@ -59,7 +61,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True, help="the .txt file to write")
     p.add_argument("--characters", type=int, default=TRAIN_CHARACTERS)
     args = p.parse_args(argv)
-    args.out.write_text(text(args.characters, SEED), encoding="utf-8")
+    write_atomic(args.out, text(args.characters, SEED).encode("utf-8"))
     print(f"wrote {args.out}: {args.characters:,}+ characters of lines written twice (seed {SEED})")
     return 0
 

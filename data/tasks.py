@@ -27,6 +27,8 @@ import random
 import string
 from pathlib import Path
 
+from storage.atomic import write_atomic
+
 
 def addition(rng: random.Random) -> tuple[str, str]:
     a, b = rng.randint(0, 99), rng.randint(0, 99)
@@ -95,7 +97,7 @@ def conversations(task: str, count: int, seed: int = 0, turns: int = 1, until_ca
 
 
 def write(path: Path, records: list[dict]) -> None:
-    path.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records), encoding="utf-8")
+    write_atomic(path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records).encode("utf-8"))
 
 
 def main(argv=None) -> int:
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
     records = conversations(args.task, args.count, args.seed, args.turns, args.until_call)
     if args.plain:  # "47+38=85", a conversation a line
         lines = ["".join(m["content"] for m in r["messages"]) + "\n" for r in records]
-        args.out.write_text("".join(lines), encoding="utf-8")
+        write_atomic(args.out, "".join(lines).encode("utf-8"))
     else:
         write(args.out, records)
     print(f"wrote {args.out}: {args.count} conversations of {args.task}, up to {args.turns} turn(s) each (seed {args.seed})")

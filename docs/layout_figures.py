@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-PACKAGES = ("model", "data", "common", "inspection", "interop", "training", "explorer")
+PACKAGES = ("storage", "cli", "machine", "model", "data", "runs", "lora", "jobs", "inspection", "interop", "training",
+            "explorer")
 PROGRAMS = ("train", "generate", "evaluate", "export", "explore")
 NEWCOMER = ("model", "data", "train.py", "generate.py")  # and the training loop with what it calls
 
@@ -66,6 +67,18 @@ def closure(root: Path, start: Path) -> set[Path]:
         seen.add(path)
         todo.extend(imports(root, path) - seen)
     return seen
+
+
+def loaded(root: Path, program: str) -> set[Path]:
+    """The project files a fresh interpreter has loaded once `program` is imported (what it
+    runs before its first call: the imports inside functions that it does not reach are not)."""
+    import subprocess
+
+    code = ("import sys\nimport " + program + "\nprint('\\n'.join(m.__file__ for m in list(sys.modules.values()) "
+            "if getattr(m, '__file__', None)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
+    files = {Path(line).resolve() for line in out.splitlines()}
+    return {path for path in files if path.is_relative_to(root) and path.is_file() and ".venv" not in path.parts}
 
 
 def trainer_attributes(root: Path) -> list[str]:
@@ -175,6 +188,10 @@ def main() -> None:
         folders = sorted({p.parent.name for p in files if p.parent != root})
         name = f"`{program}.py`" if program in PROGRAMS else program
         print(f"| {name} | {len(files)} | {sum(map(lines, files)):,} | {', '.join(folders)} |")
+    print("\n| program | project files a fresh interpreter loads on importing it | their non-blank lines |\n|---|---|---|")
+    for program in PROGRAMS:
+        files = loaded(root, program)
+        print(f"| `{program}.py` | {len(files)} | {sum(map(lines, files)):,} |")
     attributes = trainer_attributes(root)
     print(f"\nTrainer's attributes: {len(attributes)} ({', '.join(attributes)})")
     print("\n| traced | project files | lines | files outside model/ | lines outside model/ |\n|---|---|---|---|---|")

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from inspection.attention_maps import attention_maps, heatmap_grid, png_bytes  # noqa: E402
 from inspection.words import words  # noqa: E402
-from common.run_dir import RunDir  # noqa: E402
+from runs.folder import RunDir  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from model.attention import MultiHeadAttention  # noqa: E402
 from data.tokenizer import tokenizer_kind  # noqa: E402

@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.cli import UserError
-from common.prompt import encode_prompt
+from cli.program import UserError
+from jobs.prompt import encode_prompt
 from data.batches import fixed_windows
-from data.prepare import validation_tokens
+from jobs.text_data import validation_tokens
 from data.shared import DataError
 from data.token_text import readable_decode, token_text, token_views
 from data.tokenizer import suppressed_ids
@@ -149,7 +149,7 @@ def logit_lens(model: GPT, trace) -> list[dict]:
 def prompt_data(model: GPT, tokenizer, prompt: str, max_tokens: int, which: str = "trained", run=None,
                 carry_weights: bool = False, sources: bool = False) -> dict:
     """The page's data for a prompt (its last max_tokens tokens, at most block_size); with
-    the run's snapshots (run: its common.run_dir.RunDir), the model as it formed too (the
+    the run's snapshots (run: its runs.folder.RunDir), the model as it formed too (the
     timeline; carry_weights: with every snapshot's weights, for the page to run); sources:
     where the last token's scores come from, for a page that cannot run the model."""
     if not prompt:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from common.run_dir import DEFAULT_RUN, RunDir
+from runs.folder import DEFAULT_RUN, RunDir
+from storage.atomic import write_atomic
 
 from .data import MAX_TOKENS, page_model, prompt_data
 from .page import render
@@ -41,7 +42,7 @@ class InlinePage:
 
     def save(self, path: str | Path) -> None:
         """The page as a file, as explore.py --out writes it."""
-        Path(path).write_text(self.page, encoding="utf-8")
+        write_atomic(Path(path), self.page.encode("utf-8"))
 
 
 def show(checkpoint: str | Path = DEFAULT_RUN, prompt: str = "ROMEO:", lang: str = "en", height: int = 900,

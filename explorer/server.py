@@ -25,9 +25,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-from common.cli import UserError
-from common.prompt import encode_prompt
-from common.run_dir import RunDir
+from cli.program import UserError
+from jobs.prompt import encode_prompt
+from runs.folder import RunDir
 from data.token_text import readable_decode
 from data.tokenizer import suppressed_ids, unknown_characters
 from inspection.circuits import score_sources

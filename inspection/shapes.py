@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.device import autocast
+from machine.device import autocast
 from model import GPT, in_mode
 
 from .words import words as piece_words

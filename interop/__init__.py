@@ -2,5 +2,6 @@
 importing transformers) and GGUF for llama.cpp (gguf.py). export.py writes them, and
 train.init_from reads transformers folders.
 
-It sits beside inspection/: it may import common/, model/ and data/, nothing above them.
+It sits beside jobs/ and inspection/: it may import runs/, the bottom floor (storage/, cli/, machine/),
+model/ and data/, nothing above them.
 """

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from common.cli import UserError
-from common.run_dir import RunDir
+from cli.program import UserError
+from runs.folder import RunDir
 from interop.hf import Unsupported, config_from_transformers, state_from_transformers
 from data.template import chat_tokenizer, turn_ends
 from data.tokenizer import END_OF_TEXT, end_of_text_ids, load_tokenizer

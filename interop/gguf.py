@@ -13,7 +13,6 @@ merges and pre-tokenizer). The matrices are written in float32, float16 or Q8_0
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ from interop.hf import export_kind, with_zero_biases
 from data.template import END_OF_TURN
 from data.tokenizer import UNK, end_of_text_id, start_ids
 from model import GPTConfig
+from storage.atomic import replaced
 
 GGUF_TYPES = ("f32", "f16", "q8_0")  # what export.py --gguf-type writes the matrices in
 ARCHITECTURES = {"gpt2": "GPT2", "gpt_neox": "GPTNEOX", "llama": "LLAMA", "qwen2": "QWEN2"}  # export_kind -> gguf.MODEL_ARCH
@@ -42,10 +42,11 @@ def import_gguf():
 
 
 def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer, name: str,
-               dtype: str = "f32", chat_template: str | None = None) -> str:
+               dtype: str = "f32", tokenizer_settings: dict[str, str] | None = None) -> str:
     """Write the model and its tokenizer to path (through a temporary file, so that no
-    half-written file is ever left there), its matrices in `dtype` (GGUF_TYPES), and a
-    chat model's template (tokenizer.chat_template, which llama.cpp applies); returns
+    half-written file is ever left there), its matrices in `dtype` (GGUF_TYPES), and what
+    the run's job declares beside its tokenizer as GGUF's tokenizer.* keys (a chat model's
+    tokenizer.chat_template, which llama.cpp applies: Job.tokenizer_settings); returns
     llama.cpp's architecture name. Raises ValueError (interop.hf.Unsupported among them)
     naming what GGUF cannot hold."""
     gguf = import_gguf()
@@ -55,29 +56,26 @@ def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], to
                          "transformers folder instead")
     arch = getattr(gguf.MODEL_ARCH, ARCHITECTURES[kind])
     tokens, types, merges = gpt2_vocabulary(tokenizer, config.vocab_size)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[arch])
-    try:
-        write_hyperparameters(writer, gguf, kind, config, name, dtype)
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("gpt-2")  # GPT-2's regex splits the text into words, as ByteLevel does
-        writer.add_token_list(tokens)
-        writer.add_token_types([getattr(gguf.TokenType, t) for t in types])
-        writer.add_token_merges(merges)
-        write_special_tokens(writer, tokenizer)
-        if chat_template is not None:
-            writer.add_chat_template(chat_template)
-        for tensor_name, tensor in gguf_tensors(gguf, arch, kind, config, state).items():
-            values, raw_dtype = stored(gguf, tensor.float().contiguous().numpy(), dtype)
-            writer.add_tensor(tensor_name, values, raw_dtype=raw_dtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, path)
-    finally:
-        writer.close()  # again, after an error (a closed writer ignores it)
-        tmp.unlink(missing_ok=True)
+    with replaced(path) as tmp:  # (storage/atomic.py: no half-written file is ever left at path)
+        writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[arch])
+        try:
+            write_hyperparameters(writer, gguf, kind, config, name, dtype)
+            writer.add_tokenizer_model("gpt2")
+            writer.add_tokenizer_pre("gpt-2")  # GPT-2's regex splits the text into words, as ByteLevel does
+            writer.add_token_list(tokens)
+            writer.add_token_types([getattr(gguf.TokenType, t) for t in types])
+            writer.add_token_merges(merges)
+            write_special_tokens(writer, tokenizer)
+            for key, value in (tokenizer_settings or {}).items():
+                writer.add_string(f"tokenizer.{key}", value)
+            for tensor_name, tensor in gguf_tensors(gguf, arch, kind, config, state).items():
+                values, raw_dtype = stored(gguf, tensor.float().contiguous().numpy(), dtype)
+                writer.add_tensor(tensor_name, values, raw_dtype=raw_dtype)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()  # (after an error too: the file is closed before it is renamed, or removed)
     return gguf.MODEL_ARCH_NAMES[arch]
 
 

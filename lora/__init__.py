@@ -29,7 +29,7 @@ writes it. adapters.py holds the code.
 """
 
 from .adapters import (LoRAConfig, LoRALinear, add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state,
-                       merged, new_rows_from, trained_count, trained_parameters, whole_modules)
+                       merged, new_rows, trained_count, trained_parameters, whole_modules)
 
 __all__ = ["LoRAConfig", "LoRALinear", "add_adapters", "adapter_file", "adapter_state", "frozen_in", "load_adapter_state",
-           "merged", "new_rows_from", "trained_count", "trained_parameters", "whole_modules"]
+           "merged", "new_rows", "trained_count", "trained_parameters", "whole_modules"]

@@ -93,18 +93,28 @@ def add_adapters(model: GPT, config: LoRAConfig, new_tokens_from: int | None = N
     each block; the modules config.modules_to_save names train whole (whole_modules). new_tokens_from:
     the first id a chat template added to the tokenizer, whose embedding rows (and an untied
     head's) then train too, and only those rows (unless the matrix trains whole)."""
+    rows = new_rows(model, config, new_tokens_from)  # (before the model changes: its names as they are)
     model.requires_grad_(False)
     for target, parent, name, layer in list(adapted_layers(model)):
         if target in config.targets:
             setattr(parent, name, LoRALinear(layer, config.rank, config.alpha, config.dropout))
     for module in whole_modules(model, config.modules_to_save).values():
         module.requires_grad_(True)
-    if new_tokens_from is not None:
-        heads = [model.transformer.wte.weight, model.lm_head.weight]
-        for weight in {id(w): w for w in heads}.values():  # (a tied head is the embedding)
-            if not weight.requires_grad:
-                train_rows(weight, new_tokens_from)
+    parameters = dict(model.named_parameters())
+    for name, first in rows.items():
+        train_rows(parameters[name], first)
     return model
+
+
+def new_rows(model: GPT, config: LoRAConfig, new_tokens_from: int | None) -> dict[str, int]:
+    """{name: first row that trains} of each matrix whose new tokens' rows alone train with
+    these adapters: the embedding and an untied head, where new tokens were added from
+    new_tokens_from (None: none) and the matrix does not train whole (config.modules_to_save)."""
+    if new_tokens_from is None:
+        return {}
+    whole = {id(p) for module in whole_modules(model, config.modules_to_save).values() for p in module.parameters()}
+    heads = {id(model.transformer.wte.weight), id(model.lm_head.weight)}  # (a tied head is the embedding: one name)
+    return {name: new_tokens_from for name, p in model.named_parameters() if id(p) in heads and id(p) not in whole}
 
 
 def whole_modules(model: GPT, names: list[str]) -> dict[str, nn.Module]:
@@ -124,9 +134,8 @@ def frozen_in(model: GPT, dtype: torch.dtype) -> None:
 
 def train_rows(weight: nn.Parameter, start: int) -> None:
     """Let the rows from `start` on train: the gradient of the others is zeroed, so AdamW
-    (with no weight decay on embeddings) leaves them exactly as they were."""
+    (with no weight decay on such a matrix: training/trained.py) leaves them exactly as they were."""
     weight.requires_grad_(True)
-    weight.rows_from = start  # (new_rows_from reads it)
     rows = torch.zeros(weight.size(0), 1, device=weight.device, dtype=weight.dtype)
     rows[start:] = 1
     weight.register_hook(lambda grad: grad * rows)
@@ -137,10 +146,9 @@ def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def trained_count(model: nn.Module) -> int:
+def trained_count(model: nn.Module, rows_from: dict[str, int]) -> int:
     """The numbers that train: every number of a parameter that trains, but of a matrix whose
-    new tokens' rows alone train (add_adapters' new_tokens_from on), those rows only."""
-    rows_from = new_rows_from(model)
+    new tokens' rows alone train (rows_from: new_rows'), those rows only."""
     return sum((p.size(0) - rows_from[name]) * p[0].numel() if name in rows_from else p.numel()
                for name, p in model.named_parameters() if p.requires_grad)
 
@@ -151,15 +159,9 @@ def adapter_state(model: nn.Module, names) -> dict[str, torch.Tensor]:
     return {name: state[name] for name in names}
 
 
-def new_rows_from(model: nn.Module) -> dict[str, int]:
-    """{name: first trained row} of each matrix whose new tokens' rows alone train (the
-    embedding, and an untied head, that add_adapters gave new tokens' rows to train); {} if none."""
-    return {name: p.rows_from for name, p in model.named_parameters() if hasattr(p, "rows_from")}
-
-
 def adapter_file(model: nn.Module, names, rows_from: dict[str, int]) -> dict[str, torch.Tensor]:
     """adapter_model.safetensors: the trained tensors, and of a matrix whose new tokens'
-    rows alone train (rows_from, new_rows_from's), those rows only."""
+    rows alone train (rows_from: new_rows'), those rows only."""
     return {name: t[rows_from[name]:] if name in rows_from else t for name, t in adapter_state(model, names).items()}
 
 

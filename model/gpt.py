@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from .attention import KVCache
 from .block import Block, make_norm
 from .config import GPTConfig
-from .files import safetensors_bytes, write_atomic
+from storage.atomic import safetensors_bytes, write_atomic
 from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .sampling import Sampling, sample_next
 from .trace import Trace, recording, switch_off_heads

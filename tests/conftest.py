@@ -80,7 +80,7 @@ def untrained_run(folder, kind="char", source="shakespeare", state=True, config=
     """A run directory made without training (fast): an untrained micro model (rope
     positions unless model_settings say otherwise), a tokenizer, and optionally the
     summary, trainer state and config.yaml train.py would write."""
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from data.tokenizer import train_tokenizer
     from model import GPT, GPTConfig
 

@@ -8,7 +8,7 @@ import pytest
 
 from data.config import DataConfig
 from data.conversations import BadRecord, chat_source, conversation
-from data.prepare import prepare
+from jobs import prepare
 from data.shared import DataError
 from data.tasks import conversations as task_conversations
 

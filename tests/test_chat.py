@@ -17,7 +17,7 @@ from data.template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer, encode
 from data.tasks import conversations as task_conversations
 from data.tasks import write as write_tasks
 from data.tokenizer import train_tokenizer
-from common.chat import Chat, replies
+from jobs.chat_session import Chat, replies
 from model import GPT, GPTConfig, Sampling
 
 TWO_TURNS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3="},
@@ -250,7 +250,7 @@ def fresh_reply(model, tokenizer, template, messages, count):
 
 
 def test_replies_in_a_batch_are_each_conversations_own():
-    """evaluate.py writes many answers at once (common/chat.replies): each is the greedy reply
+    """evaluate.py writes many answers at once (jobs/chat_session.replies): each is the greedy reply
     its conversation gets alone without a cache, and each ends at its own end-of-turn token."""
     model, tokenizer = chat_model()
     with torch.no_grad():  # weights large enough that each prompt gets replies of its own
@@ -410,10 +410,10 @@ def test_a_sampled_chat_draws_from_its_own_generator():
 
 
 def test_a_runs_template_knows_its_end_of_text_and_its_name(tmp_path):
-    """common.chat.run_template: the run's template, given the tokenizer's eos_token, and
+    """jobs.chat_session.run_template: the run's template, given the tokenizer's eos_token, and
     named by the run in its errors; a run without one is refused, saying why."""
-    from common.chat import run_template
-    from common.cli import UserError
+    from jobs.chat_session import run_template
+    from cli.program import UserError
 
     tokenizer = train_tokenizer("bpe", ["2+3= 5 and 4+4= 8 " * 20], 300)
     with pytest.raises(UserError, match="has no chat template: it was trained on plain text; chat and "
@@ -460,8 +460,8 @@ def test_generate_chat_answers_each_line_as_the_chat_engine_does(chat_runs, monk
     import io
 
     import generate
-    from common.chat import run_template
-    from common.run_dir import RunDir
+    from jobs.chat_session import run_template
+    from runs.folder import RunDir
 
     run = chat_runs / "sft"
     model, tokenizer = RunDir(run).load_model()
@@ -481,9 +481,9 @@ def test_generate_chat_answers_each_line_as_the_chat_engine_does(chat_runs, monk
                    torch.Generator(), note=lambda text: None, system="B")
     assert session.messages == [{"role": "system", "content": "B"}]
     expected = session.reply("2\n3")  # (the 16 tokens of this model's context hold no more)
-    import common.chat
+    import jobs.chat_session
     seen = []
-    monkeypatch.setattr(common.chat, "prompt_ids", lambda tok, template, messages, tools: (
+    monkeypatch.setattr(jobs.chat_session, "prompt_ids", lambda tok, template, messages, tools: (
         seen.append([dict(m) for m in messages]), prompt_ids(tok, template, messages, tools))[1])
     assert chat("--temperature", "0", "--system", "B", typed="2\\\n3\n") == f"{expected}\n"
     assert seen[0] == session.messages[:2] == [{"role": "system", "content": "B"}, {"role": "user", "content": "2\n3"}]
@@ -567,7 +567,7 @@ def test_evaluate_scores_a_base_as_fine_tuning_starts_it_and_a_transformers_fold
     start); a transformers folder exported from the fine-tuned run scores as the run does."""
     import export
     from conftest import make_trainer
-    from evaluate import score_conversations
+    from jobs.chat_data import score_conversations
 
     held_out = tmp_path / "held_out.jsonl"
     write_tasks(held_out, task_conversations("add", 6, seed=3))
@@ -601,7 +601,7 @@ def test_a_base_model_grows_its_embedding_by_the_chat_markers_each_the_mean(chat
     tokenizer gains the five markers, its embedding five rows, each the mean of the old
     ones; every old row is the base model's."""
     from conftest import make_trainer
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
 
     base, tokenizer = RunDir(chat_runs / "base").load_model()
     trainer = make_trainer(chat_run(chat_runs, f"train.init_from={chat_runs / 'base'}", out="fresh")[2:])
@@ -620,7 +620,7 @@ def test_the_exports_carry_the_chat_template(chat_runs, tmp_path):
     import export
     from transformers import AutoTokenizer
 
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from interop.base_model import open_base_model
 
     out = tmp_path / "hf"

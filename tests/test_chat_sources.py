@@ -11,7 +11,7 @@ import pytest
 
 from data.config import DataConfig
 from data.conversations import chat_source
-from data.prepare import prepare
+from jobs import prepare
 from data.shared import DataError
 from data.template import DEFAULT_TEMPLATE, ChatTemplate, encode
 from data.tasks import conversations as task_conversations

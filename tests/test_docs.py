@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from common.run_dir import DEFAULT_RUN
+from runs.folder import DEFAULT_RUN
 from conftest import ROOT
 
 DOCS = ["README.md", "README.zh-CN.md", "docs/attention.md", "docs/attention.zh-CN.md", "docs/performance.md",
@@ -164,7 +164,8 @@ def test_the_architecture_page_names_every_module_and_only_those():
             listed[folder].add(re.match(r"- `([\w.]+)`", line).group(1))
         elif line.startswith("**The programs**") or line.startswith("## "):
             folder = None
-    for name in ("model", "data", "lora", "common", "inspection", "interop", "training", "explorer"):
+    for name in ("storage", "cli", "machine", "model", "data", "runs", "lora", "jobs", "inspection", "interop", "training",
+                 "explorer"):
         present = {p.name for p in (ROOT / name).glob("*.py") if p.name != "__init__.py"}
         assert listed.get(name) == present, name
     assert listed["explorer/page"] == {p.name for p in (ROOT / "explorer" / "page").glob("*.js")}

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 import yaml
 
 import evaluate
+from jobs import text_data
 import train
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from conftest import ROOT, untrained_run
 from data.config import DataConfig
 from data.tokenizer import train_tokenizer
@@ -90,7 +91,7 @@ def test_windows_score_every_target_once_in_full_windows(length, block, stride, 
     together, every target 1 … length - 1 exactly once, none twice, no window without one."""
     tokens = np.arange(length)
     chunks = [tokens[i:i + chunk] for i in range(0, length, chunk)]
-    got = list(evaluate.scored_windows(chunks, block, stride))
+    got = list(text_data.scored_windows(chunks, block, stride))
     scored = [t for window, n in got for t in window[len(window) - n:]]
     assert scored == list(range(1, length)) and all(n > 0 for _, n in got)
     assert all(len(w) == block + 1 for w, _ in got[:-1]) and len(got[-1][0]) <= block + 1
@@ -199,8 +200,8 @@ def test_evaluate_reads_newlines_as_training_does_and_batches_16_windows(tmp_pat
         assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / name), "--json"]) == 0
         results.append(json.loads(capsys.readouterr().out))
     assert results[0] == results[1] and results[0]["characters"] == 300
-    import common.device
-    monkeypatch.setattr(common.device, "cpu_has_fast_bf16", lambda: True)  # bf16 would pay for training only
+    import machine.device
+    monkeypatch.setattr(machine.device, "cpu_has_fast_bf16", lambda: True)  # bf16 would pay for training only
     assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "unix.txt"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == results[0]  # scored in float32 all the same
     sizes, real_forward = [], GPT.forward
@@ -211,9 +212,9 @@ def test_evaluate_reads_newlines_as_training_does_and_batches_16_windows(tmp_pat
     assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "unix.txt")]) == 0
     assert sizes == [16, 16, 4, 1]  # 36 full windows, then the shorter last one alone
     assert "299 tokens scored (300 characters, 300 bytes) in 0.5 s, 598 tokens/s;" in capsys.readouterr().out
-    monkeypatch.setattr(evaluate, "CHUNK", 128)  # a long text is read a bounded piece at a time
+    monkeypatch.setattr(text_data, "CHUNK", 128)  # a long text is read a bounded piece at a time
     counts = {"characters": 0, "bytes": 0}
-    assert list(evaluate.text_chunks(tmp_path / "windows.txt", counts)) == [text[:128], text[128:256], text[256:]]
+    assert list(text_data.read_chunks(tmp_path / "windows.txt", counts)) == [text[:128], text[128:256], text[256:]]
     assert counts == {"characters": 300, "bytes": 300}
 
 
@@ -239,7 +240,7 @@ def test_evaluate_counts_over_every_chunk_and_names_the_commonest_unknown_charac
     validation split's over all its documents, are sums over every chunk and piece; the
     unknown characters are counted over the whole text, the five commonest named first."""
     run = untrained_run(tmp_path / "run")
-    monkeypatch.setattr(evaluate, "CHUNK", 8)
+    monkeypatch.setattr(text_data, "CHUNK", 8)
     text = "hear me speak. " * 7
     (tmp_path / "t.txt").write_text(text)
     assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "t.txt"), "--json"]) == 0
@@ -266,7 +267,7 @@ def test_evaluate_counts_over_every_chunk_and_names_the_commonest_unknown_charac
 
 def test_evaluate_shows_its_progress_in_bytes_on_a_long_text(tmp_path, capsys, monkeypatch):
     run = untrained_run(tmp_path / "run")
-    monkeypatch.setattr(evaluate, "PROGRESS_BYTES", 1000)  # (1 MiB in use)
+    monkeypatch.setattr(text_data, "PROGRESS_BYTES", 1000)  # (1 MiB in use)
     for size in (999, 1000, 1200):
         (tmp_path / "t.txt").write_text(("hear me speak. " * 100)[:size])
         assert evaluate.main(["--checkpoint", str(run), "--text", str(tmp_path / "t.txt")]) == 0

@@ -293,7 +293,7 @@ def test_explain_in_chinese(micro, monkeypatch, capsys):
     ({"LC_ALL": "", "LANG": "zh_CN.UTF-8"}, "zh"),  # an empty variable is skipped
 ])
 def test_the_default_language_follows_the_locale(monkeypatch, env, expected):
-    from common.cli import locale_language
+    from cli.program import locale_language
 
     for name in ("LC_ALL", "LC_MESSAGES", "LANG"):
         monkeypatch.delenv(name, raising=False)
@@ -317,7 +317,7 @@ def test_heatmap_cells_sit_in_their_row_and_column_with_white_gaps():
 def test_ctrl_c_ends_a_program_with_one_line_and_code_130(capsys):
     from types import SimpleNamespace
 
-    from common.cli import run_main
+    from cli.program import run_main
 
     def interrupted(args):
         raise KeyboardInterrupt

@@ -508,9 +508,9 @@ def test_the_timeline_is_the_models_own_numbers_at_each_snapshot(trained_run, tm
     every number the timeline shows for a step is the forward pass of that step's snapshot:
     the attention maps, the prediction, each token's loss, the sample (one seed for every
     step), the head scores, and the loss on the run's own evaluation windows."""
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from data.batches import fixed_windows
-    from data.prepare import validation_tokens
+    from jobs.text_data import validation_tokens
     from inspection.circuits import composition_scores, copying_scores
     from inspection.head_scores import head_scores, induction_probe
 
@@ -564,7 +564,7 @@ def test_a_small_model_s_page_carries_every_snapshot_s_weights(trained_run, tmp_
     """Where they fit, the snapshots' weights travel in the page, in float16 (the last one's
     are the page's own model), with the run's loss and the head scores at each step and
     what even attention scores; no precomputed maps."""
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
 
     out = tmp_path / "page.html"
     assert explore.main(["--checkpoint", str(trained_run), "--prompt", "MACBETH:\nSo foul", "--out", str(out)]) == 0

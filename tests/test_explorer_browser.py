@@ -269,7 +269,7 @@ def test_the_experiments_change_what_they_should_and_back(pages, open_page, monk
     assert "The future keys now take" in page.text("#experiment-note")
     # the whole text as training scores it, with and without the mask: torch's pass without it
     import model.attention
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
 
     gpt, _ = RunDir(path.parent / "char").load_model()
     ids = torch.tensor([[token["id"] for token in data["tokens"]]])
@@ -448,7 +448,7 @@ def test_sampling_controls_follow_model_sampling(pages, open_page, temperature, 
 
 def test_the_page_says_what_the_run_trained_and_warns_when_it_barely_did(micro, tmp_path, open_page):
     import train
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
 
     settings = micro("train.max_iters=4", "train.warmup_iters=100", "train.sample_tokens=0")
     assert train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), *settings]) == 0

@@ -474,7 +474,7 @@ def test_the_slider_shows_each_snapshots_model_in_every_panel(trained_run, open_
     """Where the page carries every snapshot (a small model), each step's data, for the
     example and for a typed text, is torch's forward pass of that snapshot on the same
     float16 weights: every panel follows the slider, and the last step is the trained model."""
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
 
     run = RunDir(trained_run)
     out = tmp_path / "page.html"

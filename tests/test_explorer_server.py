@@ -52,7 +52,7 @@ def server(served_run):
 def served(served_run):
     """The server of explore.py --serve in a thread of this process (the API tests reach its
     code here, where mutation testing sees them): (its port, what its log printed)."""
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from explore import initial
     from explorer.server import Explorer, Server
 
@@ -131,7 +131,7 @@ def test_concurrent_requests_are_all_answered(served):
 
 
 def test_the_page_is_served_with_the_prompt_and_without_one(served, served_run, capsys):
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from explorer.server import Explorer
 
     status, headers, body = request(served, "GET", "/")
@@ -216,7 +216,7 @@ def test_every_refusal_has_words_in_both_languages():
 def test_a_client_that_leaves_mid_answer_leaves_no_traceback(served_run, capsys):
     """A browser that closes the connection before the answer is written: the server says
     nothing of it (no traceback) and goes on."""
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from explorer.server import Explorer, Server
 
     model, tokenizer = RunDir(served_run).load_model()
@@ -238,7 +238,7 @@ def test_the_next_token_is_sampled_from_the_last_position_with_generates_rule(se
     """/api/next samples from the logits of the prompt's last position, at temperature 1
     unless told, never a suppressed token (a char tokenizer's <unk>)."""
     import explorer.server
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from data.tokenizer import suppressed_ids
 
     seen = []
@@ -285,7 +285,7 @@ def test_an_answer_to_head_has_no_body(served):
 
 
 def test_a_run_without_its_initial_model_says_why(tmp_path):
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from explorer.server import BadRequest, Explorer
 
     run = make_run(tmp_path / "run")  # no config.yaml: no seed recorded
@@ -320,8 +320,8 @@ def test_a_log_line_without_a_status_ends_with_the_arrow(capsys):
 
 
 def test_serve_checks_its_prompt_before_listening_and_stops_on_ctrl_c(served_run, monkeypatch, capsys):
-    from common.run_dir import RunDir
-    from common.cli import UserError
+    from runs.folder import RunDir
+    from cli.program import UserError
     from explorer.server import Server, serve
 
     model, tokenizer = RunDir(served_run).load_model()
@@ -340,7 +340,7 @@ def test_serve_checks_its_prompt_before_listening_and_stops_on_ctrl_c(served_run
 def test_the_server_runs_the_model_of_any_snapshot(trained_run):
     """--serve's slider: "step": N answers with the data of snapshot N (its own forward
     pass, with the run's timeline), and a step the run has no snapshot of is a 400."""
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from explorer.data import page_data, run_timeline
     from explorer.server import BadRequest, Explorer
     from model import GPT
@@ -366,7 +366,7 @@ def test_the_server_splits_any_score_of_any_step(trained_run):
     """/api/sources: where a head's score for (query, key) comes from, for the model of the
     step asked for (inspection/circuits.py on that snapshot's trace); picks outside the text
     or the model are refused by name."""
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from explorer.data import run_timeline
     from explorer.server import BadRequest, Explorer
     from inspection.circuits import score_sources

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from conftest import ROOT, Lines, run_cli
 from data.tokenizer import load_tokenizer
 from model import GPT

@@ -170,9 +170,9 @@ def test_prompts_choose_between_sampling_and_interactive_mode(checkpoint, capsys
 def test_a_cpu_decodes_in_float32_unless_told_otherwise(checkpoint, capsys, monkeypatch):
     """--dtype auto is float32 on a CPU even where bf16 trains faster (AMX, AVX512-BF16):
     decoding one token at a time gains nothing from it; --dtype bfloat16 is obeyed."""
-    import common.device
+    import machine.device
 
-    monkeypatch.setattr(common.device, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(machine.device, "cpu_has_fast_bf16", lambda: True)
     dtypes = []
     monkeypatch.setattr(generate, "generate", lambda model, *rest: dtypes.append(model.lm_head.weight.dtype))
     for dtype in ("auto", "bfloat16"):
@@ -204,7 +204,7 @@ def test_command_line_help_describes_every_option(capsys):
 
 
 def test_prompts_of_one_length_need_no_padding_mask():
-    from common.prompt import left_padded
+    from jobs.prompt import left_padded
 
     idx, mask = left_padded([[5, 6], [7, 8]], torch.device("cpu"))
     assert idx.tolist() == [[5, 6], [7, 8]] and mask is None  # the causal fast path stays open
@@ -398,8 +398,8 @@ def test_unk_is_never_generated(checkpoint, tmp_path, capsys):
 def test_checkpoint_messages_name_what_is_missing(tmp_path, monkeypatch, capsys):
     """In-process (so that every line is credited to a test): the default run's hint, the
     missing files listed, the first ten unknown characters named."""
-    from common.run_dir import DEFAULT_RUN, RunDir
-    from common.cli import UserError
+    from runs.folder import DEFAULT_RUN, RunDir
+    from cli.program import UserError
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=r"out/tiny \(the tiny config's run\) does not exist; train one first"):

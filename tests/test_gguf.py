@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 import export
 import train
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from interop.gguf import write_gguf
 from conftest import ROOT
 from data.tokenizer import train_bpe, train_char

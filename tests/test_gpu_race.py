@@ -11,7 +11,7 @@ import torch
 
 from bench import gpu_race
 from bench.nanogpt import char_tokenizer, read_checkpoint, to_run_folder
-from common.run_dir import RunDir
+from runs.folder import RunDir
 
 GPT2_LINEARS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 

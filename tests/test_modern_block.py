@@ -95,9 +95,10 @@ def test_an_untied_head_has_its_own_matrix_and_is_saved_and_loaded(tmp_path):
 def test_every_parameter_is_in_exactly_one_optimizer_group(optimizer, settings):
     from training.config import TrainConfig
     from training.optim import make_optimizers
+    from training.trained import AllWeights
 
     model = model_of(**settings)
-    groups = [g for opt in make_optimizers(model, TrainConfig(optimizer=optimizer), torch.device("cpu"))
+    groups = [g for opt in make_optimizers(AllWeights(model).groups(), TrainConfig(optimizer=optimizer), torch.device("cpu"))
               for g in opt.param_groups]
     held = [id(p) for g in groups for p in g["params"]]
     assert sorted(held) == sorted(id(p) for p in model.parameters()) and len(held) == len(set(held))

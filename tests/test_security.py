@@ -99,8 +99,8 @@ def test_shipped_configs_load():
 def test_a_trainer_state_that_is_not_plain_data_is_named_with_the_first_line_of_the_reason(tmp_path):
     import fractions
 
-    from common.cli import UserError
-    from common.run_dir import RunDir
+    from cli.program import UserError
+    from runs.folder import RunDir
 
     torch.save({"x": fractions.Fraction(1, 3)}, tmp_path / RunDir.STATE)  # a class: refused by weights_only
     try:
@@ -115,7 +115,7 @@ def test_a_trainer_state_that_is_not_plain_data_is_named_with_the_first_line_of_
 
 
 def test_the_run_folder_writes_a_model_into_a_folder_old_or_new_and_names_a_locks_holder(tmp_path):
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from data.tokenizer import train_tokenizer
     from model import GPT, GPTConfig
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 import train
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from conftest import ROOT, make_trainer
 from inspection.head_scores import (current_token_scores, head_scores, induction_probe, induction_scores,
                                     induction_targets, previous_token_scores, uniform_scores)

@@ -1,4 +1,4 @@
-"""Every program shares the CPU by one rule (common/threads.py): torch's thread count from
+"""Every program shares the CPU by one rule (machine/threads.py): torch's thread count from
 --threads, else the user's OMP_NUM_THREADS, else the default measured for the program's
 kind of work; OpenMP's wait policy is the user's or OpenMP's own. Each case runs in a
 fresh process, where torch has not loaded yet; AdaptiveThreads runs on a clock of its own."""
@@ -95,7 +95,7 @@ def test_training_takes_one_thread_while_another_program_makes_it_faster(monkeyp
     never changed."""
     import torch
 
-    from common.threads import AdaptiveThreads
+    from machine.threads import AdaptiveThreads
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads[0])
     monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
@@ -143,7 +143,7 @@ def test_a_run_of_fixed_length_chooses_once_and_keeps_its_choice(monkeypatch):
     resumed run takes it as `chosen` and never tries)."""
     import torch
 
-    from common.threads import AdaptiveThreads
+    from machine.threads import AdaptiveThreads
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads[0])
     monkeypatch.setattr(torch, "set_num_threads", lambda n: threads.__setitem__(0, n))
@@ -193,7 +193,7 @@ def test_the_count_a_run_of_fixed_length_chose_is_saved_and_resumed(micro, monke
     import torch
 
     import train
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
     from conftest import make_trainer
     from training.state import TrainerState
 

@@ -8,6 +8,7 @@ import torch
 from tokenizers import AddedToken
 
 import evaluate
+from jobs import chat_data
 from data.tasks import WEATHER_TOOL as WEATHER_SET_TOOL
 from data.template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer, prompt_ids
 from data.tokenizer import train_tokenizer
@@ -107,9 +108,9 @@ def test_evaluate_scores_an_answer_that_calls_a_tool_by_the_turn_the_template_wr
     def stand_in(model, prompts, ends, max_new_tokens):
         return [tokenizer.encode(writes[json.dumps(p)], add_special_tokens=False).ids for p in prompts]
 
-    monkeypatch.setattr(evaluate, "replies", stand_in)
+    monkeypatch.setattr(chat_data, "replies", stand_in)
     model = model_for(tokenizer)
-    scored = evaluate.score_conversations(model, tokenizer, template, conversations, 2, "cpu")
+    scored = chat_data.score_conversations(model, tokenizer, template, conversations, 2, "cpu")
     assert scored["exact_match"] == 1.0
     assert [a["kind"] for a in scored["answers"]] == ["tool_call", "tool_call", "text"]
     assert scored["tool_call_answers"] | {"template_writes_json": True} == {
@@ -118,7 +119,7 @@ def test_evaluate_scores_an_answer_that_calls_a_tool_by_the_turn_the_template_wr
     assert scored["text_answers"] == {"count": 1, "exact_match": 1.0}
     assert scored["answers"][0]["calls"]["got"] == [PARIS]
     writes = swapped
-    scored = evaluate.score_conversations(model, tokenizer, template, conversations, 2, "cpu")
+    scored = chat_data.score_conversations(model, tokenizer, template, conversations, 2, "cpu")
     assert scored["exact_match"] == pytest.approx(2 / 3)  # (the text of the one with days changed)
     assert scored["tool_call_answers"]["arguments_right"] == 1.0 and scored["tool_call_answers"]["exact_match"] == 0.5
 
@@ -130,23 +131,23 @@ def test_the_answers_are_capped_and_those_that_reach_the_cap_are_counted(tmp_pat
     tokenizer, template = tokenizer_for(DEFAULT_TEMPLATE), ChatTemplate(DEFAULT_TEMPLATE)
     conversations = [([{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": answer}], None)
                      for answer in ("Paris?", "sunny, 21 C and sunny, 21 C and sunny, 21 C")]
-    longest = max(len(evaluate.last_answer(tokenizer, template, m, t)[1]) for m, t in conversations)
+    longest = max(len(chat_data.last_answer(tokenizer, template, m, t)[1]) for m, t in conversations)
     asked = []
 
     def never_ending(model, prompts, ends, max_new_tokens):  # a base that never writes the end of a turn
         asked.append(max_new_tokens)
         return [[tokenizer.token_to_id("s")] * max_new_tokens for _ in prompts]
 
-    monkeypatch.setattr(evaluate, "replies", never_ending)
+    monkeypatch.setattr(chat_data, "replies", never_ending)
     model = model_for(tokenizer)
-    scored = evaluate.score_conversations(model, tokenizer, template, conversations, 16, "cpu")
+    scored = chat_data.score_conversations(model, tokenizer, template, conversations, 16, "cpu")
     assert asked == [scored["max_new_tokens"]] == [max(16, 2 * (longest + 1))] and longest > 8
     assert scored["at_the_cap"] == 2
     assert "answers" in capsys.readouterr().err  # (the progress bar)
-    assert evaluate.score_conversations(model, tokenizer, template, conversations, 16, "cpu", 5)["max_new_tokens"] == 5
+    assert chat_data.score_conversations(model, tokenizer, template, conversations, 16, "cpu", 5)["max_new_tokens"] == 5
     # the cap of a real model's replies: each stops at its end or the cap
     monkeypatch.undo()
-    scored = evaluate.score_conversations(model, tokenizer, template, conversations, 16, "cpu", 3)
+    scored = chat_data.score_conversations(model, tokenizer, template, conversations, 16, "cpu", 3)
     written = [len(tokenizer.encode(a["got"], add_special_tokens=False).ids) for a in scored["answers"]]
     assert all(n <= 3 for n in written)
     assert scored["at_the_cap"] == sum(a["at_the_cap"] for a in scored["answers"])
@@ -183,12 +184,12 @@ def test_a_call_that_the_template_cannot_write_is_kept_as_text():
 def scripted(monkeypatch, tokenizer, *turns):
     """The chat's sampling replaced by a script: each turn's text, token by token, then the end
     of the turn (the model still runs every step, with its cache)."""
-    import common.chat
+    import jobs.chat_session
 
     script = []
     for text in turns:
         script += tokenizer.encode(text, add_special_tokens=False).ids + [tokenizer.token_to_id("<|end|>")]
-    monkeypatch.setattr(common.chat, "sample_next", lambda logits, sampling, generator: torch.tensor([script.pop(0)]))
+    monkeypatch.setattr(jobs.chat_session, "sample_next", lambda logits, sampling, generator: torch.tensor([script.pop(0)]))
     return script
 
 
@@ -196,7 +197,7 @@ def test_chat_with_tools_shows_the_call_takes_its_result_and_answers_it(monkeypa
     """Chat with tools: the tools are in every prompt; a reply that calls them waits for their
     results (the tool's message answers the call by its id and name), and the model's answer to
     them is written on the conversation with the results in it."""
-    from common.chat import Chat
+    from jobs.chat_session import Chat
     from model import Sampling
 
     tokenizer = tokenizer_for(DEFAULT_TEMPLATE)
@@ -241,7 +242,7 @@ def test_generate_chat_takes_tools_shows_each_call_and_reads_their_results(tmp_p
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert train.main(chat_run(tmp_path, "train.max_iters=1", "data.tokenizer=bpe", "data.vocab_size=300",
                                "model.block_size=512", data=data)) == 0
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
 
     tokenizer = RunDir(tmp_path / "run").load_model()[1]
     tools = tmp_path / "tools.json"

@@ -14,11 +14,12 @@ import torch
 from safetensors.torch import load_file
 
 import train
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from conftest import ROOT, Lines, run_cli
 from model import GPT
 from training.config import ConfigError, TrainConfig, load_config
 from training.optim import make_optimizers
+from training.trained import AllWeights
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
 
@@ -37,7 +38,7 @@ def test_end_to_end_micro_run(tmp_path, micro, capsys):
     names = {p.name for p in run.iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "config.yaml", "trainer_state.pt"} <= names
     assert any(n.startswith("events.out.tfevents") for n in names)
-    assert not any(n.endswith(".tmp") for n in names)
+    assert not any(".tmp" in n for n in names)
     out = capsys.readouterr().out
     assert "done: 30 iterations" in out and "python generate.py --checkpoint" in out
     assert "| cpu, float32, 1 threads, 1 process(es)" in out  # the header: where and how it trains
@@ -147,7 +148,7 @@ def test_weight_decay_skips_norms_biases_embeddings():
     from model import GPTConfig
 
     model = GPT(GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
-    opt = make_optimizers(model, TrainConfig(beta2=0.95), torch.device("cpu"))[-1]  # AdamW alone
+    opt = make_optimizers(AllWeights(model).groups(), TrainConfig(beta2=0.95), torch.device("cpu"))[-1]  # AdamW alone
     assert opt.defaults["betas"] == (0.9, 0.95)  # the run's betas (torch's default beta2 is 0.999)
     decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
     names = {n for n, p in model.named_parameters() if id(p) in decayed}
@@ -268,7 +269,7 @@ def test_a_text_too_short_for_one_window_leaves_no_token_files(tmp_path, micro, 
 
 
 def test_second_run_into_same_out_dir_is_refused(tmp_path, micro):
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
 
     (tmp_path / "run").mkdir()
     lock = RunDir(tmp_path / "run").lock()
@@ -281,10 +282,10 @@ def test_second_run_into_same_out_dir_is_refused(tmp_path, micro):
 
 
 def test_lock_is_released_when_its_holder_is_killed(tmp_path):
-    from common.run_dir import RunDir
+    from runs.folder import RunDir
 
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
-                               "from common.run_dir import RunDir; "
+                               "from runs.folder import RunDir; "
                                "lock = RunDir(sys.argv[2]).lock(); assert lock.acquire(); print('locked', flush=True); "
                                "time.sleep(60)", str(ROOT), str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -329,7 +330,7 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, micro, m
     checkpoint whole, and resumes once there is room."""
     import errno
 
-    from model import files
+    from storage import atomic as files
 
     assert train.main(["--config", TINY, *micro("train.max_iters=10")]) == 0
     run = tmp_path / "run"
@@ -349,14 +350,14 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, micro, m
     fix = " (or set train.snapshots=0)" if "snapshot" in what else ""
     assert err.endswith(f"Free some space{fix} and run the same command to continue\n")
     assert (run / "trainer_state.pt").read_bytes() == before
-    assert not list(run.glob("*.tmp")) and not list(run.glob("snapshots/*.tmp"))
+    assert not list(run.glob("*.tmp*")) and not list(run.glob("snapshots/*.tmp*"))
     monkeypatch.setattr(files.os, "fsync", real_fsync)
     assert train.main(["--config", TINY, *micro("train.max_iters=20")]) == 0  # and it resumes
 
 
 def test_a_device_that_is_no_device_is_named():
-    from common.cli import UserError
-    from common.device import resolve_device
+    from cli.program import UserError
+    from machine.device import resolve_device
 
     with pytest.raises(UserError, match="device='gpu0' is not a device; use auto, cpu, cuda, cuda:N or mps"):
         resolve_device("gpu0")
@@ -367,7 +368,7 @@ def test_a_device_that_is_no_device_is_named():
 def test_auto_dtype_on_the_cpu_follows_its_bf16_units(monkeypatch, amx, avx512_bf16, fast):
     """bfloat16 autocast for training where the CPU has AMX or AVX512-BF16 (either one), float32
     elsewhere, and float32 for decoding in any case."""
-    from common.device import cpu_has_fast_bf16, resolve_dtype
+    from machine.device import cpu_has_fast_bf16, resolve_dtype
 
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
@@ -382,8 +383,8 @@ def test_auto_dtype_on_a_gpu_and_the_dtypes_refused(monkeypatch, bf16):
     """On a GPU, bfloat16 where it has it, else float16 for training (with a gradient
     scaler) and float32 for decoding; a name that is no dtype, and float16 on the CPU, are
     refused by name. (No GPU is needed: the checks are on the device's kind.)"""
-    from common.cli import UserError
-    from common.device import resolve_dtype
+    from cli.program import UserError
+    from machine.device import resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
     cuda = torch.device("cuda")
@@ -397,8 +398,8 @@ def test_auto_dtype_on_a_gpu_and_the_dtypes_refused(monkeypatch, bf16):
 
 
 def test_a_device_index_is_checked_against_the_gpus_there_are(monkeypatch):
-    from common.cli import UserError
-    from common.device import resolve_device
+    from cli.program import UserError
+    from machine.device import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -469,7 +470,7 @@ def test_log_lines_reach_a_pipe_at_once_and_text_keeps_its_layout(tmp_path, monk
 def test_the_peak_is_measured_on_square_matrices_in_the_dtype_asked_for(monkeypatch):
     """MFU's denominator: what the machine does with size × size matrices in this dtype
     (the FLOP/s themselves are a speed, measured in bench/, never asserted)."""
-    from common.device import measure_peak_flops
+    from machine.device import measure_peak_flops
 
     made, real_randn = [], torch.randn
     monkeypatch.setattr(torch, "randn", lambda *shape, **kw: (made.append((shape, kw["dtype"], kw.get("device"))),
@@ -482,14 +483,14 @@ def test_the_peak_is_measured_on_square_matrices_in_the_dtype_asked_for(monkeypa
     # rounds of 4 products until `seconds` have passed, on a clock that moves 1 s a reading:
     # started at 0, 4 products, 1 s < 1.5 s, 4 more, 2 s: done at 3 s
     clock = iter(range(100))
-    monkeypatch.setattr(sys.modules["common.device"], "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(sys.modules["machine.device"], "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     assert measure_peak_flops(cpu, torch.float32, size=64, seconds=1.5) == 2 * 64**3 * 8 / 3
 
 
 def test_the_trainer_measures_the_peak_once_per_process_and_setting(monkeypatch):
     """Each trainer start used to spend 1.5 s on 2048² products at 1 thread; a process that
     trains several runs (tests, bench.learning) measures each device, dtype and thread count once."""
-    from common import device
+    from machine import device
 
     calls = []
     monkeypatch.setattr(device, "measure_peak_flops", lambda dev, dtype, size: calls.append((dev.type, dtype, size)) or 1e9)
@@ -505,7 +506,7 @@ def test_the_trainer_measures_the_peak_once_per_process_and_setting(monkeypatch)
 
 
 def test_autocast_runs_the_matmuls_in_the_dtype_asked_for():
-    from common.device import autocast
+    from machine.device import autocast
 
     a = torch.ones(2, 2)
     for dtype in (torch.bfloat16, torch.float16):  # (float16 on a CPU only to show it is passed on)

@@ -4,11 +4,13 @@ optimizers, the average of the weights, the time budget, a stop signal, and a fa
 bit-identical resume. The loop is run as train.py runs it (Trainer.fit); what a step did
 is read through torch's optimizer hooks and the losses the loop hands to StepLosses."""
 
+import dataclasses
 import json
 import math
 import re
 import signal
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,8 +22,8 @@ import train
 import training.optim
 import training.preparation
 import training.trainer
-from common.device import resolve_dtype
-from common.run_dir import RunDir
+from machine.device import resolve_dtype
+from runs.folder import RunDir
 from conftest import ROOT, favour_token, make_trainer as trainer_for
 from data.tokenizer import UNK
 from model import GPT, GPTConfig
@@ -109,8 +111,8 @@ class FakeDDP:
 
 def test_ddp_averages_gradients_only_after_the_last_micro_batch(micro):
     trainer = make_trainer(micro, "train.grad_accum=3")
-    trainer.forward = ddp = FakeDDP(trainer.model)
-    trainer.no_sync = ddp.no_sync  # (as the trainer takes DDP's)
+    ddp = FakeDDP(trainer.model)
+    trainer.setup = dataclasses.replace(trainer.setup, forward=ddp, no_sync=ddp.no_sync)  # (as the trainer takes DDP's)
     run_steps(trainer, 2)
     assert ddp.backwards == [False, False, True] * 2
 
@@ -315,7 +317,7 @@ def test_compiled_training_matches_eager(micro, monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda model: real_compile(model, backend="aot_eager", fullgraph=True))
     eager = make_trainer(micro, out="eager")
     compiled = make_trainer(micro, "train.compile=true", out="compiled")
-    assert compiled.forward is not compiled.model
+    assert compiled.setup.forward is not compiled.model
     for a, b in zip(run_steps(eager, 3), run_steps(compiled, 3)):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
 
@@ -761,18 +763,47 @@ def test_only_the_main_process_measures_the_peak_that_mfu_divides_by(micro, monk
     assert trainer.peak_flops == 1.0
 
 
-def test_every_process_takes_rank_0s_target(micro):
-    """refit sums the targets over the processes with every other rank adding 0, so all
-    of them train to rank 0's max_iters (a rank that stopped sooner would hang the others),
-    and the learning rate's decay ends there."""
-    trainer = make_trainer(micro, "train.max_minutes=1", "train.max_iters=100000")
-    log = SimpleNamespace(retarget=lambda max_iters: None, message=lambda line: None)
-    trainer.iteration = 10
-    trainer.budget.fit = lambda it: 5  # this process's own estimate
-    trainer.dist = SimpleNamespace(is_main=False, enabled=True, sum=lambda values, device: [values[0] + 77])  # rank 0 sent 77
-    trainer.refit(log)
-    assert trainer.max_iters == 77 == trainer.schedule.decay_iters
-    assert trainer.settings.max_iters == 100000  # the config is not rewritten
+def two_processes(rank: int, overrides: list[str], store: str, out: str) -> None:
+    """One of two real processes (a gloo group over a file store, as torchrun's would be): its
+    trainer, whose time budget estimates another end than the other's (rank 0: 40, rank 1: 77),
+    refits; and its evaluator scores its half of the validation windows. Writes what it got."""
+    import torch.distributed as torch_dist
+
+    from training.config import load_config
+    from training.distributed import Distributed
+    from training.preparation import prepare_run
+
+    torch.set_num_threads(1)
+    torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        group = Distributed(rank=rank, local_rank=rank, world_size=2)
+        trainer = Trainer(prepare_run(load_config(TINY, overrides), group), torch.device("cpu"), torch.float32, group)
+        val_loss = trainer.evaluator.loss(trainer.model, trainer.evaluator.val)  # (DDP gave both rank 0's weights)
+        trainer.iteration = 10
+        trainer.budget.fit = lambda it: 40 if rank == 0 else 77  # each process's own estimate
+        trainer.refit(SimpleNamespace(retarget=lambda max_iters: None, message=lambda line: None))
+        Path(f"{out}.{rank}").write_text(json.dumps({"max_iters": trainer.max_iters, "val_loss": val_loss,
+                                                     "decay_iters": trainer.schedule.decay_iters}))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_processes_train_to_rank_0s_end_and_score_the_windows_of_one(micro, tmp_path):
+    """Two real processes: after a refit both train to rank 0's max_iters (a rank that stopped
+    sooner would hang the others) and the learning rate's decay ends there; the validation
+    loss they score together, each its half of the windows, is one process's over all of them."""
+    import torch.multiprocessing as mp
+
+    overrides = micro("train.max_minutes=1", "train.max_iters=100000")
+    # one process with the two's global batch: the same windows (it prepares the token files the two then find)
+    alone = trainer_for(micro("train.max_minutes=1", "train.max_iters=100000", "train.batch_size=16", out="alone"))
+    expected = alone.evaluator.loss(alone.model, alone.evaluator.val)
+    mp.spawn(two_processes, args=(overrides, str(tmp_path / "store"), str(tmp_path / "got")), nprocs=2)
+    got = [json.loads((tmp_path / f"got.{rank}").read_text()) for rank in (0, 1)]
+    assert [g["max_iters"] for g in got] == [40, 40] == [g["decay_iters"] for g in got]
+    assert got[0]["val_loss"] == got[1]["val_loss"] == pytest.approx(expected, abs=1e-6)
+    assert alone.settings.max_iters == 100000  # the config is not rewritten
 
 
 def test_a_one_process_checkpoint_resumed_by_two_restores_its_sampler(micro, tmp_path, capsys):
@@ -921,11 +952,7 @@ def test_the_validation_figure_is_the_same_for_any_layout_of_the_batch(micro):
     assert len(a.val[0]) == len(b.val[0]) == 48 and torch.equal(a.val[0], b.val[0])
     expected = a.loss(whole.model, a.val)
     assert b.loss(accumulated.model, b.val) == pytest.approx(expected, abs=1e-6)
-    halves = []
-    for rank in (0, 1):  # each process of two scores its half of the windows; the sum is exchanged
-        b.dist = SimpleNamespace(rank=rank, world_size=2, sum=lambda values, device: values)
-        halves.append(b.loss(accumulated.model, b.val))
-    assert sum(halves) / 2 == pytest.approx(expected, abs=1e-6)
+    # (two real processes, each scoring its half: test_two_processes_train_to_rank_0s_end_and_...)
     assert make_trainer(micro, "train.eval_windows=5").evaluator.val[0].shape == (5, 32)
 
 
@@ -1017,7 +1044,7 @@ def test_one_step_with_its_defaults_is_the_five_steps_written_out():
     those of the steps written out by hand, bit for bit."""
     import copy
 
-    from training.step import train_step
+    from training.step import StepSetup, train_step
 
     def Constant():  # (a schedule: the same rate at every iteration, 0.5 of the optimizer's peak of 1.0)
         return Schedule(warmup=0, decay_iters=100, floor=1.0, momentum_peak=0.0)  # (SGD has a momentum: none)
@@ -1029,7 +1056,7 @@ def test_one_step_with_its_defaults_is_the_five_steps_written_out():
     drawn = iter(batches)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     optimizer.param_groups[0]["initial_lr"] = 0.5  # (the peak the schedule scales)
-    result = train_step(0, model, lambda: next(drawn), [optimizer], Constant())
+    result = train_step(0, Constant(), StepSetup(model, lambda: next(drawn), [optimizer]))
 
     _, loss = by_hand(*batches[0])
     loss.backward()
@@ -1040,7 +1067,7 @@ def test_one_step_with_its_defaults_is_the_five_steps_written_out():
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), by_hand.parameters()))
     # two micro-batches, no clip: the gradient of the mean of their losses
     drawn = iter(batches)
-    result = train_step(1, model, lambda: next(drawn), [optimizer], Constant(), grad_accum=2, grad_clip=0.0)
+    result = train_step(1, Constant(), StepSetup(model, lambda: next(drawn), [optimizer], grad_accum=2, grad_clip=0.0))
     by_hand.zero_grad()
     loss = sum(by_hand(*batch)[1] for batch in batches) / 2
     loss.backward()
@@ -1089,7 +1116,7 @@ def test_an_infinite_gradient_stops_a_float32_run(micro):
     """In float32 there is no loss scaling to skip a bad step: a gradient norm that is not
     finite, under a finite loss, stops the run with the last good checkpoint kept."""
     trainer = make_trainer(micro, "train.max_iters=4", "train.sample_tokens=0")
-    assert not trainer.scaler.is_enabled()
+    assert not trainer.setup.scaler.is_enabled()
     trainer.model.lm_head.weight.register_hook(lambda grad: grad * math.inf)
     with pytest.raises(training.trainer.TrainingError, match=r"\(gradient norm (inf|nan)\) at iteration 1"):
         trainer.fit()

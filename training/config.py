@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from common.cli import UserError
-from common.device import DTYPES
+from cli.program import UserError
+from machine.device import DTYPES
 from data.config import DataConfig
 from data.tokenizer import check_bpe_vocabulary
 from lora import LoRAConfig
@@ -75,7 +75,7 @@ class TrainConfig:
     checkpointing: bool = False  # gradient checkpointing: each block's activations computed again in the backward
     base_dtype: str = "float32"  # LoRA: the frozen matrices of the model brought in, kept in float32 or bfloat16
     heads_off: list = dataclasses.field(default_factory=list)  # heads held off from step 0, e.g. [L0H1, L0H3]
-    threads: int = 0  # torch's CPU threads; 0: $OMP_NUM_THREADS if set, else one per core (common/threads.py)
+    threads: int = 0  # torch's CPU threads; 0: $OMP_NUM_THREADS if set, else one per core (machine/threads.py)
     seed: int = 1337
     init_from: str | None = None  # start from these weights: a run directory or a GPT-2 family model
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from inspection.head_scores import head_scores, induction_probe
-from common.device import autocast
+from machine.device import autocast
 from data.batches import IGNORE
 from data.tokenizer import encode_or_start, suppressed_ids
 from model import GPT, evaluating
@@ -42,7 +42,7 @@ class Evaluator:
         self.dtype = dtype
         self.prompt = settings.sample_prompt
         self.tokens = settings.sample_tokens
-        self.bits_per_character = run.data.bits_per_character  # (None: a loss on conversations' answers alone)
+        self.loss_figures = run.data.loss_figures  # (a text's: bits per character; conversations' answers: none)
 
     @torch.no_grad()
     def loss(self, model: GPT, windows: tuple[torch.Tensor, torch.Tensor]) -> float:
@@ -95,15 +95,13 @@ class Evaluator:
         weights that `model` averages), log the figures, the attention maps and a sample;
         returns the validation loss."""
         train_loss, val_loss = self.loss(model, self.train), self.loss(model, self.val)
-        metrics = {"val/loss": val_loss, "val/perplexity": math.exp(min(val_loss, 50)), "train/eval_loss": train_loss}
-        bits = self.bits_per_character(val_loss)
-        if bits is not None:
-            metrics["val/bits_per_char"] = bits
+        figures, per = self.loss_figures(val_loss)
+        metrics = {"val/loss": val_loss, "val/perplexity": math.exp(min(val_loss, 50)), "train/eval_loss": train_loss,
+                   **{f"val/{key.removeprefix('val_')}": value for key, value in figures.items()}}
         if trained is not None:
             metrics["val/loss_raw_weights"] = self.loss(trained, self.val)
             weights += f"; the trained weights: val {metrics['val/loss_raw_weights']:.4f}"
         log.scalars(it, metrics)
-        per = "nats an answer token" if bits is None else f"{bits:.3f} bits/char"
         log.message(f"iter {it}: train {train_loss:.4f}, val {val_loss:.4f} (perplexity {metrics['val/perplexity']:.2f}, "
                     f"{per}; {weights})")
         if self.dist.is_main and self.tokens:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.cli import UserError
+from cli.program import UserError
 from interop.base_model import BaseModel
 from model import GPTConfig
 

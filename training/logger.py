@@ -11,7 +11,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from inspection.head_scores import KINDS
 
 
@@ -83,12 +83,11 @@ def finished_message(it: int, out_dir, limit: str) -> str:
 BUSY_SAID = 0.25  # the share of a budgeted run's training time on a busy machine that is said
 
 
-def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, prompt: str | None,
+def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, try_it: str,
                  barely_trained: dict | None, continue_command: str, got: dict | None = None,
                  epochs: float | None = None, snapshots: int = 0) -> str:
     """The last lines: iterations, the run's whole time (and this process's part, after a
-    resume), the loss, and a prompt the run's tokenizer can encode to try the model (None: a
-    run on conversations, tried with --chat); under a time budget, the iterations against
+    resume), the loss, and the command that tries the model (its job's, `try_it`); under a time budget, the iterations against
     those the same time would have reached at the best pace the run measured here (`got`:
     TimeBudget.report), and when the machine was busy for a large part of it, that it was (a
     run of fixed length: what the same steps would have taken at that pace); when the model is
@@ -115,9 +114,7 @@ def done_message(it: int, total: float, mine: float, val_loss: float, best: floa
                  f"Train it on: {continue_command}\n")
     if snapshots:  # the model as it formed: the explorer's timeline
         done += f"watch it form: python explore.py --checkpoint {out_dir}\n"
-    if prompt is None:  # a run on conversations: it answers a message in its chat template
-        return done + f"try it: python generate.py --checkpoint {out_dir} --chat"
-    return done + f"try it: python generate.py --checkpoint {out_dir} --prompt \"{prompt}\""
+    return done + try_it
 
 
 class RunLogger:

@@ -13,9 +13,8 @@ import math
 
 import torch
 
-from model import GPT
-
 from .config import TrainConfig
+from .trained import Groups
 
 
 class Muon(torch.optim.Optimizer):
@@ -69,28 +68,19 @@ def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return x.mT if tall else x
 
 
-def make_optimizers(model: GPT, cfg: TrainConfig, device: torch.device) -> list[torch.optim.Optimizer]:
-    """AdamW (weight decay only on the matrices of Linear layers, an untied LM head's
-    included, never on norms, biases or embeddings, a tied embedding/LM head included),
-    and with optimizer=muon, Muon for the blocks' matrices. Every parameter that trains is
-    in exactly one group; each group remembers its peak rate as initial_lr. LoRA's
-    adapters (lora/: the only block matrices that train then) are AdamW's: Muon would
-    orthogonalise their low-rank updates."""
-    trains = {id(p) for p in model.parameters() if p.requires_grad}
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    blocks = [p for p in model.transformer.h.parameters() if p.dim() == 2 and id(p) in trains]
-    adapters = [p for name, p in model.transformer.h.named_parameters() if "lora_" in name]
-    # an untied LM head, decayed as a matrix where it trains whole (with adapters only new tokens' rows
-    # train, in `rest`: no decay there, so that every other row stays exactly as it was)
-    whole_head = id(model.lm_head.weight) not in embeddings and id(model.lm_head.weight) in trains and not adapters
-    head = [model.lm_head.weight] if whole_head else []
-    chosen = {id(p) for p in blocks + head}
-    rest = [p for p in model.parameters() if id(p) not in chosen and id(p) in trains]  # embeddings, norms, biases
+def make_optimizers(groups: Groups, cfg: TrainConfig, device: torch.device) -> list[torch.optim.Optimizer]:
+    """The optimizers of the weights that train, as what trains groups them (training/trained.py):
+    AdamW, with weight decay on the matrices of Linear layers alone (never on norms, biases or
+    embeddings, a tied embedding/LM head included), and with optimizer=muon, Muon for the
+    blocks' matrices. Every parameter that trains is in exactly one group; each group remembers
+    its peak rate as initial_lr."""
     optimizers = []
-    if cfg.optimizer == "muon" and not adapters:
+    blocks = groups.blocks
+    if cfg.optimizer == "muon" and blocks:
         optimizers.append(Muon(blocks, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay))
         blocks = []
-    groups = [{"params": blocks + head, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    groups = [{"params": blocks + groups.decayed, "weight_decay": cfg.weight_decay},
+              {"params": groups.rest, "weight_decay": 0.0}]
     optimizers.append(torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                         fused=device.type in ("cpu", "cuda")))
     for optimizer in optimizers:

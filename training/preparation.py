@@ -17,14 +17,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from common.cli import UserError
-from common.threads import adaptable, set_threads
-from common.run_dir import RunDir
-from interop.base_model import BaseModel, open_base_model
-from data.corpus import TokenFiles
-from data.prepare import content_digest, discard, prepare
+from cli.program import UserError
+from machine.threads import adaptable, set_threads
+from runs.folder import RunDir
+from data.prepare import TokenFiles, content_digest, discard
 from data.shared import DataError
 from data.tokenizer import tokenizer_kind
+from interop.base_model import BaseModel, open_base_model
+from jobs import Job, job_for
 from model import GPTConfig
 
 from .config import RunConfig
@@ -37,14 +37,15 @@ class PreparedRun:
     """What the Trainer trains: a new run, or the one in out_dir to resume."""
 
     config: RunConfig
-    data: TokenFiles  # a text's, or conversations' (data/corpus.py)
+    job: Job  # what kind of job the run is (jobs/): a text, conversations, ...
+    data: TokenFiles  # the job's prepared corpus: its sampler, its evaluation rows, its figures
     model_config: GPTConfig
     base: BaseModel | None  # train.init_from's model: the weights a new run starts from
     identity: dict  # the model and data settings a resume must match
     grad_accum: int  # train.grad_accum (a resume with another process count may change it: resume.py)
     prompt: str | None = "\n"  # one to try the model with, that its tokenizer can encode (None: conversations')
     seconds: float = 0.0  # what preparing took (data preparation), counted in the run's time
-    adapt_threads: bool = False  # the thread count is the default's to adapt (common/threads.py)
+    adapt_threads: bool = False  # the thread count is the default's to adapt (machine/threads.py)
 
 
 def prepare_run(cfg: RunConfig, dist: Distributed | None = None, fresh: bool = False,
@@ -54,7 +55,7 @@ def prepare_run(cfg: RunConfig, dist: Distributed | None = None, fresh: bool = F
     dist = dist if dist is not None else Distributed()
     started = time.perf_counter()
     set_threads("train", cfg.train.threads or None)
-    # (under a time budget the count follows the machine's load; a run of fixed length chooses once: common/threads.py)
+    # (under a time budget the count follows the machine's load; a run of fixed length chooses once: machine/threads.py)
     adapt_threads = adaptable("train", cfg.train.threads or None)
     if cfg.lora.rank and not cfg.train.init_from:
         raise UserError(f"lora.rank={cfg.lora.rank}: adapters fine-tune a model brought in; set train.init_from "
@@ -63,7 +64,8 @@ def prepare_run(cfg: RunConfig, dist: Distributed | None = None, fresh: bool = F
     if base is not None:
         config_for(base, cfg.model, cfg.model_keys)  # refuse a changed setting before anything is written
     claim()
-    data, model_config = load_data(cfg, dist, base)
+    job = job_for(cfg.data)  # (resolved once, from what the source holds)
+    data, model_config = load_data(cfg, job, dist, base)
     unused = {"cache_dir", *(("tokenizer", "vocab_size") if base is not None else ())}  # (a base brings its tokenizer)
     data_identity = {**{k: v for k, v in vars(cfg.data).items() if k not in unused}, "init_from": cfg.train.init_from}
     # (heads held off make another model: a resume keeps them; None for a run that holds none, as before them)
@@ -75,7 +77,7 @@ def prepare_run(cfg: RunConfig, dist: Distributed | None = None, fresh: bool = F
         RunDir(cfg.out_dir).start_over()
     dist.barrier()  # (no process looks for the resume point before it is gone)
     prompt = data.suggested_prompt(cfg.train.sample_prompt)
-    return PreparedRun(cfg, data, model_config, base, identity, cfg.train.grad_accum, prompt,
+    return PreparedRun(cfg, job, data, model_config, base, identity, cfg.train.grad_accum, prompt,
                        time.perf_counter() - started, adapt_threads)
 
 
@@ -95,17 +97,17 @@ def as_used(cfg: RunConfig, data: TokenFiles, say: bool) -> RunConfig:
     return cfg
 
 
-def load_data(cfg: RunConfig, dist: Distributed, base: BaseModel | None) -> tuple[TokenFiles, GPTConfig]:
+def load_data(cfg: RunConfig, job: Job, dist: Distributed, base: BaseModel | None) -> tuple[TokenFiles, GPTConfig]:
     """The token files and the model's settings: from the run config, or with
     train.init_from from the base model, whose tokenizer then encodes the data.
     The first process of each node tokenizes (or finds) the token files; the others then
     reuse them, and with several nodes every process checks that it holds rank 0's."""
     tokenizer = base.tokenizer() if base else None
     template = base.chat_template() if base else None  # (conversations only; None: data/template.py's default)
-    data = prepare(cfg.data, progress=True, tokenizer=tokenizer, chat_template=template) if dist.local_rank == 0 else None
+    data = job.prepare(tokenizer, template, progress=True) if dist.local_rank == 0 else None
     dist.barrier()
     if data is None:
-        data = prepare(cfg.data, progress=False, tokenizer=tokenizer, chat_template=template)
+        data = job.prepare(tokenizer, template, progress=False)
     if dist.nodes > 1:
         check_same_data(data, dist)
     added = data.vocab_size - tokenizer.get_vocab_size() if base else 0  # the default chat template's markers

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.cli import UserError
-from common.run_dir import RunDir
+from cli.program import UserError
+from runs.folder import RunDir
 
 from .distributed import Distributed
 from .state import TrainerState

@@ -9,7 +9,7 @@ import signal
 import sys
 from contextlib import contextmanager
 
-from common.cli import Terminated
+from cli.program import Terminated
 
 
 class StopRequest:

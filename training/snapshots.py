@@ -14,7 +14,7 @@ weights with train.ema), in float32 safetensors, in the run folder (RunDir).
 
 from __future__ import annotations
 
-from common.run_dir import RunDir
+from runs.folder import RunDir
 from model import GPT
 
 SNAPSHOT_BYTES = 64 * 2**20  # the float32 snapshots a run keeps by default, at most (disk)

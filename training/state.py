@@ -4,7 +4,7 @@ where the saved run stopped. Each piece of the loop reads and writes its own fie
 Trainer.resume loads it, checks it and applies it, in that order, in one place.
 
 The file holds plain containers and tensors only, so that it loads with
-torch.load(weights_only=True) (common/run_dir.py): nothing in it is ever executed.
+torch.load(weights_only=True) (runs/folder.py): nothing in it is ever executed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from common.cli import UserError
+from cli.program import UserError
 
 FORMAT = 3  # this layout; 2 (before the run's state was a type) holds the same fields and loads too
 
@@ -34,7 +34,7 @@ class TrainerState:
     tokens_seen: int  # training tokens so far, across resumes
     losses: dict  # evaluation.StepLosses: the first step's loss
     identity: dict  # the model and data settings a resume must match (preparation.PreparedRun)
-    threads: int | None = None  # the thread count a run of fixed length chose (common/threads.py), kept on resume
+    threads: int | None = None  # the thread count a run of fixed length chose (machine/threads.py), kept on resume
 
     def to_dict(self) -> dict:
         """What torch.save writes: the fields as a plain dict, with the layout's number."""

@@ -21,11 +21,36 @@ from typing import Callable, ContextManager
 
 import torch
 
-from common.device import autocast
+from machine.device import autocast
 from model import GPT
 
 from .average import WeightAverage
 from .schedule import Schedule, set_rates
+
+
+@dataclass(frozen=True)
+class StepSetup:
+    """What every iteration of a run uses, the same from its first to its last: built once by
+    the Trainer (the learning rate's schedule, which a time budget may refit, is handed to
+    each step apart)."""
+
+    model: GPT  # the weights that train
+    # () -> x, y [B, T]: token ids, the next token of each (-100: not scored), and the position ids
+    # of packed rows [B, T] (each conversation's from 0), or None
+    next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    optimizers: list[torch.optim.Optimizer]
+    grad_accum: int = 1  # micro-batches a step
+    grad_clip: float = 1.0  # the gradients' largest norm (0: no clipping)
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype = torch.float32  # autocast's (float32: none)
+    # what is called for the loss: the model itself (None), or it compiled and/or wrapped in
+    # DistributedDataParallel (which averages the gradients over the processes)
+    forward: torch.nn.Module | None = None
+    # under DDP, its no_sync: the micro-batches before the last keep their gradients to
+    # themselves (one exchange a step, not one a micro-batch)
+    no_sync: Callable[[], ContextManager] = nullcontext
+    scaler: torch.amp.GradScaler | None = None  # float16's loss scaling (None, or disabled: float32, bfloat16)
+    average: WeightAverage | None = None  # train.ema's average of the weights, moved after each step
 
 
 @dataclass
@@ -39,25 +64,12 @@ class StepResult:
     grad_norm: torch.Tensor  # the gradients' norm before clipping
 
 
-def train_step(it: int, model: GPT, next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
-               optimizers: list[torch.optim.Optimizer], schedule: Schedule, *,
-               grad_accum: int = 1, grad_clip: float = 1.0, device: torch.device = torch.device("cpu"),
-               dtype: torch.dtype = torch.float32, forward: torch.nn.Module | None = None,
-               no_sync: Callable[[], ContextManager] = nullcontext, scaler: torch.amp.GradScaler | None = None,
-               average: WeightAverage | None = None) -> StepResult:
-    """Iteration `it` (0-based: the steps taken before it) on `model`.
-
-    next_batch: () -> x, y [B, T]: token ids, and the next token of each (-100: not scored), and
-                the position ids of packed rows [B, T] (each conversation's from 0), or None
-    forward:    what is called for the loss: the model itself, or it compiled and/or wrapped
-                in DistributedDataParallel (which averages the gradients over the processes)
-    no_sync:    under DDP, its no_sync: the micro-batches before the last keep their gradients
-                to themselves (one exchange a step, not one a micro-batch)
-    scaler:     float16's loss scaling (None, or disabled, for float32 and bfloat16)
-    average:    train.ema's average of the weights, moved after the step
-    """
-    forward = forward if forward is not None else model
-    scaler = scaler if scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
+def train_step(it: int, schedule: Schedule, setup: StepSetup) -> StepResult:
+    """Iteration `it` (0-based: the steps taken before it) of the run `setup` describes, at
+    the learning rate `schedule` gives it."""
+    model, optimizers, grad_accum, device = setup.model, setup.optimizers, setup.grad_accum, setup.device
+    forward = setup.forward if setup.forward is not None else model
+    scaler = setup.scaler if setup.scaler is not None else torch.amp.GradScaler(device.type, enabled=False)
 
     # 1. the learning rate of this iteration: a warm-up, then a decay
     set_rates(optimizers, schedule, it)
@@ -66,15 +78,15 @@ def train_step(it: int, model: GPT, next_batch: Callable[[], tuple[torch.Tensor,
     #    grad_accum, so the gradients add up to those of the mean over the whole batch
     loss = torch.zeros((), device=device)
     for micro in range(grad_accum):
-        x, y, position_ids = next_batch()  # [B, T] token ids, the next token of each, packed rows' positions
+        x, y, position_ids = setup.next_batch()  # [B, T] token ids, the next token of each, packed rows' positions
         x = x.to(device, non_blocking=True)
         y = y.to(device, non_blocking=True)
         if position_ids is not None:  # several conversations a row: each attends to itself alone
             position_ids = position_ids.to(device, non_blocking=True)
         # under DDP the processes average their gradients at the last micro-batch only
         last = micro == grad_accum - 1
-        with nullcontext() if last else no_sync():
-            with autocast(device, dtype):
+        with nullcontext() if last else setup.no_sync():
+            with autocast(device, setup.dtype):
                 _, micro_loss = forward(x, y, position_ids=position_ids)  # the mean cross-entropy, a scalar
             scaler.scale(micro_loss / grad_accum).backward()
         loss += micro_loss.detach() / grad_accum
@@ -82,7 +94,7 @@ def train_step(it: int, model: GPT, next_batch: Callable[[], tuple[torch.Tensor,
     # 3. clip the gradients' norm to grad_clip (float16: the scaler's factor undone first)
     for optimizer in optimizers:
         scaler.unscale_(optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or math.inf)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), setup.grad_clip or math.inf)
 
     # 4. the optimizer step, then the gradients cleared for the next one
     for optimizer in optimizers:
@@ -91,6 +103,6 @@ def train_step(it: int, model: GPT, next_batch: Callable[[], tuple[torch.Tensor,
     scaler.update()
 
     # 5. the average of the weights follows the weights (train.ema)
-    if average is not None:
-        average.update(model, it)
+    if setup.average is not None:
+        setup.average.update(model, it)
     return StepResult(lr=optimizers[-1].param_groups[0]["lr"], loss=loss, grad_norm=grad_norm)

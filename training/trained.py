@@ -5,22 +5,47 @@
     Adapters    LoRA's adapters beside a frozen model brought in (lora/), the modules named
                 to train whole (lora.modules_to_save), and any new chat markers' embedding rows
 
-Each knows the weights the run's state keeps (`state_dict`, `load_state_dict`), the model
-the run folder keeps (`saved`: with adapters, merged into plain matrices) and what it
+Each knows the weights that train and how the optimizers take them (`groups`: which decay,
+which Muon may take), the weights the run's state keeps (`state_dict`, `load_state_dict`), the
+model the run folder keeps (`saved`: with adapters, merged into plain matrices) and what it
 writes beside it (`save_beside`: the adapters alone, as peft keeps them).
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
-from common.run_dir import RunDir
-from lora import (add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state, merged, new_rows_from,
+import torch
+from torch import nn
+
+from lora import (add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state, merged, new_rows,
                   trained_count, trained_parameters, whole_modules)
 from model import GPT
+from runs.folder import RunDir
 
 from .config import HEAD, ConfigError
 from .preparation import PreparedRun
+
+
+@dataclass
+class Groups:
+    """The weights that train, as the optimizers take them (training/optim.py)."""
+
+    blocks: list[nn.Parameter]  # the blocks' matrices (W_Q, W_K, W_V, W_O, W_1, W_2): Muon's, with train.optimizer=muon
+    decayed: list[nn.Parameter]  # other matrices of Linear layers (an untied LM head, LoRA's A and B): AdamW's, decayed
+    rest: list[nn.Parameter]  # embeddings, norms, biases, matrices whose new rows alone train: AdamW's, never decayed
+
+
+def groups_of(model: GPT, blocks: list[nn.Parameter], rows_only: dict[str, int]) -> Groups:
+    """The weights of `model` that train, `blocks` apart: a matrix of a Linear layer decays (as
+    AdamW's weight decay is meant for), but an embedding (a tied LM head is one) and a matrix
+    whose new tokens' rows alone train (`rows_only`: weight decay would move its other rows)."""
+    chosen = {id(p) for p in blocks}
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    trains = [(name, p) for name, p in model.named_parameters() if p.requires_grad and id(p) not in chosen]
+    decayed = [p for name, p in trains if p.dim() == 2 and id(p) not in embeddings and name not in rows_only]
+    decays = {id(p) for p in decayed}
+    return Groups(blocks, decayed, [p for _, p in trains if id(p) not in decays])
 
 
 class AllWeights:
@@ -32,6 +57,11 @@ class AllWeights:
     def count(self) -> int:
         """The numbers that train: all of them."""
         return self.model.num_parameters()
+
+    def groups(self) -> Groups:
+        """The blocks' matrices (Muon's where train.optimizer says), an untied head (decayed), the rest."""
+        blocks = [p for p in self.model.transformer.h.parameters() if p.dim() == 2 and p.requires_grad]
+        return groups_of(self.model, blocks, {})
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.model.state_dict()
@@ -57,12 +87,12 @@ class Adapters:
         lora = run.config.lora
         first_new = run.base.tokenizer().get_vocab_size()  # (the ids data/template.py added come after)
         self.new_tokens_from = first_new if run.data.vocab_size > first_new else None
+        self.rows_from = new_rows(model, lora, self.new_tokens_from)  # {matrix: its first row that trains}
         add_adapters(model, lora, self.new_tokens_from)
         if run.config.train.base_dtype == "bfloat16":  # the frozen matrices as autocast computes with them: half the memory
             frozen_in(model, torch.bfloat16)
         self.model = model
         self.names = list(trained_parameters(model))  # the parameters that train
-        self.rows_from = new_rows_from(model)  # (a matrix whose new rows alone train: the first)
         whole = whole_modules(model, lora.modules_to_save)
         # what the modules trained whole start from: export.py --adapters writes it as base/'s
         self.starts: dict[str, torch.Tensor] | None = {f"{name}.{key}": t.detach().to("cpu", copy=True)
@@ -73,8 +103,13 @@ class Adapters:
                          "base_model_name_or_path": run.config.train.init_from}
 
     def count(self) -> int:
-        """The numbers that train: the adapters', and the new tokens' rows."""
-        return trained_count(self.model)
+        """The numbers that train: the adapters', the modules trained whole, and the new tokens' rows."""
+        return trained_count(self.model, self.rows_from)
+
+    def groups(self) -> Groups:
+        """No Muon (it would orthogonalise the adapters' low-rank updates): the adapters and a
+        head trained whole decay as matrices do; the new tokens' rows, norms and embeddings do not."""
+        return groups_of(self.model, [], self.rows_from)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return adapter_state(self.model, self.names)

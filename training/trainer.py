@@ -13,14 +13,14 @@ state_dict and load_state_dict, as torch's modules and optimizers do:
     average     training/average.py       train.ema: the average of the weights
     budget      training/budget.py        the run's clock, and train.max_minutes (it owns max_iters)
     snapshots   training/snapshots.py     the model as it forms (train.snapshots), for explore.py
-    sampler     data/batches.py           each process's random windows of tokens (or conversations: data/corpus.py)
+    sampler     data/batches.py           each process's random windows of tokens, or conversations (the job's corpus)
     losses      training/evaluation.py    the steps' losses, read from the device in one go
     evaluator   training/evaluation.py    the validation loss, a sample, each head's map and scores
     dist        training/distributed.py   torchrun's processes (DistributedDataParallel)
     stop        training/signals.py       Ctrl-C and SIGTERM: stop after this iteration
-    threads     common/threads.py         the thread count that trains faster now (a busy machine)
+    threads     machine/threads.py         the thread count that trains faster now (a busy machine)
     log         training/logger.py        the progress bar, the log lines, TensorBoard
-    run_dir     common/run_dir.py         the checkpoint's files
+    run_dir     runs/folder.py         the checkpoint's files
 
 What the run trains is `trained` (training/trained.py): every weight, or, with lora.rank,
 LoRA's adapters beside the frozen model brought in (lora/): the loop is the same; what is
@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import torch
 import yaml
 
-from common.device import peak_flops
-from common.run_dir import RunDir
-from common.threads import AdaptiveThreads
+from machine.device import peak_flops
+from runs.folder import RunDir
+from machine.threads import AdaptiveThreads
 from model import GPT
 
 from . import logger, resume
@@ -56,7 +56,7 @@ from .schedule import Schedule
 from .signals import StopRequest
 from .snapshots import Snapshots
 from .state import TrainerState
-from .step import train_step
+from .step import StepResult, StepSetup, train_step
 from .trained import what_trains
 
 
@@ -102,14 +102,14 @@ class Trainer:
         self.trained = what_trains(self.model, run, dtype)
         if settings.checkpointing:  # less memory, a forward more per block
             recompute_in_backward(self.model)
-        self.optimizers = make_optimizers(self.model, settings, device)
+        self.optimizers = make_optimizers(self.trained.groups(), settings, device)
         self.schedule = Schedule.of(settings, length)
         self.average = WeightAverage(self.model, settings.ema) if settings.ema else None
         self.evaluator = Evaluator(run, self.grad_accum, dist, device, dtype)
         self.snapshots = Snapshots.for_run(self.run_dir, settings.snapshots, settings.snapshot_every, self.model,
                                            dist.is_main)
         self.losses = StepLosses()
-        # (a run of fixed length chooses once and keeps it, resumes included: common/threads.py)
+        # (a run of fixed length chooses once and keeps it, resumes included: machine/threads.py)
         self.threads = AdaptiveThreads(run.adapt_threads and device.type == "cpu", self.clock,
                                        once=settings.max_minutes is None)
         self.iteration = 0  # optimizer steps taken
@@ -120,9 +120,12 @@ class Trainer:
         if state is not None:
             self.resume(state)
         compiled = torch.compile(self.model) if settings.compile else self.model
-        self.forward = dist.wrap(compiled, device)  # what the step calls: compiled, and/or DDP
-        self.no_sync = self.forward.no_sync if dist.enabled else nullcontext  # (DDP: one gradient exchange a step)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # float16 only
+        forward = dist.wrap(compiled, device)  # what the step calls: compiled, and/or DDP
+        # what every iteration uses, built once (training/step.py)
+        self.setup = StepSetup(self.model, self.sampler.next_batch, self.optimizers, self.grad_accum, settings.grad_clip,
+                               device, dtype, forward, no_sync=forward.no_sync if dist.enabled else nullcontext,
+                               scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),  # float16 only
+                               average=self.average)
 
     @property
     def max_iters(self) -> int:
@@ -160,24 +163,16 @@ class Trainer:
         if self.iteration >= self.max_iters:
             self.say_finished()
             return 0
-        settings = self.settings
-        log = RunLogger(self.run_dir, self.dist.is_main, self.iteration, self.max_iters, settings.log_interval)
+        log = RunLogger(self.run_dir, self.dist.is_main, self.iteration, self.max_iters, self.settings.log_interval)
         with log, StopRequest() as stop:
             self.begin(log)
             self.model.train()
             while self.iteration < self.max_iters:
                 # 1-5. one iteration: the rate, forward and backward, clip, step, average (training/step.py)
-                step = train_step(self.iteration, self.model, self.sampler.next_batch, self.optimizers,
-                                  self.schedule, grad_accum=self.grad_accum, grad_clip=settings.grad_clip,
-                                  device=self.device, dtype=self.dtype, forward=self.forward, no_sync=self.no_sync,
-                                  scaler=self.scaler, average=self.average)
-                self.iteration += 1
-                self.losses.add(self.iteration, step.loss, step.grad_norm)  # still on the device, read below
-                self.threads.update(self.iteration)  # one thread or all, whichever trains faster now
-                self.budget.step_done(self.iteration)
+                step = train_step(self.iteration, self.schedule, self.setup)
+                due = self.step_taken(step, stop)  # counted; what is due after it
 
                 # 6. now and then: read the losses, look at the heads, keep a snapshot, evaluate, save
-                due = self.due(stop.signal)
                 stopping = 0
                 if due.read:
                     stopping = self.read_losses(log, step.lr, stop.signal)
@@ -199,6 +194,16 @@ class Trainer:
             log.hparams(self.run.config.to_dict(), {"val/loss": self.val_loss, "val/best_loss": self.best_val_loss})
         self.say_done()
         return 0
+
+    def step_taken(self, step: StepResult, stop: StopRequest) -> Due:
+        """An iteration taken: counted, its loss kept (still on the device, read when due), the
+        thread count and the clock told; returns the events it is due (`due`, with a stop asked
+        for until now)."""
+        self.iteration += 1
+        self.losses.add(self.iteration, step.loss, step.grad_norm)
+        self.threads.update(self.iteration)  # one thread or all, whichever trains faster now
+        self.budget.step_done(self.iteration)
+        return self.due(stop.signal)
 
     def due(self, stop_signal: int) -> Due:
         """The events of the iteration just taken. An evaluation is due every eval_interval
@@ -223,8 +228,7 @@ class Trainer:
             return
         resolved = yaml.safe_dump(self.run.config.to_dict(self.run.model_config), sort_keys=False, allow_unicode=True)
         self.run_dir.save_run_config(resolved)
-        if self.run.data.chat_template is not None:  # a run on conversations: the template renders them
-            self.run_dir.save_chat_template(self.run.data.chat_template)
+        self.run.job.save_beside(self.run_dir, self.run.data)  # (conversations: the template that renders them)
         roles = self.run.base.special_tokens() if self.run.base is not None else {}
         if roles:  # a transformers model's: an export declares them again
             self.run_dir.save_special_tokens(roles)
@@ -245,7 +249,7 @@ class Trainer:
         one exchange that averages the last loss and agrees on a stop signal); stop with a
         TrainingError at the first non-finite loss (or gradient norm, but with float16's
         scaler, which skips those steps); report; return the signal all processes stop for."""
-        read = self.losses.read(check_norms=not self.scaler.is_enabled())
+        read = self.losses.read(check_norms=not self.setup.scaler.is_enabled())
         total, bad_ranks, signals = self.dist.sum([read.loss, read.bad_at is not None, stop_signal], self.device)
         if bad_ranks:
             where = f"at iteration {read.bad_at}" if read.bad_at is not None else "on another process"
@@ -402,9 +406,9 @@ class Trainer:
         the tokens trained on, which weights were saved, and whether the model is barely trained."""
         data = self.run.data
         measured = math.isfinite(self.val_loss)
-        return {"iteration": self.iteration, "val_loss": self.val_loss if measured else None,
+        return {"iteration": self.iteration, "job": self.run.job.name, "val_loss": self.val_loss if measured else None,
                 "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
-                "val_bits_per_char": data.bits_per_character(self.val_loss) if measured else None,
+                **(data.loss_figures(self.val_loss)[0] if measured else {}),  # (a text's: bits per character)
                 "data_fingerprint": data.meta["fingerprint"], "prompt": self.run.prompt,
                 "seconds": round(self.budget.seconds_used(), 1), "tokens": self.tokens_seen(),
                 "weights": "average" if self.average is not None else "trained",
@@ -439,8 +443,9 @@ class Trainer:
         if self.dist.is_main:
             mine = self.budget.seconds_used() - self.budget.earlier
             print(logger.done_message(self.iteration, self.budget.seconds_used(), mine, self.val_loss, self.best_val_loss,
-                                      self.run_dir, self.run.prompt, self.barely_trained(), self.continue_command(),
-                                      self.budget.report(), self.epochs_done, len(self.run_dir.snapshot_paths())))
+                                      self.run_dir, self.run.job.try_it(self.run_dir.path, self.run.prompt),
+                                      self.barely_trained(), self.continue_command(), self.budget.report(),
+                                      self.epochs_done, len(self.run_dir.snapshot_paths())))
 
     def continue_command(self) -> str:
         """The command that trains this run on: the run's own config with twice the length."""

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from .cli import UserError
+from cli.program import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

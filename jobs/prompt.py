@@ -7,9 +7,8 @@ import sys
 
 import torch
 
+from cli.program import UserError
 from data.tokenizer import encode_or_start, unknown_characters
-
-from .cli import UserError
 
 
 def encode_prompt(tokenizer, prompt: str, max_tokens: int, limit: str = "block_size", say: bool = True) -> list[int]:

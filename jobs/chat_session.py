@@ -12,15 +12,15 @@ from typing import Callable
 
 import torch
 
+from cli.program import UserError
 from data.template import ChatTemplate, prompt_ids, template_for, turn_ends
 from data.tool_calls import assistant_turn
 from model import GPT, Sampling
 from model.attention import KVCache
 from model.sampling import sample_next
+from runs.folder import RunDir
 
-from .cli import UserError
 from .prompt import left_padded
-from .run_dir import RunDir
 
 
 def run_template(checkpoint: Path, tokenizer, source: str | None = None, otherwise: str | None = None) -> ChatTemplate:

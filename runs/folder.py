@@ -19,7 +19,7 @@ a RunDir; no other module names a file in it.
                                        a run folder of its own: model, tokenizer, summary.json, config.yaml
       .lock                            held while a run trains into out_dir
 
-Every file is written by model.files.write_atomic (a temporary file, flushed, renamed
+Every file is written by storage.atomic.write_atomic (a temporary file, flushed, renamed
 over the old one, then the folder flushed), so a kill or a full disk at any moment
 leaves the previous complete file in place. trainer_state.pt is written last and alone
 decides where a resume starts, so a kill between two files can never pair new weights
@@ -45,10 +45,10 @@ from data.config import DataConfig
 from data.tokenizer import load_tokenizer
 from model import GPT
 from model.config import checked_types
-from model.files import write_atomic
+from storage.atomic import write_atomic
 from model.gpt import CONFIG_FILE, WEIGHTS_FILE
 
-from .cli import UserError
+from cli.program import UserError
 
 DEFAULT_RUN = Path("out/tiny")  # where configs/tiny.yaml trains: the run generate.py samples by default
 
@@ -173,7 +173,7 @@ class RunDir:
 
     def save_adapters(self, tensors: dict[str, torch.Tensor], config: dict) -> None:
         """A run with LoRA adapters: the trained tensors alone, and their settings."""
-        from model.files import safetensors_bytes
+        from storage.atomic import safetensors_bytes
 
         write_atomic(self.path / self.ADAPTERS,
                      safetensors_bytes({k: v.contiguous() for k, v in tensors.items()}, {"format": "pt"}))
@@ -182,7 +182,7 @@ class RunDir:
     def save_whole_starts(self, tensors: dict[str, torch.Tensor]) -> None:
         """A LoRA run's modules trained whole (lora.modules_to_save), as they started: the base
         export.py --adapters writes has them so."""
-        from model.files import safetensors_bytes
+        from storage.atomic import safetensors_bytes
 
         write_atomic(self.path / self.WHOLE_STARTS, safetensors_bytes(tensors, {"format": "pt"}))
 
