@@ -7,6 +7,7 @@ is read through torch's optimizer hooks and the losses the loop hands to StepLos
 import dataclasses
 import json
 import math
+import os
 import re
 import signal
 from contextlib import contextmanager
@@ -404,47 +405,51 @@ def test_the_pace_settles_when_three_estimates_agree_and_the_report_says_how_bus
 
 
 class FakeClock:
-    """The trainer's clock, advanced by the work done instead of by wall time: each
-    optimizer step takes 1 s and each evaluation 5 s, on any machine. stop_at: a Ctrl-C
-    arrives during that iteration."""
+    """The trainer's clock, handed to it as train.py hands it time.perf_counter, advanced by
+    the work the model does instead of by wall time, on any machine (read off torch's own
+    hooks): each optimizer step takes 1 s (or step_seconds(iteration)); each batch of
+    validation windows the model scores in eval mode takes 1.25 s, so an evaluation of the
+    micro run's four batches takes 5 s; nothing else takes time. stop_at: a real SIGINT reaches
+    the process during that iteration."""
 
-    def __init__(self, monkeypatch, stop_at: int | None = None, step_seconds=lambda iteration: 1.0):
-        self.now = 0.0
-        self.stop = None
-        clock = self
-        real_log, real_add = Evaluator.log, StepLosses.add
+    def __init__(self, stop_at: int | None = None, step_seconds=lambda iteration: 1.0, now: float = 0.0):
+        self.now, self.stop_at, self.step_seconds = now, stop_at, step_seconds
 
-        def timed_log(evaluator, *args, **kwargs):
-            clock.now += 5.0
-            return real_log(evaluator, *args, **kwargs)
+    def __call__(self) -> float:
+        return self.now
 
-        def timed_add(losses, iteration, loss, grad_norm):
-            clock.now += step_seconds(iteration)
-            if iteration == stop_at:
-                clock.stop.signal = signal.SIGINT
-            real_add(losses, iteration, loss, grad_norm)
+    def trainer(self, micro, *extra: str, out: str = "run") -> Trainer:
+        """A trainer of the micro run with `extra` settings, on this clock."""
+        from training.config import load_config
+        from training.preparation import prepare_run
 
-        class Stop(StopRequest):
-            def __enter__(self):
-                clock.stop = self
-                return super().__enter__()
+        run = prepare_run(load_config(TINY, micro(*extra, out=out)), clock=self)
+        trainer = Trainer(run, torch.device("cpu"), torch.float32, clock=self)
+        batch = trainer.settings.batch_size
 
-        monkeypatch.setattr(Trainer, "clock", lambda trainer: clock.now)
-        monkeypatch.setattr(training.preparation, "time", SimpleNamespace(perf_counter=lambda: 0.0))  # no set-up time
-        monkeypatch.setattr(Evaluator, "log", timed_log)
-        monkeypatch.setattr(Evaluator, "estimate_seconds", lambda evaluator, model, clock: 5.0)  # (as an evaluation takes)
-        monkeypatch.setattr(StepLosses, "add", timed_add)
-        monkeypatch.setattr(training.trainer, "StopRequest", Stop)
+        def stepped(optimizer, args, kwargs):
+            iteration = trainer.iteration + 1
+            self.now += self.step_seconds(iteration)
+            if iteration == self.stop_at:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        def scoring(module, args):
+            if not module.training and args[0].size(0) == batch:  # (a batch of evaluation windows)
+                self.now += 1.25
+
+        trainer.optimizers[-1].register_step_post_hook(stepped)
+        trainer.model.register_forward_pre_hook(scoring)
+        return trainer
 
 
 def saved_state(run_dir) -> TrainerState:
     return TrainerState.from_dict(RunDir(run_dir).load_state(), str(run_dir))
 
 
-def test_time_budget_sets_max_iters_from_the_measured_pace(tmp_path, micro, capsys, monkeypatch):
+def test_time_budget_sets_max_iters_from_the_measured_pace(tmp_path, micro, capsys):
     settings = ["train.max_minutes=1", "train.max_iters=1000000", "train.sample_tokens=0"]
-    FakeClock(monkeypatch)  # 1 s a step, 5 s an evaluation
-    assert train.main(["--config", TINY, *micro(*settings)]) == 0
+    clock = FakeClock()  # 1 s a step, 5 s an evaluation
+    assert clock.trainer(micro, *settings).fit() == 0
     out = capsys.readouterr().out
     state = saved_state(tmp_path / "run")
     assert 12 < state.budget["max_iters"] == state.iteration < 1000000
@@ -456,7 +461,7 @@ def test_time_budget_sets_max_iters_from_the_measured_pace(tmp_path, micro, caps
             "iteration 38\n") in out
     assert 55 <= state.budget["seconds"] <= 60 and f"done: {state.iteration} iterations" in out
     assert "at the best pace this run measured on this machine (1000 ms an iteration)" in out and "busy" not in out
-    assert train.main(["--config", TINY, *micro(*settings)]) == 0  # the measured max_iters is kept
+    assert clock.trainer(micro, *settings).fit() == 0  # the measured max_iters is kept
     assert f"already holds a finished run of {state.iteration} iterations" in capsys.readouterr().out
 
 
@@ -464,48 +469,39 @@ def test_a_terminals_progress_bar_ends_at_the_iterations_the_budget_allows(tmp_p
     import sys
 
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
-    FakeClock(monkeypatch)  # 1 s a step, 5 s an evaluation
     settings = ["train.max_minutes=1", "train.max_iters=1000000", "train.sample_tokens=0"]
-    assert train.main(["--config", TINY, *micro(*settings)]) == 0
+    assert FakeClock().trainer(micro, *settings).fit() == 0  # 1 s a step, 5 s an evaluation
     done = saved_state(tmp_path / "run").iteration
     assert f" {done}/{done} [" in capsys.readouterr().err  # not 1000000, not a bar without an end
 
 
-def test_the_budget_follows_a_machine_that_slows_down(tmp_path, micro, monkeypatch, capsys):
+def test_the_budget_follows_a_machine_that_slows_down(tmp_path, micro, capsys):
     """Another program takes the cores: from iteration 30 each step takes 4 s instead of 1.
     The budget is refit at every read of the losses, so the run still ends within it."""
-    clock = FakeClock(monkeypatch)
-    real_add = StepLosses.add
-
-    def slower(losses, iteration, loss, grad_norm):
-        if iteration > 30:
-            clock.now += 3.0
-        real_add(losses, iteration, loss, grad_norm)
-
-    monkeypatch.setattr(StepLosses, "add", slower)
+    clock = FakeClock(step_seconds=lambda iteration: 4.0 if iteration > 30 else 1.0)
     settings = ["train.max_minutes=2", "train.max_iters=1000000", "train.sample_tokens=0", "train.eval_interval=50"]
-    assert make_trainer(micro, *settings).fit() == 0
+    assert clock.trainer(micro, *settings).fit() == 0
     state = saved_state(tmp_path / "run")
-    assert 110 <= state.budget["seconds"] <= 125 and 30 < state.iteration < 60
+    # within the 2 minutes but for a slowed step (4 s) and the batch the first estimate timed (1.25 s)
+    assert 110 <= state.budget["seconds"] <= 120 + 4 + 1.25 and 30 < state.iteration < 60
 
 
-def test_a_run_of_fixed_length_on_a_busy_machine_says_what_its_steps_would_have_taken(micro, monkeypatch, capsys):
+def test_a_run_of_fixed_length_on_a_busy_machine_says_what_its_steps_would_have_taken(micro, capsys):
     """No time budget: the run takes its 60 steps whatever the pace, but from iteration 30
     each takes 4 s instead of 1, and the done line says so; a quiet run says nothing of it.
     Either way it points to the explorer, which shows its snapshots."""
-    clock = FakeClock(monkeypatch, step_seconds=lambda iteration: 4.0 if iteration > 30 else 1.0)
+    clock = FakeClock(step_seconds=lambda iteration: 4.0 if iteration > 30 else 1.0)
     settings = ["train.max_iters=60", "train.sample_tokens=0", "train.eval_interval=60", "train.snapshots=8",
                 "train.snapshot_every=10", "train.log_interval=5"]
-    trainer = make_trainer(micro, *settings)
+    trainer = clock.trainer(micro, *settings)
     trainer.fit()
     said = capsys.readouterr().out
     assert trainer.iteration == 60 and not trainer.summary()["pace"]["budget"]
     assert "the machine was busy (other work on its cores) for 78% of the training time" in said, said
     assert "(1000 ms an iteration) its timed training would have taken 53 s, not 128 s" in said  # (30 at 4 s, 23 at 1)
     assert f"watch it form: python explore.py --checkpoint {trainer.run_dir.path}" in said
-    clock.now = 0.0
-    quiet = FakeClock(monkeypatch)
-    make_trainer(micro, *settings, out="quiet").fit()
+    quiet = FakeClock()
+    quiet.trainer(micro, *settings, out="quiet").fit()
     assert "busy" not in capsys.readouterr().out and quiet.now > 0
 
 
@@ -513,43 +509,39 @@ BUDGET = ["train.max_minutes=2", "train.max_iters=400", "train.eval_interval=20"
 
 
 @pytest.mark.parametrize("stop_at", [5, 15, 30], ids=["before-the-estimate", "before-its-checkpoint", "after-it"])
-def test_a_time_budget_covers_the_whole_run_across_a_resume(tmp_path, micro, monkeypatch, stop_at):
+def test_a_time_budget_covers_the_whole_run_across_a_resume(tmp_path, micro, stop_at):
     """The first estimate comes at iteration 12 (and saves), the next checkpoint at 20. A run
     stopped anywhere and resumed ends within the same 2 minutes as a run never stopped,
     after about as many iterations; the checkpoint carries the seconds used."""
-    FakeClock(monkeypatch)
-    assert make_trainer(micro, *BUDGET).fit() == 0
+    assert FakeClock().trainer(micro, *BUDGET).fit() == 0
     whole = saved_state(tmp_path / "run")
     assert 60 < whole.iteration < 120 and 110 <= whole.budget["seconds"] <= 125
 
     stopped = [*BUDGET, f"out_dir={tmp_path / 'stopped'}"]
-    clock = FakeClock(monkeypatch, stop_at=stop_at)
-    assert make_trainer(micro, *stopped).fit() == 128 + signal.SIGINT
+    clock = FakeClock(stop_at=stop_at)
+    assert clock.trainer(micro, *stopped).fit() == 128 + signal.SIGINT
     state = saved_state(tmp_path / "stopped")
     assert state.iteration == stop_at and state.budget["seconds"] == clock.now
-    resumed_clock = FakeClock(monkeypatch)
-    resumed_clock.now = clock.now  # the resumed process: the clock goes on
-    assert make_trainer(micro, *stopped).fit() == 0
+    resumed_clock = FakeClock(now=clock.now)  # the resumed process: the clock goes on
+    assert resumed_clock.trainer(micro, *stopped).fit() == 0
     resumed = saved_state(tmp_path / "stopped")
     assert 110 <= resumed.budget["seconds"] == resumed_clock.now <= 125  # both processes' seconds, within the budget
     assert abs(resumed.iteration - whole.iteration) <= 12
-    assert make_trainer(micro, *stopped).fit() == 0  # finished: nothing more to train
+    assert FakeClock(now=resumed_clock.now).trainer(micro, *stopped).fit() == 0  # finished: nothing more to train
     assert saved_state(tmp_path / "stopped").iteration == resumed.iteration
-    longer = FakeClock(monkeypatch)
-    longer.now = resumed_clock.now
-    assert make_trainer(micro, *stopped, "train.max_minutes=3").fit() == 0  # a raised budget: a minute more
+    longer = FakeClock(now=resumed_clock.now)
+    assert longer.trainer(micro, *stopped, "train.max_minutes=3").fit() == 0  # a raised budget: a minute more
     state = saved_state(tmp_path / "stopped")
     assert state.iteration > resumed.iteration
     assert resumed.budget["seconds"] < state.budget["seconds"] == longer.now <= 185
 
 
-def test_the_done_line_says_when_a_busy_machine_cost_the_run_its_iterations(tmp_path, micro, capsys, monkeypatch):
+def test_the_done_line_says_when_a_busy_machine_cost_the_run_its_iterations(tmp_path, micro, capsys):
     """From iteration 20 on, another program makes each step take 3 s instead of 1: the run
     says how many iterations its training time would have held at its best pace, that the
     machine was busy for most of it, and how to train on; summary.json keeps the figures."""
     settings = ["train.max_minutes=2", "train.max_iters=1000000", "train.sample_tokens=0"]
-    FakeClock(monkeypatch, step_seconds=lambda iteration: 1.0 if iteration < 20 else 3.0)
-    assert train.main(["--config", TINY, *micro(*settings)]) == 0
+    assert FakeClock(step_seconds=lambda iteration: 1.0 if iteration < 20 else 3.0).trainer(micro, *settings).fit() == 0
     out = capsys.readouterr().out
     pace = json.loads((tmp_path / "run" / "summary.json").read_text())["pace"]
     assert pace["best_pace"] == 1.0 and pace["busy_share"] >= 0.7 and pace["at_best_pace"] > 2 * pace["timed_iterations"]
@@ -558,15 +550,13 @@ def test_the_done_line_says_when_a_busy_machine_cost_the_run_its_iterations(tmp_
     assert "to train on, python train.py --config" in out
 
 
-def test_a_resume_whose_budget_is_spent_trains_no_more(tmp_path, micro, monkeypatch, capsys):
+def test_a_resume_whose_budget_is_spent_trains_no_more(tmp_path, micro, capsys):
     settings = [*BUDGET, "train.checkpoint_interval=5"]
-    FakeClock(monkeypatch, stop_at=30)
-    assert make_trainer(micro, *settings).fit() == 128 + signal.SIGINT
+    assert FakeClock(stop_at=30).trainer(micro, *settings).fit() == 128 + signal.SIGINT
     state = saved_state(tmp_path / "run")
     state.budget["seconds"] = 121.0  # the stopped run had used the whole 2 minutes
     torch.save(state.to_dict(), tmp_path / "run" / "trainer_state.pt")
-    FakeClock(monkeypatch)
-    assert make_trainer(micro, *settings).fit() == 0
+    assert FakeClock().trainer(micro, *settings).fit() == 0
     assert saved_state(tmp_path / "run").iteration == 30
     assert "raise train.max_minutes to continue" in capsys.readouterr().out
 
@@ -589,36 +579,33 @@ def test_a_run_that_ended_where_its_budget_said_is_finished():
     assert resumed(50, max_iters=1000) == 400  # never past the cap
 
 
-def test_a_stop_saves_and_says_how_to_continue(tmp_path, micro, monkeypatch, capsys):
-    FakeClock(monkeypatch, stop_at=7)
-    assert make_trainer(micro, "train.eval_interval=100").fit() == 128 + signal.SIGINT
+def test_a_stop_saves_and_says_how_to_continue(tmp_path, micro, capsys):
+    assert FakeClock(stop_at=7).trainer(micro, "train.eval_interval=100").fit() == 128 + signal.SIGINT
     assert saved_state(tmp_path / "run").iteration == 7
     assert (f"stopped at iteration 7; checkpoint saved in {tmp_path / 'run'}. Run the same command to continue.\n"
             in capsys.readouterr().out)
 
 
-def test_the_done_line_reports_the_whole_run_and_this_process(tmp_path, micro, monkeypatch, capsys):
-    clock = FakeClock(monkeypatch, stop_at=7)  # 1 s a step, 5 s an evaluation
+def test_the_done_line_reports_the_whole_run_and_this_process(tmp_path, micro, capsys):
+    clock = FakeClock(stop_at=7)  # 1 s a step, 5 s an evaluation
     settings = ["train.max_iters=20", "train.eval_interval=10", "train.sample_tokens=0"]
-    assert make_trainer(micro, *settings).fit() == 128 + signal.SIGINT
-    resumed = FakeClock(monkeypatch)
-    resumed.now = clock.now
-    assert make_trainer(micro, *settings).fit() == 0
+    assert clock.trainer(micro, *settings).fit() == 128 + signal.SIGINT
+    resumed = FakeClock(now=clock.now)
+    assert resumed.trainer(micro, *settings).fit() == 0
     # the first process: 7 steps; the second: 13 steps and 2 evaluations
     assert "done: 20 iterations in 0.5 min (30 s), 0.4 min (23 s) of them in this process; val loss" \
         in capsys.readouterr().out
     assert RunDir(tmp_path / "run").summary()["tokens"] == 20 * 8 * 32  # both processes' steps of 8 windows of 32
-    assert make_trainer(micro, *settings, "train.max_iters=21").fit() == 0
+    assert FakeClock(now=resumed.now).trainer(micro, *settings, "train.max_iters=21").fit() == 0
     assert "done: 21 iterations in 0.6 min (36 s), 0.1 min (6 s) of them in this process;" in capsys.readouterr().out
 
 
-def test_a_budget_shorter_than_the_warmup_shortens_it_and_says_so(tmp_path, micro, monkeypatch, capsys):
+def test_a_budget_shorter_than_the_warmup_shortens_it_and_says_so(tmp_path, micro, capsys):
     """A busy machine: the budget fits about 38 iterations to a run whose warm-up is 100.
     The warm-up is cut when the length is first fitted, the rate reaches its peak, and the
     run does not end inside its warm-up."""
-    FakeClock(monkeypatch)  # 1 s a step, 5 s an evaluation
     settings = ["train.max_minutes=1", "train.max_iters=1000000", "train.sample_tokens=0", "train.warmup_iters=100"]
-    trainer = make_trainer(micro, *settings)
+    trainer = FakeClock().trainer(micro, *settings)  # 1 s a step, 5 s an evaluation
     lrs = []
     trainer.optimizers[0].register_step_pre_hook(lambda optimizer, *_: lrs.append(optimizer.param_groups[0]["lr"]))
     assert trainer.fit() == 0
@@ -673,13 +660,11 @@ def test_metrics_jsonl_holds_the_curves_and_a_resume_repeats_no_step(tmp_path, m
     import json
 
     settings = ["train.max_iters=20", "train.eval_interval=10", "train.sample_tokens=0"]
-    FakeClock(monkeypatch, stop_at=7)
-    assert make_trainer(micro, *settings).fit() == 128 + signal.SIGINT
+    assert FakeClock(stop_at=7).trainer(micro, *settings).fit() == 128 + signal.SIGINT
     metrics = tmp_path / "run" / "metrics.jsonl"
     with open(metrics, "a") as f:  # as if the killed process had gone on past its checkpoint at 7
         f.write(json.dumps({"step": 9, "train/loss": 9.9}) + "\n" + '{"step": 10, "train/lo')
-    FakeClock(monkeypatch)
-    assert make_trainer(micro, *settings).fit() == 0
+    assert FakeClock().trainer(micro, *settings).fit() == 0
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [line["step"] for line in lines if "train/loss" in line] == [5, 10, 15, 20]
     assert [line["step"] for line in lines if "val/loss" in line] == [10, 20]
@@ -730,7 +715,7 @@ def test_training_samples_never_show_unk(micro):
     assert UNK not in text and len(text) == len(trainer.settings.sample_prompt) + trainer.settings.sample_tokens
 
 
-def test_throughput_and_mfu_count_every_process_since_the_last_report(micro, monkeypatch):
+def test_throughput_and_mfu_count_every_process_since_the_last_report(micro):
     trainer = make_trainer(micro, "train.grad_accum=2")
     logged = []
     log = SimpleNamespace(progress=lambda *args: None, scalars=lambda it, values: logged.append(values))
@@ -742,7 +727,7 @@ def test_throughput_and_mfu_count_every_process_since_the_last_report(micro, mon
     for _ in range(10 * 2):  # 10 steps of 2 micro-batches each since the last report
         trainer.sampler.next_batch()
     trainer.tick, trainer.iteration = (100.0, before), 30
-    monkeypatch.setattr(Trainer, "clock", lambda self: 105.0)
+    trainer.clock = lambda: 105.0
     trainer.report(log, 2.0, 1.0, 1e-3)
     tokens_per_sec = 8 * 32 * 2 * 2 * 10 / 5  # batch × T × grad_accum × processes, 10 steps in 5 s
     assert logged[0]["train/tokens_per_sec"] == tokens_per_sec

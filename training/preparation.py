@@ -49,11 +49,13 @@ class PreparedRun:
 
 
 def prepare_run(cfg: RunConfig, dist: Distributed | None = None, fresh: bool = False,
-                claim: Callable[[], None] = lambda: None, use_out_dir: bool = True) -> PreparedRun:
+                claim: Callable[[], None] = lambda: None, use_out_dir: bool = True,
+                clock: Callable[[], float] = time.perf_counter) -> PreparedRun:
     """The run of `cfg` for this process. fresh: start over in out_dir. use_out_dir=False: a
-    run that never reads or changes out_dir (--explain)."""
+    run that never reads or changes out_dir (--explain). clock: what the preparation's time
+    (counted in the run's) is measured by."""
     dist = dist if dist is not None else Distributed()
-    started = time.perf_counter()
+    started = clock()
     set_threads("train", cfg.train.threads or None)
     # (under a time budget the count follows the machine's load; a run of fixed length chooses once: machine/threads.py)
     adapt_threads = adaptable("train", cfg.train.threads or None)
@@ -78,7 +80,7 @@ def prepare_run(cfg: RunConfig, dist: Distributed | None = None, fresh: bool = F
     dist.barrier()  # (no process looks for the resume point before it is gone)
     prompt = data.suggested_prompt(cfg.train.sample_prompt)
     return PreparedRun(cfg, job, data, model_config, base, identity, cfg.train.grad_accum, prompt,
-                       time.perf_counter() - started, adapt_threads)
+                       clock() - started, adapt_threads)
 
 
 def as_used(cfg: RunConfig, data: TokenFiles, say: bool) -> RunConfig:
