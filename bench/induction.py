@@ -47,7 +47,7 @@ def analyse(run: Path) -> dict:
     block = model.config.block_size
     _, val = copies.splits(run_dir.data_config().val_fraction)
     ids = np.asarray(tokenizer.encode(val).ids)
-    x, y, part = copy_windows(ids, copy_marks(val), block)
+    x, y, part, back = copy_windows(ids, copy_marks(val), block)
     text = torch.from_numpy(ids[:block].astype(np.int64))[None]
     probe = induction_probe(tokenizer, model.config.vocab_size, block)
     steps, first, second, current, previous, induction = [], [], [], [], [], []
@@ -78,7 +78,7 @@ def analyse(run: Path) -> dict:
         for h in range(model.config.n_head):
             mask = torch.ones(model.config.n_layer, model.config.n_head)
             mask[l, h] = 0
-            ablation.append({"layer": l, "head": h, "second_copies": copy_losses(trained, x, y, part, mask)[1]})
+            ablation.append({"layer": l, "head": h, "second_copies": copy_losses(trained, x, y, part, head_mask=mask)[1]})
     return {"steps": steps, "first_copies": first, "second_copies": second, "current_token": current,
             "previous_token": previous, "sources": lead_sources(trained, tokenizer, val, layer, head),
             "induction": induction, "uniform": uniform_scores(block, probe[0]), "phase_change": phase_change(steps, first, second),

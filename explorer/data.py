@@ -28,15 +28,18 @@ import torch
 from cli.program import UserError
 from jobs.prompt import encode_prompt
 from data.batches import fixed_windows
+from data.copies import SYMBOLS
 from jobs.text_data import validation_tokens
 from data.shared import DataError
 from data.token_text import readable_decode, token_text, token_views
 from data.tokenizer import suppressed_ids
 from inspection.attention_maps import VIRIDIS
-from inspection.circuits import composition_scores, copying_scores, score_sources
+from inspection.circuits import (composition_baseline, composition_scores, copying_scores, logit_sources,
+                                 score_sources, stream_pieces)
 from inspection.head_scores import KINDS, head_scores, induction_probe, uniform_scores
-from inspection.in_context import (copy_losses, copy_marks, copy_windows, in_context_score, phase_change,
-                                   position_losses)
+from inspection.in_context import (copy_losses, copy_marks, copy_windows, in_context_score, induction_weights,
+                                   phase_change, position_losses)
+from inspection.readout import carried
 from model import GPT, evaluating
 
 SCHEMA_VERSION = 3
@@ -421,6 +424,9 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
     probe = induction_probe(tokenizer, c.vocab_size, c.block_size).to(device)
     text = torch.from_numpy(np.asarray(val[:min(c.block_size, 128)], dtype=np.int64))[None].to(device) \
         if val is not None else probe[:, :probe.size(1) // 2]  # (without the run's text: the random tokens)
+    # on the lesson's text, the circuit the trained model ends with, followed back through training
+    circuit = None if copies is None or c.n_layer < 2 or c.norm_position != "pre" else \
+        {"head": final_induction_head(model, text, probe), "stages": [], "logit": [], "readout": [], "symbols": SYMBOLS}
     never = suppressed_ids(tokenizer)
     steps, losses, samples, weights = [], [], [], []
     scores: dict[str, list] = {kind: [] for kind in KINDS}
@@ -437,6 +443,9 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
             first, second = copy_losses(snapshot, *copies)
             first_copies.append(first)
             second_copies.append(second)
+        if circuit is not None:
+            for key, value in circuit_at(snapshot, copies, circuit["head"]).items():
+                circuit[key].append(value)
         for kind, values in head_scores(snapshot, text, probe).items():
             if kind in scores:
                 scores[kind].append(values.tolist())
@@ -468,11 +477,42 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
             "position_loss": array(torch.tensor(by_position), "float16") if by_position else None,
             "in_context": [in_context_score(row) for row in by_position] if by_position else None,
             "copies": None if copies is None else {"first": first_copies, "second": second_copies,
-                                                   "phase_change": phase_change(steps, first_copies, second_copies)}}
+                                                   "phase_change": phase_change(steps, first_copies, second_copies)},
+            "composition_baseline": composition_baseline(model) if c.n_layer > 1 else None, "circuit": circuit}
     if carry_weights or ids is None:
         return {**data, "weights": weights if carry_weights else None}
     return {**data, "weights": None, "maps": array(torch.stack(maps), "float16"), "prediction": predictions, "lens": lenses,
             "losses": prompt_losses}
+
+
+def final_induction_head(model: GPT, text: torch.Tensor, probe: torch.Tensor) -> list[int]:
+    """[layer, head] of the trained model's induction head: the highest induction score past layer 0."""
+    scores = head_scores(model, text, probe)["induction"][1:]  # [L - 1, H]
+    layer, head = divmod(int(scores.argmax()), scores.size(1))
+    return [layer + 1, head]
+
+
+CIRCUIT_WINDOWS = 16  # windows of the lesson's text the logit's split and the probes are taken over
+
+
+@torch.no_grad()
+def circuit_at(model: GPT, copies: tuple, head: list[int]) -> dict:
+    """The lesson's circuit at one snapshot, over its validation windows (`copies`:
+    lesson_windows): where the induction head `head` puts its weight from the second copies'
+    queries (inspection/in_context.py); each piece's mean part of the right token's logit over
+    the second copies (inspection/circuits.py's logit_sources); and how well a probe reads the
+    current and the previous token from each piece (inspection/readout.py)."""
+    x, y, part, back = copies
+    stages = induction_weights(model, x, part, back, *head)
+    trace = model.trace(x[:CIRCUIT_WINDOWS].to(model.lm_head.weight.device))
+    split = logit_sources(model, trace, y[:CIRCUIT_WINDOWS].to(model.lm_head.weight.device))
+    second = (part[:CIRCUIT_WINDOWS] == 1).to(split["contributions"].device)
+    names, pieces = stream_pieces(model, trace, model.config.n_layer, row=None)
+    read = carried(names, pieces, x[:CIRCUIT_WINDOWS])
+    return {"stages": stages, "logit": {"pieces": split["pieces"],
+                                        "values": split["contributions"][:, second].mean(-1).tolist()},
+            "readout": {"pieces": names, "current": [read[n]["current"] for n in names],
+                        "previous": [read[n]["previous"] for n in names]}}
 
 
 def validation_loss(model: GPT, windows: tuple[torch.Tensor, torch.Tensor], batch_size: int = 32) -> float:

@@ -12,9 +12,10 @@ from inspection.words import word_table
 from .data import MAX_TOKENS, to_json
 
 PAGE = Path(__file__).resolve().parent / "page"
-SCRIPTS = ("numbers.js", "tokenizer.js", "model.js", "data.js", "sources.js",  # the arithmetic, the tokenizer, the model,
-           # its data, where a score comes from
-           "page.js", "view.js", "timeline.js", "overview.js", "attention.js", "output.js",  # the page and its panels
+SCRIPTS = ("numbers.js", "tokenizer.js", "model.js", "data.js", "sources.js", "patching.js",  # the arithmetic, the
+           # tokenizer, the model, its data, where a score and a logit come from, patching
+           "page.js", "view.js", "timeline.js", "overview.js", "attention.js", "output.js", "circuit.js",  # the page and
+           # its panels
            "explorer.js")  # each is one namespace, and uses only those before it
 
 

@@ -39,36 +39,38 @@ from model.trace import Trace
 
 
 @torch.no_grad()
-def stream_pieces(model: GPT, trace: Trace, layer: int, row: int = 0) -> tuple[list[str], torch.Tensor]:
-    """(names, pieces [P, T, C]): what wrote the residual stream entering block `layer` of
-    batch row `row` of a pre-LN model's trace; the pieces add up to it."""
+def stream_pieces(model: GPT, trace: Trace, layer: int, row: int | None = 0) -> tuple[list[str], torch.Tensor]:
+    """(names, pieces [P, T, C]): what wrote the residual stream entering block `layer` (the
+    final stream, ln_f's input, for layer = n_layer) of batch row `row` of a pre-LN model's
+    trace (row None: of every row, [P, B, T, C]); the pieces add up to it."""
     c = model.config
     if c.norm_position != "pre":
         raise ValueError("a post-LN block's input is a norm of the sum, not the sum: its stream has no such split")
-    names, pieces = ["token"], [trace.token[row]]
+    rows = slice(None) if row is None else row
+    names, pieces = ["token"], [trace.token[rows]]
     if trace.position is not None:
         names.append("position")
-        pieces.append(trace.position[row])
-    T = trace.token.size(1)
+        pieces.append(trace.position[rows])
     for l in range(layer):
-        attn = model.transformer.h[l].attn
-        w_o = attn.c_proj.weight  # [C, C]: head h writes through columns h·d_k ... (h + 1)·d_k
-        heads = trace.layers[l].heads[row]  # [H, T, d_k]
+        block = model.transformer.h[l]
+        w_o = block.attn.c_proj.weight  # [C, C]: head h writes through columns h·d_k ... (h + 1)·d_k
+        heads = trace.layers[l].heads[rows]  # [H, T, d_k] (or [B, H, T, d_k])
         for h in range(c.n_head):
             names.append(f"L{l}H{h}")
-            pieces.append(heads[h] @ w_o[:, h * c.head_size:(h + 1) * c.head_size].T)  # [T, C]
-        if attn.c_proj.bias is not None:
+            pieces.append(heads[..., h, :, :] @ w_o[:, h * c.head_size:(h + 1) * c.head_size].T)  # [(B,) T, C]
+        if block.attn.c_proj.bias is not None:
             names.append(f"L{l} b_O")
-            pieces.append(attn.c_proj.bias.expand(T, -1))
-        names.append(f"L{l} FFN")
-        pieces.append(trace.layers[l].mlp[row])
+            pieces.append(block.attn.c_proj.bias.expand_as(pieces[0]))
+        if block.mlp is not None:  # (an attention-only model's blocks have none)
+            names.append(f"L{l} FFN")
+            pieces.append(trace.layers[l].mlp[rows])
     return names, torch.stack(pieces).float()
 
 
 def normed_pieces(norm: torch.nn.Module, pieces: torch.Tensor, stream: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(each piece through `norm` at the stream's own statistics [P, T, C], the norm's shift [C]):
+    """(each piece through `norm` at the stream's own statistics [P, ..., C], the norm's shift [C]):
     LayerNorm γ (p − mean(p)) / √(var(x) + ε) (+ β apart), RMSNorm γ p / √(mean(x²) + ε)."""
-    x = stream.float()  # [T, C]
+    x = stream.float()  # [..., C]
     if isinstance(norm, torch.nn.LayerNorm):
         divisor = (x.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # [T, 1]
         centred = pieces - pieces.mean(-1, keepdim=True)
@@ -174,6 +176,41 @@ def composition_scores(model: GPT) -> dict[str, torch.Tensor]:
         product = frobenius(src(f["v"]), middle, dst(y))
         scores[kind] = torch.where(before, product / (src(ov_norm) * dst(norm)), torch.zeros(()))
     return scores
+
+
+@torch.no_grad()
+def logit_sources(model: GPT, trace: Trace, tokens: torch.Tensor) -> dict:
+    """Where each position's logit for a token comes from, exactly (direct logit attribution,
+    Elhage et al., 2021): the final stream (ln_f's input) is the sum of what wrote it (the
+    embedding, the positions, each head through its columns of W_O, each W_O's bias, each
+    feed-forward network); with ln_f's mean and scale taken at each position's own statistics,
+    each piece goes linearly through ln_f and the LM head, and ln_f's shift is one more piece.
+    tokens [B, T]: the token whose logit is split at each position (the next token of a text,
+    say). Returns {"pieces": names (then "shift"), "contributions": [P + 1, B, T] (they add up
+    to the logit), "logits": [B, T] the pass's own}."""
+    names, pieces = stream_pieces(model, trace, model.config.n_layer, row=None)  # [P, B, T, C]
+    normed, shift = normed_pieces(model.transformer.ln_f, pieces, trace.layers[-1].residual_out)
+    unembed = model.lm_head.weight.float()[tokens]  # [B, T, C]: each position's token's row of W_U
+    contributions = torch.cat([(normed * unembed).sum(-1), (shift * unembed).sum(-1)[None]])  # [P + 1, B, T]
+    return {"pieces": [*names, "shift"], "contributions": contributions,
+            "logits": trace.logits.float().gather(-1, tokens[..., None])[..., 0]}
+
+
+@torch.no_grad()
+def composition_baseline(model: GPT, samples: int = 16, seed: int = 0) -> dict[str, dict[str, float]]:
+    """What heads of random weights score on each kind of composition, for `samples` models of
+    the shapes of `model` as training starts them (GPT.initialised, seeds seed ... seed +
+    samples − 1): {"q" | "k" | "v": {"mean", "sd"}} over every pair of heads in different layers
+    of every sample; a trained pair scores above it only as far as it composes."""
+    c = model.config
+    later = torch.arange(c.n_layer)[:, None, None, None] < torch.arange(c.n_layer)[None, None, :, None]
+    pairs = later.expand(c.n_layer, c.n_head, c.n_layer, c.n_head)
+    found: dict[str, list] = {"q": [], "k": [], "v": []}
+    for sample in range(samples):
+        for kind, scores in composition_scores(GPT.initialised(c, seed + sample)).items():
+            found[kind].append(scores[pairs])
+    return {kind: {"mean": torch.cat(values).mean().item(), "sd": torch.cat(values).std().item()}
+            for kind, values in found.items()}
 
 
 COPYING_TOKENS = 2048  # the tokens a copying score is taken over, at most (a seeded draw of a larger vocabulary)

@@ -24,26 +24,32 @@ WINDOWS = 64  # windows of the lesson's text the copies' losses are the mean ove
 
 
 def copy_marks(text: str) -> np.ndarray:
-    """For each character of the lesson's text: 0 in a first copy, the string's length n in
-    a second copy (its source n characters back), -1 for a newline."""
+    """For each character of a text like the lesson's: 0 in the first copy of a line written
+    twice, the string's length n in its second copy (its source n characters back), -1 for
+    anything else (a newline, a line that is no string written twice)."""
     marks = []
-    for line in text.split("\n")[:-1]:
+    for line in text.split("\n"):
         n = len(line) // 2
-        marks += [0] * n + [n] * n + [-1]
-    return np.asarray(marks)
+        copied = len(line) % 2 == 0 and n > 0 and line[:n] == line[n:]
+        marks += ([0] * n + [n] * n) if copied else [-1] * len(line)
+        marks.append(-1)  # (the newline)
+    return np.asarray(marks[:len(text)])
 
 
 def copy_windows(ids: np.ndarray, marks: np.ndarray, block: int, count: int = WINDOWS,
-                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x, y [count, block] from fixed starts, and each target's part [count, block]: 0 a first
-    copy, 1 a second copy whose first copy is inside the window (copyable), -1 anything else."""
+                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, y [count, block] from fixed starts; each target's part [count, block]: 0 a first
+    copy, 1 a second copy whose first copy is inside the window (copyable), -1 anything else;
+    and each input's way back to the same symbol's earlier copy [count, block] (n, where the
+    input is a second copy's symbol whose first copy is in the window; else 0)."""
     starts = torch.randint(len(ids) - block - 1, (count,), generator=torch.Generator().manual_seed(seed)).numpy()
     index = starts[:, None] + np.arange(block + 1)
     x, y = torch.from_numpy(ids[index[:, :-1]].astype(np.int64)), torch.from_numpy(ids[index[:, 1:]].astype(np.int64))
-    back = marks[index[:, 1:]]  # how far back the source of each target is (0: none)
-    position = np.arange(1, block + 1)[None, :]  # target j is x[j + 1]; its source x[j + 1 - n] needs j + 1 - n >= 1
-    part = np.where(back == 0, 0, np.where((back > 0) & (position - back >= 1), 1, -1))
-    return x, y, torch.from_numpy(part)
+    back = marks[index]  # how far back the source of each token is (0: none)
+    position = np.arange(block + 1)[None, :]  # token i's source i - n is in the window if i - n >= 0
+    part = np.where(back[:, 1:] == 0, 0, np.where((back[:, 1:] > 0) & (position[:, 1:] - back[:, 1:] >= 1), 1, -1))
+    inputs = np.where((back[:, :-1] > 0) & (position[:, :-1] - back[:, :-1] >= 0), back[:, :-1], 0)
+    return x, y, torch.from_numpy(part), torch.from_numpy(inputs)
 
 
 @torch.no_grad()
@@ -61,11 +67,35 @@ def target_losses(model: GPT, x: torch.Tensor, y: torch.Tensor, head_mask: torch
     return torch.cat(losses).float().cpu()
 
 
-def copy_losses(model: GPT, x: torch.Tensor, y: torch.Tensor, part: torch.Tensor,
+def copy_losses(model: GPT, x: torch.Tensor, y: torch.Tensor, part: torch.Tensor, back: torch.Tensor | None = None,
                 head_mask: torch.Tensor | None = None) -> tuple[float, float]:
-    """The mean loss on the first copies and on the copyable second copies (copy_windows)."""
+    """The mean loss on the first copies and on the copyable second copies (copy_windows; its
+    `back` is not needed here)."""
     losses = target_losses(model, x, y, head_mask)
     return losses[part == 0].mean().item(), losses[part == 1].mean().item()
+
+
+@torch.no_grad()
+def induction_weights(model: GPT, x: torch.Tensor, part: torch.Tensor, back: torch.Tensor, layer: int,
+                      head: int) -> dict[str, float]:
+    """Where head `head` of block `layer` puts its weight from the queries that predict a second
+    copy's symbol (copy_windows: a query i whose target is copyable and whose own symbol's earlier
+    copy lies n = back[i] tokens before it): on the right key (i − n + 1, the symbol that came
+    after the earlier copy: an induction head's), on the earlier copy of the query's own symbol
+    (i − n), and on the rest; each the mean over those queries."""
+    device = model.lm_head.weight.device
+    queries = (part == 1) & (back > 0)  # [N, T]
+    rows, positions = queries.nonzero(as_tuple=True)
+    n = back[rows, positions]
+    right, same = [], []
+    for start in range(0, len(x), 32):
+        chosen = (rows >= start) & (rows < start + 32)
+        weights = model.trace(x[start:start + 32].to(device)).layers[layer].weights[:, head].float().cpu()  # [B, T, T]
+        r, p, k = rows[chosen] - start, positions[chosen], n[chosen]
+        right.append(weights[r, p, p - k + 1])
+        same.append(weights[r, p, p - k])
+    right, same = torch.cat(right).mean().item(), torch.cat(same).mean().item()
+    return {"right": right, "same": same, "rest": 1.0 - right - same}
 
 
 def position_losses(model: GPT, x: torch.Tensor, y: torch.Tensor) -> list[float]:

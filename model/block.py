@@ -64,7 +64,8 @@ class Block(nn.Module):
     Post-LN (paper):    x = Norm(x + Attn(x));  x = Norm(x + FFN(x))
 
     The residual path lets gradients flow straight through deep stacks; pre-LN keeps
-    that path free of normalisation and trains more stably without warmup tricks.
+    that path free of normalisation and trains more stably without warmup tricks. An
+    attention-only model (mlp="none", the one Elhage et al. study) has the first half alone.
     """
 
     def __init__(self, config: GPTConfig, layer: int):
@@ -72,8 +73,9 @@ class Block(nn.Module):
         self.pre_norm = config.norm_position == "pre"
         self.ln_1 = make_norm(config)
         self.attn = MultiHeadAttention(config, layer)
-        self.ln_2 = make_norm(config)
-        self.mlp = SwiGLU(config) if config.mlp == "swiglu" else FeedForward(config)
+        feed_forward = {"gelu": FeedForward, "swiglu": SwiGLU}.get(config.mlp)
+        self.ln_2 = make_norm(config) if feed_forward else None
+        self.mlp = feed_forward(config) if feed_forward else None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
@@ -82,8 +84,10 @@ class Block(nn.Module):
         trace, which attention fills with its insides (GPT.trace hooks the rest)."""
         if self.pre_norm:
             x = x + self.attn(self.ln_1(x), mask, rope, cache, record)
-            x = x + self.mlp(self.ln_2(x))
+            if self.mlp is not None:  # (an attention-only model has none)
+                x = x + self.mlp(self.ln_2(x))
         else:
             x = self.ln_1(x + self.attn(x, mask, rope, cache, record))
-            x = self.ln_2(x + self.mlp(x))
+            if self.mlp is not None:
+                x = self.ln_2(x + self.mlp(x))
         return x

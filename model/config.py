@@ -14,7 +14,7 @@ CHOICES = {
     "norm": ("layernorm", "rmsnorm"),
     "norm_position": ("pre", "post"),
     "activation": ("gelu", "gelu_tanh"),
-    "mlp": ("gelu", "swiglu"),
+    "mlp": ("gelu", "swiglu", "none"),
 }
 
 # Fields a saved config.json must always name; the others have defaults.
@@ -40,10 +40,12 @@ class GPTConfig:
     rope_base:     base of the rotary frequencies (10000 in RoFormer and Llama)
     n_kv_head:     key/value heads (grouped-query attention: each group of n_head / n_kv_head
                    query heads shares one); None: n_head (multi-head), 1: multi-query
-    mlp:           gelu (act(x W_1) W_2, GPT-2) or swiglu ((SiLU(x W_gate) ⊙ x W_up) W_2, Llama)
+    mlp:           gelu (act(x W_1) W_2, GPT-2) or swiglu ((SiLU(x W_gate) ⊙ x W_up) W_2, Llama),
+                   or none: no feed-forward network, an attention-only model (Elhage et al.'s)
     ffn_hidden:    the feed-forward network's hidden width (transformers' intermediate_size);
                    None: 4 × n_embd for gelu, and for swiglu 8/3 × n_embd rounded up to a
-                   multiple of 32, the width that keeps the 4× GELU network's parameter count
+                   multiple of 32, the width that keeps the 4× GELU network's parameter count;
+                   0 with mlp none
     norm_eps:      the ε of every LayerNorm or RMSNorm
     tie_embeddings: the LM head shares the token embedding's matrix (GPT-2); false: its own
     rope_scaling:  None, or Llama 3's stretch of the slow rotary frequencies for contexts
@@ -94,8 +96,11 @@ class GPTConfig:
             raise ValueError(f"n_kv_head={self.n_kv_head}: must divide n_head={self.n_head} "
                              "(each key/value head serves n_head / n_kv_head query heads)")
         if self.ffn_hidden is None:
-            self.ffn_hidden = 4 * self.n_embd if self.mlp == "gelu" else math.ceil(8 * self.n_embd / 3 / 32) * 32
-        if self.ffn_hidden < 1:
+            self.ffn_hidden = {"gelu": 4 * self.n_embd, "none": 0}.get(self.mlp, math.ceil(8 * self.n_embd / 3 / 32) * 32)
+        if self.mlp == "none" and self.ffn_hidden:
+            raise ValueError(f"ffn_hidden={self.ffn_hidden} with mlp=none: an attention-only model has no feed-forward "
+                             "network; remove ffn_hidden, or choose mlp gelu or swiglu")
+        if self.ffn_hidden < 1 and self.mlp != "none":
             raise ValueError(f"ffn_hidden={self.ffn_hidden}: must be at least 1 (or unset)")
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:

@@ -23,7 +23,8 @@ import torch.nn as nn
 @dataclass
 class LayerTrace:
     """One block's pieces (B batch rows, T new tokens, S keys with the cached ones, C width,
-    H heads, H_kv key/value heads, d_k head size, F the feed-forward width)."""
+    H heads, H_kv key/value heads, d_k head size, F the feed-forward width). An attention-only
+    block (mlp="none") has no feed-forward network: its ln_2 and mlp are zeros, mlp_hidden of width 0."""
 
     residual_in: torch.Tensor = None  # [B, T, C] the stream entering the block
     ln_1: torch.Tensor = None  # [B, T, C] the first norm's output
@@ -96,12 +97,22 @@ def recording(model: nn.Module, trace: Trace) -> Iterator[Trace]:
              transformer.ln_f.register_forward_hook(output_as(trace, "ln_f"))]
     if "wpe" in transformer:
         hooks.append(transformer.wpe.register_forward_hook(output_as(trace, "position")))
+    def without_feed_forward(record):  # an attention-only block: its FFN writes nothing, of width 0
+        def fill(module, args, output):
+            record.residual_out = output
+            record.ln_2, record.mlp, record.mlp_hidden = torch.zeros_like(output), torch.zeros_like(output), \
+                output.new_zeros(*output.shape[:-1], 0)
+        return fill
+
     for block, layer in zip(transformer.h, trace.layers):
         hooks += [block.register_forward_pre_hook(input_as(layer, "residual_in")),
                   block.ln_1.register_forward_hook(output_as(layer, "ln_1")),
                   block.attn.c_proj.register_forward_pre_hook(heads_of(layer, block.attn.n_head)),
-                  block.attn.register_forward_hook(output_as(layer, "attn")),
-                  block.ln_2.register_forward_hook(output_as(layer, "ln_2")),
+                  block.attn.register_forward_hook(output_as(layer, "attn"))]
+        if block.mlp is None:
+            hooks.append(block.register_forward_hook(without_feed_forward(layer)))
+            continue
+        hooks += [block.ln_2.register_forward_hook(output_as(layer, "ln_2")),
                   block.mlp.c_proj.register_forward_pre_hook(input_as(layer, "mlp_hidden")),
                   block.mlp.register_forward_hook(output_as(layer, "mlp")),
                   block.register_forward_hook(output_as(layer, "residual_out"))]
@@ -127,4 +138,57 @@ def switch_off_heads(model: nn.Module, head_mask: torch.Tensor) -> list:
             return ((heads * keep).flatten(-2),)  # [B, T, C]
 
         hooks.append(block.attn.c_proj.register_forward_pre_hook(zero_heads))
+    return hooks
+
+
+@dataclass
+class Patch:
+    """One component's output taken from another pass (activation patching): `value` replaces
+    this pass's own where `where` says. A head's output is W_O's input columns for it, so the
+    head writes value W_Oᵀ instead; a feed-forward network's output is added to the stream.
+
+    path, for a head: "all" (everything after it reads the patched output), "direct" (only the
+    final norm's input gets the difference, value − own, through W_O: the head's direct path
+    to the logits) or "ffn" (only its own block's feed-forward network reads the difference,
+    through ln_2: the path through that network). A network's output: "all" alone."""
+
+    layer: int
+    head: int | None  # None: the block's feed-forward network
+    value: torch.Tensor  # [T, d_k] a head's output (W_O's input), [T, C] a network's; or with a batch dimension
+    where: torch.Tensor  # [B, T] (or [T]) of 0 and 1: the rows and positions that take it
+    path: str = "all"
+
+
+def patch_outputs(model: nn.Module, patches: list[Patch]) -> list:
+    """Forward hooks that run each patch in every forward pass of `model` (a GPT) until they are
+    removed (`.remove()` each): the model's own pass, with those outputs replaced."""
+    hooks = []
+    for patch in patches:
+        block = model.transformer.h[patch.layer]
+        where = patch.where.float()[..., None]  # [B or 1, T, 1]
+        if patch.head is None:
+            if patch.path != "all":
+                raise ValueError("a feed-forward network's output is patched on every path it takes")
+            hooks.append(block.mlp.register_forward_hook(
+                lambda module, args, output, p=patch, w=where: output + w.to(output.dtype) * (p.value.to(output.dtype) - output)))
+            continue
+        columns = slice(patch.head * block.attn.d_k, (patch.head + 1) * block.attn.d_k)
+        if patch.path == "all":
+            def replace(module, args, p=patch, w=where, columns=columns):
+                heads = args[0].clone()  # [B, T, C]: the heads side by side, W_O's input
+                heads[..., columns] += w.to(heads.dtype) * (p.value.to(heads.dtype) - heads[..., columns])
+                return (heads,)
+            hooks.append(block.attn.c_proj.register_forward_pre_hook(replace))
+            continue
+        def differ(module, args, p=patch, w=where, columns=columns, delta=(delta := {})):  # the patch's, through W_O
+            difference = w.to(args[0].dtype) * (p.value.to(args[0].dtype) - args[0][..., columns])  # [B, T, d_k]
+            delta["value"] = difference @ module.weight[:, columns].T  # [B, T, C]
+
+        def add(module, args, delta=delta):
+            return (args[0] + delta["value"],)
+
+        reader = {"direct": model.transformer.ln_f, "ffn": block.ln_2}.get(patch.path)
+        if reader is None:
+            raise ValueError(f"path={patch.path!r}: must be all, direct or ffn")
+        hooks += [block.attn.c_proj.register_forward_pre_hook(differ), reader.register_forward_pre_hook(add)]
     return hooks

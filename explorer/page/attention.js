@@ -370,11 +370,26 @@ const AttentionPanels = (() => {
     return t({ token: "pieceToken", position: "piecePosition", shift: "pieceShift" }[name]);
   }
 
-  // The key the sources are shown for: the picked one, else the one the query weighs most
-  function sourcesKey(v) {
-    if (v.key !== null && v.key <= v.query) return v.key;
+  // The lesson's copies in the text the panels show, where each token is one character: for a
+  // query of a second copy, {right, same} (patching.js's copyKeys); else null
+  function copyKeys(query) {
+    const tokens = Page.data.tokens;
+    if (!tokens.every((token) => typeof token.text === "string" && [...token.text].length === 1)) return null;
+    return Patching.copyKeys(tokens.map((token) => token.text).join(""), query);
+  }
+
+  const topKey = (v) => { // the key the query weighs most
     const weights = rowOf(layerData(v.layer).heads[v.head].weights, v.query).slice(0, v.query + 1);
     return weights.indexOf(Math.max(...weights));
+  };
+
+  // The key the sources are shown for: the picked one; else, on a second copy of the lesson's
+  // text, the right key (the symbol after the earlier copy of the query's own: an induction
+  // head's, whether or not the head looks there yet); else the one the query weighs most
+  function sourcesKey(v) {
+    if (v.key !== null && v.key <= v.query) return v.key;
+    const copied = copyKeys(v.query);
+    return copied ? copied.right : topKey(v);
   }
 
   function renderSources() {
@@ -398,8 +413,12 @@ const AttentionPanels = (() => {
     }
     const { pieces, contributions, score, others } = found;
     const total = contributions.flat().reduce((a, b) => a + b, 0);
+    const copied = copyKeys(v.query);
+    const top = topKey(v);
     $("sources-note").textContent = t("sourcesNote", { layer: v.layer, count: pieces.length - 1, score: fmt(score, 6),
-      total: fmt(total, 6) });
+      total: fmt(total, 6) }) + (copied && (v.key === null || v.key > v.query) ? t("sentenceGap") + t("sourcesRightKey") : "")
+      + (top !== key ? t("sentenceGap") + t("sourcesTopOther", { top, text: tokenLabel(Page.data.tokens[top]),
+        which: copied && top === copied.same ? t("sourcesTopSame") : "" }) : "");
     const biggest = Math.max(...contributions.flat().map(Math.abs), 1e-12);
     table.tHead.replaceChildren(el("tr", {}, el("th", { text: t("sourcesCorner") }),
       ...pieces.map((name) => el("th", { text: pieceName(name) })), el("th", { text: t("sourcesRowTotal") })));
@@ -436,5 +455,5 @@ const AttentionPanels = (() => {
   }
 
   return { renderEmbedding, renderGrid, renderQueryGrid, renderMap, renderQKV, renderSteps, renderSources, mapCell,
-    showReadout, layerData, residualOut };
+    showReadout, layerData, residualOut, pieceName };
 })();

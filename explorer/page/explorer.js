@@ -30,6 +30,9 @@ const Explorer = (() => {
     renderQKV();
     renderSteps();
     renderSources();
+    CircuitPanels.renderLogit();
+    CircuitPanels.renderPatching();
+    CircuitPanels.renderOverTraining();
     renderBlock();
     renderLens();
     renderPrediction();

@@ -127,9 +127,11 @@ const Model = (() => {
     silu: (z) => z / (1 + Math.exp(-z)), // SwiGLU's gate: z σ(z)
   };
 
-  // FFN(x) = act(x W_1 + b_1) W_2 + b_2, or (SiLU(x W_gate) ⊙ x W_up) W_2 (model/block.py)
+  // FFN(x) = act(x W_1 + b_1) W_2 + b_2, or (SiLU(x W_gate) ⊙ x W_up) W_2 (model/block.py); an
+  // attention-only model's (mlp none) writes nothing, from a hidden layer of width 0
   function feedForward(model, prefix, x, T) {
     const c = model.config;
+    if (c.mlp === "none") return { hidden: new Float32Array(0), output: new Float32Array(x.length) };
     const up = linear(x, T, param(model, `${prefix}.c_fc.weight`), param(model, `${prefix}.c_fc.bias`)); // [T, F]
     const hidden = new Float32Array(up.length);
     if (c.mlp === "swiglu") {
@@ -186,7 +188,8 @@ const Model = (() => {
   // MultiHead(x) = concat(head_1 … head_H) W_O, head_h = Attention(x W_Q,h, x W_K,h, x W_V,h):
   // x [T, C] -> [T, C]; with grouped-query attention key/value head h / (H / H_kv) serves head h.
   // options: scale, mask (the experiments: false switches them off), off (this layer's heads
-  // switched off: [H] of 0 or 1). record, if given, receives q, k, v, weights and heads.
+  // switched off: [H] of 0 or 1), patches (this layer's heads' patches: patched), deltas (where
+  // a patch on one path leaves its difference). record, if given, receives q, k, v, weights and heads.
   function attention(model, layer, x, T, cache, options, record) {
     const c = model.config;
     const { n_head: H, n_kv_head: Hkv, head_size: dk, n_embd: C } = c;
@@ -216,6 +219,7 @@ const Model = (() => {
         rows.push(s.weights);
         for (let d = 0; d < dk; d++) outputs[t * dk + d] = on * s.output[d];
       }
+      for (const patch of (options.patches || []).filter((p) => p.head === h)) patched(model, layer, patch, outputs, options.deltas);
       for (let t = 0; t < T; t++) merged.set(outputs.subarray(t * dk, (t + 1) * dk), t * C + h * dk);
       weights.push(rows);
       heads.push(outputs);
@@ -224,14 +228,44 @@ const Model = (() => {
     return linear(merged, T, param(model, `${prefix}.c_proj.weight`), param(model, `${prefix}.c_proj.bias`)); // W_O
   }
 
+  // Activation patching (model/trace.py's Patch): {layer, head (null: the block's feed-forward
+  // network), value (another pass's output: a head's [T, d_k], a network's [T, C]), where [T] of 0
+  // and 1, path}. On path "all" the output is replaced where `where` says; on "direct" or "ffn"
+  // it stays, and the difference value − own, through the head's columns of W_O, is added to
+  // deltas[path]: the final norm's input, or this block's ln_2 input, alone reads it.
+  function patched(model, layer, patch, outputs, deltas) {
+    const { n_embd: C, head_size: dk } = model.config;
+    const width = patch.head === null ? C : dk;
+    const T = outputs.length / width;
+    if (patch.path === "all") {
+      for (let t = 0; t < T; t++) {
+        if (!patch.where[t]) continue;
+        for (let d = 0; d < width; d++) outputs[t * width + d] = patch.value[t * width + d];
+      }
+      return;
+    }
+    const wO = values(param(model, `transformer.h.${layer}.attn.c_proj.weight`)); // [C, C]
+    const delta = deltas[patch.path];
+    for (let t = 0; t < T; t++) {
+      if (!patch.where[t]) continue;
+      for (let i = 0; i < C; i++) {
+        let sum = 0;
+        for (let d = 0; d < dk; d++) sum += wO[i * C + patch.head * dk + d] * (patch.value[t * dk + d] - outputs[t * dk + d]);
+        delta[t * C + i] += sum;
+      }
+    }
+  }
+
   // ---- the whole pass ------------------------------------------------------------------------
 
   // ids (the new tokens; the cache holds those before them) -> { logits [T, V] } and, with
   // trace, every piece explorer/data.py's page_data shows (model/trace.py's Trace):
   // embedding -> positions -> blocks (pre-LN x + Attn(LN(x)), x + FFN(LN(x)); post-LN
   // LN(x + Attn(x)), LN(x + FFN(x))) -> final norm -> LM head. options: scale, mask (false:
-  // the experiments, in every head), off ([L][H] of 0 or 1: heads switched off).
-  function forward(model, ids, { cache = newCache(model), trace = false, scale = true, mask = true, off = null } = {}) {
+  // the experiments, in every head), off ([L][H] of 0 or 1: heads switched off), patches
+  // (activation patching, pre-LN: patched's).
+  function forward(model, ids, { cache = newCache(model), trace = false, scale = true, mask = true, off = null,
+    patches = [] } = {}) {
     const c = model.config;
     const T = ids.length;
     const C = c.n_embd;
@@ -243,29 +277,34 @@ const Model = (() => {
     const position = positionVectors(model, past, T);
     let x = position ? add(token, position) : token;
     const layers = [];
+    const direct = patches.some((p) => p.path === "direct") ? new Float32Array(T * C) : null; // (the final norm's alone)
     for (let l = 0; l < c.n_layer; l++) {
       const b = `transformer.h.${l}`;
       const record = trace ? { residual_in: x } : null;
-      const options = { scale, mask, off: off && off[l] };
+      const own = patches.filter((p) => p.layer === l);
+      const deltas = { direct, ffn: own.some((p) => p.path === "ffn") ? new Float32Array(T * C) : null };
+      const options = { scale, mask, off: off && off[l], patches: own.filter((p) => p.head !== null), deltas };
       let normed, attended, normed2, fed;
       if (c.norm_position === "pre") {
         normed = normalised(model, `${b}.ln_1`, x, T);
         attended = attention(model, l, normed, T, cache, options, record);
         x = add(x, attended);
-        normed2 = normalised(model, `${b}.ln_2`, x, T);
+        normed2 = c.mlp === "none" ? new Float32Array(T * C) : normalised(model, `${b}.ln_2`, deltas.ffn ? add(x, deltas.ffn) : x, T);
         fed = feedForward(model, `${b}.mlp`, normed2, T);
+        for (const patch of own.filter((p) => p.head === null)) patched(model, l, patch, fed.output, deltas);
         x = add(x, fed.output);
       } else {
         attended = attention(model, l, x, T, cache, options, record);
         x = normed = normalised(model, `${b}.ln_1`, add(x, attended), T);
         fed = feedForward(model, `${b}.mlp`, x, T);
-        x = normed2 = normalised(model, `${b}.ln_2`, add(x, fed.output), T);
+        normed2 = c.mlp === "none" ? new Float32Array(T * C) : normalised(model, `${b}.ln_2`, add(x, fed.output), T);
+        if (c.mlp !== "none") x = normed2;
       }
       if (trace) layers.push(Object.assign(record, { ln_1: normed, attn: attended, ln_2: normed2, mlp_hidden: fed.hidden,
         mlp: fed.output, residual_out: x }));
     }
     cache.length += T;
-    const lnF = finalNorm(model, x, T);
+    const lnF = finalNorm(model, direct ? add(x, direct) : x, T);
     const logits = lmHead(model, lnF, T);
     return trace ? { token, position, layers, ln_f: lnF, logits } : { logits };
   }
@@ -306,5 +345,6 @@ const Model = (() => {
     return probs.findLastIndex((p) => p > 0);
   }
 
-  return { withWeights, cAttnOf, forward, finalNorm, lmHead, rotate, generate, erf, ACTIVATIONS };
+  return { withWeights, cAttnOf, forward, linear, normalised, feedForward, finalNorm, lmHead, rotate, generate, erf,
+    ACTIVATIONS };
 })();

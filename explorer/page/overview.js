@@ -159,9 +159,11 @@ const Overview = (() => {
     const position = { learned: " + wpe[position]", sinusoidal: " + PE(position)", rope: "" }[c.pos_encoding];
     const ffn = c.mlp === "swiglu" ? "(SiLU(h W_gate) ⊙ h W_up) W_2"
       : `${c.activation === "gelu_tanh" ? "GELU_tanh" : "GELU"}(h W_1${bias(1)}) W_2${bias(2)}`;
-    const block = c.norm_position === "post"
-      ? `x = ${norm}(x + Attention(x));  x = ${norm}(x + FFN(x));  FFN(h) = ${ffn}`
-      : `x = x + concat(heads) W_O${bias("O")};  x = x + FFN(${norm}(x));  FFN(h) = ${ffn}`;
+    const block = c.mlp === "none" ? (c.norm_position === "post" ? `x = ${norm}(x + Attention(x))${t("formulaNoFfn")}`
+      : `x = x + concat(heads) W_O${bias("O")}${t("formulaNoFfn")}`)
+      : c.norm_position === "post"
+        ? `x = ${norm}(x + Attention(x));  x = ${norm}(x + FFN(x));  FFN(h) = ${ffn}`
+        : `x = x + concat(heads) W_O${bias("O")};  x = x + FFN(${norm}(x));  FFN(h) = ${ffn}`;
     const weights = "w = softmax(q kᵀ / √d_k + mask)";
     return {
       tokens: "ids = tokenizer.encode(text)",
@@ -173,6 +175,8 @@ const Overview = (() => {
       block,
       lens: "p_ℓ = softmax(lm_head(ln_f(x_ℓ)))",
       prediction: `p = softmax(lm_head(ln_f(x_L)) / temperature)${t("formulaSampling")}`,
+      logit: "logit(token) = Σ_pieces ln_f(piece at the stream's statistics) · W_U[token] + β · W_U[token]",
+      patching: "restored = (L_corrupt − L_patched) / (L_corrupt − L_clean)",
     };
   }
 

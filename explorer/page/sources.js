@@ -31,7 +31,7 @@ const Sources = (() => {
       });
       const bias = param(model, `transformer.h.${l}.attn.c_proj.bias`);
       if (bias) found.push({ name: `L${l} b_O`, vector: Array.from(values(bias)) });
-      found.push({ name: `L${l} FFN`, vector: rowOf(data.layers[l].mlp, t) });
+      if (c.mlp !== "none") found.push({ name: `L${l} FFN`, vector: rowOf(data.layers[l].mlp, t) }); // (attention-only: none)
     }
     return found;
   }
@@ -101,5 +101,28 @@ const Sources = (() => {
     return { pieces: names, contributions, score, others };
   }
 
-  return { scoreSources };
+  // Where the logit of `token` at position t comes from (inspection/circuits.py's logit_sources,
+  // direct logit attribution): the final stream's pieces (the embedding, the positions, each
+  // head, each bias, each feed-forward network) through ln_f at the stream's own statistics there
+  // and the LM head's row of the token; ln_f's shift is one more piece. {pieces (names, then
+  // "shift"), contributions [P + 1] (they add up to the logit), logit (the pass's own)}
+  function logitSources(model, data, t, token) {
+    const c = model.config;
+    const found = pieces(model, data, c.n_layer, t);
+    const gamma = values(param(model, "transformer.ln_f.weight"));
+    const beta = param(model, "transformer.ln_f.bias");
+    const { divisor } = normStatistics(rowOf(data.layers[c.n_layer - 1].residual_out, t), c.norm, c.norm_eps);
+    const head = values(param(model, "lm_head.weight") ?? param(model, "transformer.wte.weight"));
+    const row = head.subarray(token * c.n_embd, (token + 1) * c.n_embd); // W_U's row of the token
+    const contributions = found.map(({ vector }) => {
+      const mean = c.norm === "layernorm" ? vector.reduce((a, b) => a + b, 0) / vector.length : 0;
+      let sum = 0;
+      for (let i = 0; i < c.n_embd; i++) sum += ((gamma[i] * (vector[i] - mean)) / divisor) * row[i];
+      return sum;
+    });
+    contributions.push(beta ? dot(Array.from(values(beta)), row) : 0);
+    return { pieces: [...found.map((p) => p.name), "shift"], contributions, logit: dot(rowOf(data.ln_f, t), row) };
+  }
+
+  return { scoreSources, logitSources };
 })();

@@ -217,7 +217,8 @@ const Timeline = (() => {
   }
 
   // How much each head reads what an earlier head wrote (Q-, K-, V-composition), over the run:
-  // one line a pair (writer → reader), against what heads at initialisation score (1/√C); lit,
+  // one line a pair (writer → reader), against what heads of random weights of the same shapes
+  // score (the timeline's composition_baseline: the mean and twice the spread); lit,
   // the lesson's pairs: into the best induction head, from the best previous-token head (K)
   // and the best current-token head (Q), and from the head it reads most through its values (V)
   function renderComposition(s, c) {
@@ -246,15 +247,19 @@ const Timeline = (() => {
       }
       const shown = lines.filter((line) => line.picked).concat(lines.filter((line) => !line.picked)
         .sort((a, b) => b.values[lastIndex()] - a.values[lastIndex()]).slice(0, 7)); // (the legend: the lit pair and the 7 highest)
+      const random = tl.composition_baseline[kind];
       return el("div", { "data-kind": kind }, el("h4", { text: t(`composition_${kind}`) }),
         lineChart({ steps: tl.steps, series: lines, picked: s, label: t(`composition_${kind}`), low: 0,
-          high: Math.max(0.5, ...lines.flatMap((line) => line.values)), uniform: 1 / Math.sqrt(c.n_embd),
-          uniformLabel: t("initLine") }),
+          high: Math.max(0.5, ...lines.flatMap((line) => line.values)), uniform: random.mean,
+          band: [random.mean - 2 * random.sd, random.mean + 2 * random.sd],
+          uniformLabel: t("randomLine", { mean: fmt(random.mean, 3) }) }),
         legend(shown, s, null));
     });
     const [kl, kh] = lit.k;
+    const random = tl.composition_baseline.k;
     $("timeline-composition-note").textContent = t("compositionNote", { layer: reader[0], head: reader[1], pl: kl, ph: kh,
-      score: fmt(at("k", s, lit.k, reader), 3), first: fmt(at("k", 0, lit.k, reader), 3), init: fmt(1 / Math.sqrt(c.n_embd), 3) });
+      score: fmt(at("k", s, lit.k, reader), 3), first: fmt(at("k", 0, lit.k, reader), 3), init: fmt(random.mean, 3),
+      high: fmt(random.mean + 2 * random.sd, 3), sd: fmt((at("k", s, lit.k, reader) - random.mean) / random.sd, 1) });
     $("timeline-composition-charts").replaceChildren(...charts);
   }
 

@@ -151,8 +151,9 @@ const View = (() => {
   // `uniform`, where given, a dashed line (what attention spread evenly scores); `picked` the
   // step's index (a vertical line). Each line says its name and value on hover (a <title>),
   // and `onPick(series)` runs when one is clicked.
+  // band: [from, to], a shaded stretch of the y axis (what random heads score, say)
   function lineChart({ steps, series, picked, label, low, high, uniform = null, onPick = null, xLabel = null,
-    uniformLabel = null }) {
+    uniformLabel = null, band = null }) {
     const width = 380, height = 170, left = 40, right = 10, top = 8, bottom = 26;
     const span = high - low || 1;
     const last = steps[steps.length - 1] || 1;
@@ -163,6 +164,11 @@ const View = (() => {
       svg("text", { x: left, y: height - 6 }, `${xLabel ?? t("timelineStep")} ${steps[0]} … ${last}`),
       svg("line", { x1: left, x2: width - right, y1: height - bottom, y2: height - bottom, class: "axis-line" }),
       svg("line", { x1: x(picked), x2: x(picked), y1: top, y2: height - bottom, class: "picked", "stroke-width": 1 }));
+    if (band !== null) {
+      const [from, to] = band.map((v) => Math.min(high, Math.max(low, v)));
+      chart.append(svg("rect", { x: left, width: width - left - right, y: y(to), height: Math.max(0, y(from) - y(to)),
+        class: "band", "data-from": band[0], "data-to": band[1] }));
+    }
     if (uniform !== null) {
       chart.append(svg("line", { x1: left, x2: width - right, y1: y(uniform), y2: y(uniform), class: "uniform",
         "stroke-dasharray": "4 3", "data-value": uniform }, null),
