@@ -47,11 +47,10 @@ from tqdm import tqdm
 
 from storage.atomic import remove, replaced
 
-from .batches import Conversations
 from .config import DataConfig
 from .conversations import BadRecord, Record, Skipped
 from .shared import END, DataError, Piece
-from .template import ChatTemplate, encode
+from .template import encode
 from .text import Source
 from .tokenizer import UNK, Encoder, end_of_text_id, load_tokenizer, start_ids, train_tokenizer
 

@@ -4,7 +4,6 @@ inspection/patching.py's on the same weights; and the charts and panels of the l
 what the data holds, each against values set by hand (a matrix read the wrong way round, two
 losses swapped, a stage misnamed: each shows as a wrong number)."""
 
-import copy
 import functools
 
 import numpy as np
@@ -17,7 +16,7 @@ from explorer.page import render
 from inspection.circuits import logit_sources
 from inspection.patching import corrupted, path_patching, patching, scored_targets
 from test_explorer_browser import browser, open_page  # noqa: F401 (fixtures)
-from test_explorer_in_page import PLAIN, page_file  # noqa: F401 (a fixture)
+from test_explorer_in_page import PLAIN
 from test_patching import LINES, lesson_model
 
 TEXT = LINES + "kQ3kQ3\n"

@@ -14,6 +14,21 @@ from inspection.circuits import composition_scores, copying_scores, head_matrice
 from model import GPT, GPTConfig
 
 
+def transformer_lens_of(model: GPT, tokenizer, folder):
+    """The model saved as a run in folder/run, exported to transformers (folder/hf), and opened by
+    TransformerLens's TransformerBridge with HookedTransformer's processing (compatibility mode)."""
+    bridge_module = pytest.importorskip("transformer_lens.model_bridge")
+    from runs.folder import RunDir
+
+    RunDir(folder / "run").save_model(model, tokenizer)
+    exported = subprocess.run([sys.executable, "export.py", "--checkpoint", str(folder / "run"), "--out",
+                               str(folder / "hf")], cwd=ROOT, capture_output=True, text=True)
+    assert exported.returncode == 0, exported.stderr
+    bridge = bridge_module.TransformerBridge.boot_transformers(str(folder / "hf"), device="cpu")
+    bridge.enable_compatibility_mode()
+    return bridge
+
+
 def scrambled(seed=0, **settings) -> GPT:
     """A small model with every weight larger than at initialisation (every piece matters)."""
     torch.manual_seed(seed)
@@ -101,18 +116,11 @@ def test_the_composition_scores_are_transformer_lens_s(tmp_path, pos_encoding):
     """The model exported to transformers and opened by TransformerLens (its
     TransformerBridge, with HookedTransformer's processing: LayerNorm folded, writing
     weights centred): its all_composition_scores equal ours."""
-    bridge_module = pytest.importorskip("transformer_lens.model_bridge")
-    from runs.folder import RunDir
     from data.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer("char", ["abcdefghijklmnopqrstuvwxyz ,.\n" * 3], 0)
     model = scrambled(vocab_size=tokenizer.get_vocab_size(), block_size=32, pos_encoding=pos_encoding)
-    RunDir(tmp_path / "run").save_model(model, tokenizer)
-    exported = subprocess.run([sys.executable, "export.py", "--checkpoint", str(tmp_path / "run"), "--out",
-                               str(tmp_path / "hf")], cwd=ROOT, capture_output=True, text=True)
-    assert exported.returncode == 0, exported.stderr
-    bridge = bridge_module.TransformerBridge.boot_transformers(str(tmp_path / "hf"), device="cpu")
-    bridge.enable_compatibility_mode()
+    bridge = transformer_lens_of(model, tokenizer, tmp_path)
     ours = composition_scores(model)
     for kind in "QKV":
         theirs = torch.as_tensor(bridge.all_composition_scores(kind).scores)

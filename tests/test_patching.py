@@ -3,23 +3,20 @@ activation and path patching (equal to TransformerLens's hooks on an export of t
 weights), what a piece carries, where an induction head's weight goes, the copies' losses and
 the composition scores of random heads, each against values known by construction."""
 
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from conftest import ROOT
 from data.copies import SYMBOLS
 from data.tokenizer import train_tokenizer
 from inspection.circuits import composition_baseline, composition_scores, logit_sources
 from inspection.in_context import copy_losses, copy_marks, copy_windows, induction_weights
 from inspection.patching import components, corrupted, path_patching, patching, scored_targets
 from inspection.readout import carried, probe_accuracy
-from model import GPT, GPTConfig
+from model import GPT
 from model.trace import Patch, patch_outputs
-from test_circuits import SHAPES, scrambled
+from test_circuits import SHAPES, scrambled, transformer_lens_of
 
 LINES = "abcdabcd\nXY+/XY+/\nq1q1\n"  # three lines of the lesson's kind: a string written twice
 
@@ -124,16 +121,8 @@ def test_patching_is_transformer_lens_s_on_an_export_of_the_same_weights(tmp_pat
     the corrupted run with a head's clean output put back (hook_z), a network's (hook_mlp_out),
     or a head's on one path (its clean z through W_O added to ln_final's or to ln2's input)
     gives the losses ours gives, every component and path."""
-    bridge_module = pytest.importorskip("transformer_lens.model_bridge")
-    from runs.folder import RunDir
-
     model, tokenizer = lesson_model(pos_encoding="rope")
-    RunDir(tmp_path / "run").save_model(model, tokenizer)
-    exported = subprocess.run([sys.executable, "export.py", "--checkpoint", str(tmp_path / "run"), "--out",
-                               str(tmp_path / "hf")], cwd=ROOT, capture_output=True, text=True)
-    assert exported.returncode == 0, exported.stderr
-    bridge = bridge_module.TransformerBridge.boot_transformers(str(tmp_path / "hf"), device="cpu")
-    bridge.enable_compatibility_mode()
+    bridge = transformer_lens_of(model, tokenizer, tmp_path)
     clean, corrupt = (torch.tensor([tokenizer.encode(text).ids]) for text in (LINES, corrupted(LINES, SYMBOLS)))
     scored = scored_targets(LINES)
     _, cache = bridge.run_with_cache(clean)

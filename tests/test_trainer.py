@@ -37,7 +37,6 @@ from training.evaluation import Evaluator, StepLosses
 from training.budget import refitted
 from training.optim import Muon, orthogonalize
 from training.schedule import Schedule
-from training.signals import StopRequest
 from training.trainer import Trainer
 
 TINY = str(ROOT / "configs" / "tiny.yaml")
