@@ -12,8 +12,10 @@ to each snapshot (median and slowest). Then, in the page: one 64-token pass with
 intermediate the panels show (data.js's pageData, median of 9 after a first), the same
 with every panel drawn, the continuation's tokens per second (64 tokens, greedy, KV
 cache), every head switched off (one pass each), where one score of the last layer comes
-from (sources.js: the last query against the first key, median of 9), and the largest
-distance of the page's logits from torch's in float64.
+from (sources.js: the last query against the first key, median of 9), where one logit
+comes from (the last position's, median of 9), on the induction lesson's run the patching
+grid (patching.js: every part at every position and at each, every head on each path), and
+the largest distance of the page's logits from torch's in float64.
 
     python -m bench.explorer [--quick] [--checkpoint out/tiny] [--rounds 5]
 """
@@ -74,8 +76,16 @@ IN_PAGE = """(prompt) => {
   const split = () => Sources.scoreSources(Page.MODEL, data, Page.MODEL.config.n_layer - 1, 0, ids.length - 1, 0);
   time(split);
   const splits = Array.from({ length: 9 }, () => time(split));
+  // where the logit of the last token's next comes from (sources.js), the last query
+  const logit = () => Sources.logitSources(Page.MODEL, data, ids.length - 1, ids[0]);
+  time(logit);
+  const logits = Array.from({ length: 9 }, () => time(logit));
+  // on the lesson's page: the patching grid, as its button runs it (every part, every position, every path)
+  const patching = Page.data.timeline && Page.data.timeline.circuit
+    ? time(() => Patching.run(Page.MODEL, Page.TOKENIZER, Page.TOKENIZER.decode(ids), Page.data.timeline.circuit.symbols))
+    : null;
   return { ids, pass_ms: passes.sort((a, b) => a - b)[4], drawn_ms: drawn, tokens_per_second: count / (generating / 1000),
-    sources_ms: splits.sort((a, b) => a - b)[4],
+    sources_ms: splits.sort((a, b) => a - b)[4], logit_split_ms: logits.sort((a, b) => a - b)[4], patching_ms: patching,
     ablation_ms: time(() => PageData.ablated(Page.MODEL, ids)), logits: Array.from(Model.forward(Page.MODEL, ids).logits) };
 }"""
 
@@ -148,9 +158,11 @@ def main() -> None:
         result["in_page"] = {**in_page, "tokens": len(ids), "logits_vs_float64": (page_logits - reference).abs().max().item()}
         print(table(["tokens", "pass with every intermediate (ms, median)", "and every panel drawn (ms)",
                      "continuation (tokens/s)", "every head off (ms)", "one score's sources (ms, median)",
-                     "logits vs float64 (max abs)"],
+                     "one logit's split (ms, median)", "patching grid (ms)", "logits vs float64 (max abs)"],
                     [[len(ids), in_page["pass_ms"], in_page["drawn_ms"], in_page["tokens_per_second"],
-                      in_page["ablation_ms"], in_page["sources_ms"], result["in_page"]["logits_vs_float64"]]]))
+                      in_page["ablation_ms"], in_page["sources_ms"], in_page["logit_split_ms"],
+                      in_page["patching_ms"] if in_page["patching_ms"] is not None else "(no lesson)",
+                      result["in_page"]["logits_vs_float64"]]]))
     path = save("explorer", {"machine": machine(torch.get_num_threads()), "results": [result]}, args.out)
     print(f"saved {path}")
 

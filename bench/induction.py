@@ -33,6 +33,8 @@ import train
 from bench.common import ROOT, machine, save, table
 from runs.folder import RunDir
 from data import copies
+from explorer.data import circuit_at
+from inspection.circuits import composition_baseline, copying_on_text, copying_scores
 from inspection.head_scores import head_scores, induction_probe, uniform_scores
 from inspection.in_context import copy_losses, copy_marks, copy_windows, phase_change
 
@@ -41,48 +43,116 @@ WINDOWS = 64  # validation windows each snapshot is scored on
 
 
 def analyse(run: Path) -> dict:
-    """Every snapshot of the lesson's run in `run`, read back."""
+    """Every snapshot of the lesson's run in `run`, read back; the circuit the run ends with
+    (its induction head, and the previous-token and current-token heads of layer 0 that serve
+    it) followed back through every snapshot, not each step's best head."""
     run_dir = RunDir(run)
     model, tokenizer = run_dir.load_model()
     block = model.config.block_size
     _, val = copies.splits(run_dir.data_config().val_fraction)
     ids = np.asarray(tokenizer.encode(val).ids)
-    x, y, part, back = copy_windows(ids, copy_marks(val), block)
+    windows = copy_windows(ids, copy_marks(val), block)
+    x, y, part, back = windows
     text = torch.from_numpy(ids[:block].astype(np.int64))[None]
     probe = induction_probe(tokenizer, model.config.vocab_size, block)
-    steps, first, second, current, previous, induction = [], [], [], [], [], []
+    steps, first, second, scores = [], [], [], {"current_token": [], "previous_token": [], "induction": []}
     for step in run_dir.snapshot_paths():
         snapshot = run_dir.load_snapshot(step, model).eval()
         a, b = copy_losses(snapshot, x, y, part)
-        scores = head_scores(snapshot, text, probe)
         steps.append(step)
         first.append(a)
         second.append(b)
-        current.append(scores["current_token"].tolist())
-        previous.append(scores["previous_token"].tolist())
-        induction.append(scores["induction"].tolist())
-    last_induction, last_previous = torch.tensor(induction[-1]), torch.tensor(previous[-1])
-    layer, head = divmod(int(last_induction.argmax()), last_induction.size(1))
-    earlier = last_previous[:layer] if layer else last_previous[:0]
-    circuit = {"induction": {"layer": layer, "head": head, "score": last_induction[layer, head].item(),
-                             "formed_at": next((s for s, i in zip(steps, induction) if i[layer][head] >= 0.5), None)}}
-    for kind, over_steps in (("previous_token", previous), ("current_token", current)):
-        earlier = torch.tensor(over_steps[-1])[:layer]
-        if earlier.numel():
-            p_layer, p_head = divmod(int(earlier.argmax()), earlier.size(1))
-            circuit[kind] = {"layer": p_layer, "head": p_head, "score": earlier[p_layer, p_head].item(),
-                             "formed_at": next((s for s, p in zip(steps, over_steps) if p[p_layer][p_head] >= 0.3), None)}
+        for kind, values in head_scores(snapshot, text, probe).items():
+            if kind in scores:
+                scores[kind].append(values.tolist())
+    uniform = uniform_scores(block, probe[0])
+    circuit = final_circuit(steps, scores, uniform)
     trained = run_dir.load_snapshot(steps[-1], model).eval()
-    ablation = []
+    result = {"steps": steps, "first_copies": first, "second_copies": second, **scores, "uniform": uniform,
+              "phase_change": phase_change(steps, first, second), "circuit": circuit,
+              "ablation": each_head_off(trained, windows), "copying": copying_scores(trained).tolist(),
+              "copying_on_text": copying_on_text(trained, trained.trace(text), text).tolist(),
+              "composition_baseline": composition_baseline(trained)}
+    if "induction" not in circuit:
+        return result
+    head = [circuit["induction"]["layer"], circuit["induction"]["head"]]
+    over = [circuit_at(run_dir.load_snapshot(step, model).eval(), windows, head) for step in steps]
+    result.update(sources=lead_sources(trained, tokenizer, val, *head), over_training=over,
+                  composition=composition_over(run_dir, model, steps, circuit),
+                  patching=patched_lines(trained, tokenizer, val))
+    return result
+
+
+FORMED = 0.5  # an induction score the run's best head must reach for the docs to call it one
+
+
+def final_circuit(steps: list[int], scores: dict, uniform: dict) -> dict:
+    """The run's induction head (the best past layer 0 at the last step, where it reaches
+    FORMED), and the previous-token and current-token heads before its layer; each with its score
+    at the last step and the first step it held half of that score from."""
+    def held(kind: str, layer: int, head: int) -> dict:
+        values = [s[layer][head] for s in scores[kind]]
+        last = values[-1]
+        start = len(values) - 1
+        while start > 0 and values[start - 1] > last / 2:
+            start -= 1
+        return {"layer": layer, "head": head, "score": last, "from": steps[start], "values": values}
+
+    induction = torch.tensor(scores["induction"][-1])[1:]
+    layer, head = divmod(int(induction.argmax()), induction.size(1))
+    if induction[layer, head] < FORMED:
+        return {"none": f"no head past layer 0 reached {FORMED} on induction (best: layer {layer + 1}, head {head}, "
+                        f"{induction[layer, head]:.3f}; even attention {uniform['induction']:.3f})"}
+    circuit = {"induction": held("induction", layer + 1, head)}
+    for kind in ("previous_token", "current_token"):
+        earlier = torch.tensor(scores[kind][-1])[:layer + 1]
+        l, h = divmod(int(earlier.argmax()), earlier.size(1))
+        circuit[kind] = held(kind, l, h)
+    return circuit
+
+
+def each_head_off(model, windows) -> list[dict]:
+    """The loss on the second copies with each head of the trained model switched off."""
+    x, y, part, _ = windows
+    found = []
     for l in range(model.config.n_layer):
         for h in range(model.config.n_head):
             mask = torch.ones(model.config.n_layer, model.config.n_head)
             mask[l, h] = 0
-            ablation.append({"layer": l, "head": h, "second_copies": copy_losses(trained, x, y, part, head_mask=mask)[1]})
-    return {"steps": steps, "first_copies": first, "second_copies": second, "current_token": current,
-            "previous_token": previous, "sources": lead_sources(trained, tokenizer, val, layer, head),
-            "induction": induction, "uniform": uniform_scores(block, probe[0]), "phase_change": phase_change(steps, first, second),
-            "circuit": circuit, "ablation": ablation}
+            found.append({"layer": l, "head": h, "second_copies": copy_losses(model, x, y, part, head_mask=mask)[1]})
+    return found
+
+
+def composition_over(run_dir, model, steps: list[int], circuit: dict) -> dict:
+    """The circuit's pairs over training: K (previous-token head into the induction head),
+    Q (current-token head into it) and V (the head its values read most at the end)."""
+    from inspection.circuits import composition_scores
+
+    reader = (circuit["induction"]["layer"], circuit["induction"]["head"])
+    over = [composition_scores(run_dir.load_snapshot(step, model).eval()) for step in steps]
+    writers = {"k": circuit["previous_token"], "q": circuit["current_token"]}
+    v = over[-1]["v"][:, :, reader[0], reader[1]]
+    writers["v"] = dict(zip(("layer", "head"), divmod(int(v.argmax()), v.size(1))))
+    return {kind: {"writer": [w["layer"], w["head"]],
+                   "values": [step[kind][w["layer"], w["head"], reader[0], reader[1]].item() for step in over]}
+            for kind, w in writers.items()}
+
+
+def patched_lines(model, tokenizer, val: str) -> dict:
+    """Activation and path patching (inspection/patching.py) on SOURCE_LINES validation lines,
+    the shares each part restores averaged over them."""
+    from inspection.patching import corrupted, path_patching, patching, scored_targets
+
+    found, paths = [], []
+    for line in val.split("\n")[1:SOURCE_LINES + 1]:
+        text = line + "\n"
+        clean, corrupt = (torch.tensor(tokenizer.encode(t).ids) for t in (text, corrupted(text, copies.SYMBOLS)))
+        found.append(patching(model, clean, corrupt, scored_targets(text), positions=False))
+        paths.append(path_patching(model, clean, corrupt, scored_targets(text)))
+    mean = lambda key, rows: np.mean([r[key] for r in rows], 0).round(3).tolist()  # noqa: E731
+    return {"components": found[0]["components"], "all": mean("all", found), "clean": mean("clean", found),
+            "corrupt": mean("corrupt", found), "heads": paths[0]["heads"], "direct": mean("direct", paths),
+            "ffn": mean("ffn", paths) if paths[0]["ffn"] is not None else None}
 
 
 SOURCE_LINES = 8  # lines of the validation text whose second copies the induction head's lead is split on
@@ -110,11 +180,11 @@ def lead_sources(model, tokenizer, val: str, layer: int, head: int) -> dict:
     return {"gap": float(np.mean(gaps)), "key": mean(keys), "query": mean(queries)}
 
 
-def train_lesson(out: Path, overrides: list[str]) -> float:
+def train_lesson(out: Path, overrides: list[str], config: str = str(LESSON)) -> float:
     """A fresh run of the lesson into `out`; its seconds, data preparation included."""
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        code = train.main(["--config", str(LESSON), f"out_dir={out}", *overrides, "--fresh"])
+        code = train.main(["--config", config, f"out_dir={out}", *overrides, "--fresh"])
     if code != 0:
         raise SystemExit(f"the lesson's run failed (exit {code})")
     return time.perf_counter() - started
@@ -126,6 +196,8 @@ def digest(run: Path) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=str(LESSON), help="the lesson's config (default configs/induction.yaml; "
+                   "configs/induction-attn-only.yaml: the attention-only model)")
     p.add_argument("--set", nargs="*", default=[], metavar="section.key=value", help="a variant of the recipe")
     p.add_argument("--twice", action="store_true", help="train twice and compare the weights bit for bit")
     p.add_argument("--run", help="analyse this run folder instead of training one")
@@ -136,24 +208,80 @@ def main() -> None:
                                if args.quick else [])]
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.run) if args.run else Path(tmp) / "run"
-        seconds = None if args.run else train_lesson(run, overrides)
-        result = {"overrides": overrides, "seconds": seconds, "weights": digest(run), **analyse(run)}
+        seconds = None if args.run else train_lesson(run, overrides, args.config)
+        result = {"config": args.config, "overrides": overrides, "seconds": seconds, "weights": digest(run),
+                  **analyse(run)}
         if args.twice:
-            result["second_run"] = {"seconds": train_lesson(Path(tmp) / "again", overrides),
+            result["second_run"] = {"seconds": train_lesson(Path(tmp) / "again", overrides, args.config),
                                     "weights": digest(Path(tmp) / "again")}
             result["bit_identical"] = result["second_run"]["weights"] == result["weights"]
+    say(result)
+    if seconds is not None:
+        print(f"trained in {seconds:.1f} s, data preparation included")
+    if args.twice:
+        print(f"two fresh runs bit-identical: {result['bit_identical']}")
+    path = save("induction", {"machine": machine(torch.get_num_threads()), "results": [result]}, args.out)
+    print(f"saved {path}")
+
+
+def say(result: dict) -> None:
+    """The tables and lines the docs quote."""
     change, circuit = result["phase_change"], result["circuit"]
-    rows = [[s, a, b, max(max(layer) for layer in i), max(max(layer) for layer in pv), max(max(layer) for layer in c)]
-            for s, a, b, i, pv, c in zip(result["steps"], result["first_copies"], result["second_copies"],
-                                         result["induction"], result["previous_token"], result["current_token"])]
-    print(table(["step", "loss, first copies", "loss, second copies", "best induction score",
-                 "best previous-token score", "best current-token score"], rows))
-    print(f"\nuniform attention scores: previous token {result['uniform']['previous_token']:.3f}, "
-          f"induction {result['uniform']['induction']:.3f}")
-    print(f"phase change: steps {change['start']} to {change['end']}, {change['snapshots']} snapshots in it")
-    for kind, head in circuit.items():
-        print(f"{kind} head: layer {head['layer']}, head {head['head']}, score {head['score']:.3f} "
-              f"(reached {'0.5' if kind == 'induction' else '0.3'} at step {head['formed_at']})")
+    uniform = result["uniform"]
+    print(f"uniform attention scores: current token {uniform.get('current_token', 0):.3f}, previous token "
+          f"{uniform['previous_token']:.3f}, induction {uniform['induction']:.3f}")
+    print("phase change: " + (f"steps {change['start']} to {change['end'] or 'beyond the last snapshot'}, "
+                              f"{change['snapshots']} snapshots in it" if change["start"] is not None else
+                              "none: the second copies never fell below 90% of the first copies"))
+    if "none" in circuit:
+        print(f"the circuit: {circuit['none']}")
+        print(table(["step", "loss, first copies", "loss, second copies"],
+                    list(zip(result["steps"], result["first_copies"], result["second_copies"]))))
+        return
+    heads = {kind: (circuit[kind]["layer"], circuit[kind]["head"]) for kind in ("induction", "previous_token",
+                                                                               "current_token")}
+    for kind, (layer, head) in heads.items():
+        said = circuit[kind]
+        print(f"{kind} head (the run's last): layer {layer}, head {head}, score {said['score']:.3f}, above half of it "
+              f"from step {said['from']}")
+    over = result["over_training"]
+    pieces = over[0]["logit"]["pieces"]
+    ffn0 = over[0]["readout"]["pieces"].index("L0 FFN") if "L0 FFN" in over[0]["readout"]["pieces"] else None
+    names = ["step", "loss, first copies", "loss, second copies", *(f"{kind} L{l}H{h}" for kind, (l, h) in heads.items()),
+             "weight: right key", "weight: same symbol", "right logit: biggest piece"]
+    rows = []
+    for i, step in enumerate(result["steps"]):
+        logit = over[i]["logit"]["values"]
+        biggest = max(range(len(pieces)), key=lambda p: abs(logit[p]))
+        rows.append([step, result["first_copies"][i], result["second_copies"][i],
+                     *(circuit[kind]["values"][i] for kind in heads), over[i]["stages"]["right"],
+                     over[i]["stages"]["same"], f"{pieces[biggest]} {logit[biggest]:.2f}"])
+    print(table(names, rows))
+    last = over[-1]["logit"]
+    print("the right token's logit over the second copies at the end, by piece: "
+          + ", ".join(f"{n} {v:.2f}" for n, v in zip(last["pieces"], last["values"])))
+    if ffn0 is not None:
+        print("layer 0's FFN read by a linear probe (the token before / the token itself): "
+              + ", ".join(f"step {s} {o['readout']['previous'][ffn0]:.2f} / {o['readout']['current'][ffn0]:.2f}"
+                          for s, o in zip(result["steps"], over) if s in (0, result["steps"][len(over) // 2],
+                                                                          result["steps"][-1])))
+    baseline = result["composition_baseline"]
+    for kind, pair in result["composition"].items():
+        mean, sd = baseline[kind]["mean"], baseline[kind]["sd"]
+        values = pair["values"]
+        print(f"{kind.upper()}-composition L{pair['writer'][0]}H{pair['writer'][1]} -> L{heads['induction'][0]}H"
+              f"{heads['induction'][1]}: {values[0]:.3f} at step 0, {values[-1]:.3f} at the end; random heads "
+              f"{mean:.3f} ± {sd:.3f}: {(values[-1] - mean) / sd:.1f} standard deviations above")
+    layer, head = heads["induction"]
+    print(f"copying score of the induction head: {result['copying'][layer][head]:.3f} on the embedding alone (the "
+          f"direct path), {result['copying_on_text'][layer][head]:.3f} on the text")
+    patched = result["patching"]
+    print(f"patching on {SOURCE_LINES} validation lines (loss on the second copies: clean {np.mean(patched['clean']):.3f}, "
+          f"corrupted {np.mean(patched['corrupt']):.3f}), the share each part restores put back at every position: "
+          + ", ".join(f"{n} {v:.2f}" for n, v in zip(patched["components"], patched["all"])))
+    print("each head on one path: straight to the logits / through its block's FFN: "
+          + ", ".join(f"{n} {d:.2f}" + (f" / {f:.2f}" if patched["ffn"] else "")
+                      for n, d, f in zip(patched["heads"], patched["direct"], patched["ffn"] or patched["direct"])))
     sources = result["sources"]
     print(f"the induction head's right key against the others: {sources['gap']:.1f} higher, on average over the "
           f"second copies of {SOURCE_LINES} lines; of it, by the key's pieces: "
@@ -163,12 +291,6 @@ def main() -> None:
           f"(all on: {result['second_copies'][-1]:.3f}):")
     print(table(["layer", "head", "loss, second copies"], [[a["layer"], a["head"], a["second_copies"]]
                                                              for a in result["ablation"]]))
-    if seconds is not None:
-        print(f"trained in {seconds:.1f} s, data preparation included")
-    if args.twice:
-        print(f"two fresh runs bit-identical: {result['bit_identical']}")
-    path = save("induction", {"machine": machine(torch.get_num_threads()), "results": [result]}, args.out)
-    print(f"saved {path}")
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ from data.shared import DataError
 from data.token_text import readable_decode, token_text, token_views
 from data.tokenizer import suppressed_ids
 from inspection.attention_maps import VIRIDIS
-from inspection.circuits import (composition_baseline, composition_scores, copying_scores, logit_sources,
-                                 score_sources, stream_pieces)
+from inspection.circuits import (composition_baseline, composition_scores, copying_on_text, copying_scores,
+                                 logit_sources, score_sources, stream_pieces)
 from inspection.head_scores import KINDS, head_scores, induction_probe, uniform_scores
 from inspection.in_context import (copy_losses, copy_marks, copy_windows, in_context_score, induction_weights,
                                    phase_change, position_losses)
@@ -431,7 +431,7 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
     steps, losses, samples, weights = [], [], [], []
     scores: dict[str, list] = {kind: [] for kind in KINDS}
     composition: dict[str, list] = {"q": [], "k": [], "v": []}
-    copying, by_position, first_copies, second_copies = [], [], [], []
+    copying, copying_text, by_position, first_copies, second_copies = [], [], [], [], []
     maps, predictions, lenses, prompt_losses = [], [], [], []
     for number, (step, load) in enumerate(snapshots.items()):
         snapshot = load(copy.deepcopy(model)).eval()
@@ -452,6 +452,7 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
         for kind, values in composition_scores(snapshot).items():
             composition[kind].append(values)
         copying.append(copying_scores(snapshot).tolist())
+        copying_text.append(copying_on_text(snapshot, snapshot.trace(text), text).tolist())
         if prompt is None:
             continue
         generator = torch.Generator(device=device).manual_seed(TIMELINE_SEED)
@@ -473,7 +474,7 @@ def timeline_data(model: GPT, tokenizer, snapshots: dict[int, Callable[[GPT], GP
             "scores": scores, "uniform": uniform_scores(text.size(1), probe[0].cpu()),
             "scores_text": "val" if val is not None else "random",
             "composition": {kind: array(torch.stack(values), "float16") for kind, values in composition.items()},
-            "copying": copying,
+            "copying": copying, "copying_text": copying_text,
             "position_loss": array(torch.tensor(by_position), "float16") if by_position else None,
             "in_context": [in_context_score(row) for row in by_position] if by_position else None,
             "copies": None if copies is None else {"first": first_copies, "second": second_copies,

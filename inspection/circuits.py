@@ -26,7 +26,10 @@ Whether a head copies (`copying_scores`): its OV circuit W_E W_OV W_U, through t
 norms' scales, gives each token the logits the head writes when it attends to that token;
 the score is the share of tokens whose own logit ranks first (the direct path: the other
 heads and the norm's division by the stream's size, which scales a row without reordering
-it, left out).
+it, left out). A head can copy what an earlier head wrote rather than the embedding (its
+values read that head: V-composition), which the direct path does not see: on a text
+(`copying_on_text`), the value the head reads at each position, as the pass computed it,
+through W_O, ln_f's scale and the LM head, ranks that position's own token first or not.
 """
 
 from __future__ import annotations
@@ -211,6 +214,27 @@ def composition_baseline(model: GPT, samples: int = 16, seed: int = 0) -> dict[s
             found[kind].append(scores[pairs])
     return {kind: {"mean": torch.cat(values).mean().item(), "sd": torch.cat(values).std().item()}
             for kind, values in found.items()}
+
+
+@torch.no_grad()
+def copying_on_text(model: GPT, trace: Trace, tokens: torch.Tensor) -> torch.Tensor:
+    """[L, H]: for each head, the share of a pass's positions (tokens [B, T], trace: the pass)
+    whose own token the head would raise most had it attended there alone: the value it reads
+    there (the pass's own v), through its columns of W_O, ln_f's scale (and, with LayerNorm, its
+    centring; the division by the stream's size scales every logit alike) and the LM head."""
+    c = model.config
+    group = c.n_head // c.n_kv_head
+    final = model.transformer.ln_f.weight.float() if c.norm_position == "pre" else torch.ones(c.n_embd)
+    unembed = model.lm_head.weight.float() * final  # [V, C]
+    scores = torch.zeros(c.n_layer, c.n_head)
+    for l, block in enumerate(model.transformer.h):
+        values = trace.layers[l].v.float()  # [B, H_kv, S, d_k]
+        for h in range(c.n_head):
+            written = values[:, h // group] @ block.attn.c_proj.weight[:, h * c.head_size:(h + 1) * c.head_size].float().T
+            if c.norm == "layernorm":  # [B, T, C]: what the head writes from each position it attends to
+                written = written - written.mean(-1, keepdim=True)
+            scores[l, h] = ((written @ unembed.T).argmax(-1) == tokens.to(written.device)).float().mean()
+    return scores
 
 
 COPYING_TOKENS = 2048  # the tokens a copying score is taken over, at most (a seeded draw of a larger vocabulary)

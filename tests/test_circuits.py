@@ -127,9 +127,9 @@ def test_the_composition_scores_are_transformer_lens_s(tmp_path, pos_encoding):
         torch.testing.assert_close(theirs, ours[kind.lower()], atol=1e-6, rtol=1e-5)
 
 
-def test_a_head_that_copies_scores_one_and_a_random_one_little():
-    """A head whose OV circuit writes back the token it attends to (W_V W_O the identity,
-    the head tied to the embedding) ranks every token's own logit first."""
+def copier() -> GPT:
+    """A scrambled model whose head 0 of every layer writes back the token it attends to (W_V
+    W_O the identity on 8 dimensions, the tokens told apart in those 8 alone)."""
     model = scrambled(pos_encoding="rope", norm="rmsnorm")
     c = model.config
     with torch.no_grad():
@@ -140,6 +140,12 @@ def test_a_head_that_copies_scores_one_and_a_random_one_little():
         model.transformer.wte.weight[:, 8:] = 0  # the tokens told apart in those 8 dims, all of one length
         model.transformer.wte.weight /= model.transformer.wte.weight.norm(dim=-1, keepdim=True)
         model.transformer.ln_f.weight.fill_(1.0)
-    scores = copying_scores(model)
+    return model
+
+
+def test_a_head_that_copies_scores_one_and_a_random_one_little():
+    """A head whose OV circuit writes back the token it attends to (W_V W_O the identity,
+    the head tied to the embedding) ranks every token's own logit first."""
+    scores = copying_scores(copier())
     assert scores.shape == (3, 4) and (scores[:, 0] == 1.0).all()
     assert scores[:, 1:].max() < 0.5

@@ -232,3 +232,17 @@ def test_random_heads_compose_by_the_baseline_over_pairs_of_different_layers():
         assert baseline[kind]["mean"] == pytest.approx(values.mean().item(), rel=1e-5)
         assert baseline[kind]["sd"] == pytest.approx(values.std().item(), rel=1e-5)
     assert 0.5 / 32 ** 0.5 < baseline["k"]["mean"] < 2 / 32 ** 0.5  # (about 1/√C)
+
+
+def test_a_head_that_copies_the_token_it_reads_scores_one_on_the_text():
+    """The hand-built copier of test_circuits (its W_V W_O writing back the token it attends to):
+    on a text, every position's own token ranks first through it; a random head's less often."""
+    from inspection.circuits import copying_on_text
+    from test_circuits import copier
+
+    model = copier()
+    with torch.no_grad():
+        idx = torch.randint(0, 40, (2, 16), generator=torch.Generator().manual_seed(1))
+        scores = copying_on_text(model, model.trace(idx), idx)
+    assert scores.shape == (3, 4)
+    assert scores[0, 0] == 1.0 and scores[0, 1:].max() < 0.5

@@ -1136,3 +1136,15 @@ def test_a_head_held_off_writes_nothing_from_the_first_step_to_the_saved_model(m
 def test_heads_held_off_are_named_as_the_model_has_them(micro, capsys, heads, said):
     assert train.main(["--config", TINY, *micro(f"train.heads_off={heads}")]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_a_run_with_heads_held_off_is_not_told_to_train_on_as_if_it_failed(micro, capsys):
+    """A run whose loss barely fell with heads held off (train.heads_off) may be measuring what
+    those heads are for: the done line says which were held off, and does not tell it to train on."""
+    still = ["train.optimizer=adamw", "train.lr=1e-7", "train.min_lr=1e-8", "train.warmup_iters=0", "train.max_iters=10",
+             "train.sample_tokens=0"]
+    assert make_trainer(micro, *still, "train.heads_off=[L0H1]").fit() == 0
+    said = capsys.readouterr().out
+    assert "with L0H1 held off from step 0 (train.heads_off)" in said and "Train it on" not in said
+    assert make_trainer(micro, *still, out="plain").fit() == 0
+    assert "Train it on: python train.py" in capsys.readouterr().out

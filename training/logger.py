@@ -110,8 +110,13 @@ def done_message(it: int, total: float, mine: float, val_loss: float, best: floa
                  f"would have taken {got['timed_iterations'] * got['best_pace']:.0f} s, not "
                  f"{got['training_seconds']:.0f} s\n")
     if barely_trained:
-        done += (f"the model is barely trained: {barely_trained['text']}. Its samples will read as noise. "
-                 f"Train it on: {continue_command}\n")
+        if barely_trained.get("held_off"):  # (an experiment: the heads held off may be what it measures)
+            done += (f"the model is barely trained: {barely_trained['text']}, with {', '.join(barely_trained['held_off'])} "
+                     "held off from step 0 (train.heads_off): what it could not learn without them may be the "
+                     f"experiment's answer (a longer run tells whether it learns later: {continue_command})\n")
+        else:
+            done += (f"the model is barely trained: {barely_trained['text']}. Its samples will read as noise. "
+                     f"Train it on: {continue_command}\n")
     if snapshots:  # the model as it formed: the explorer's timeline
         done += f"watch it form: python explore.py --checkpoint {out_dir}\n"
     return done + try_it

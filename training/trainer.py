@@ -429,7 +429,8 @@ class Trainer:
         if self.run.base is None and initial is not None and self.val_loss > (1 - BARELY_TRAINED) * initial:
             return {"reason": "loss", "val_loss": self.val_loss, "initial_loss": initial,
                     "text": f"its validation loss {self.val_loss:.2f} is less than {BARELY_TRAINED:.0%} below "
-                            f"{initial:.2f}, the loss at initialisation"}
+                            f"{initial:.2f}, the loss at initialisation",
+                    **({"held_off": self.settings.heads_off} if self.settings.heads_off else {})}
         return None
 
     # ---- what the user reads at the end -------------------------------------------------

@@ -77,10 +77,12 @@ const Timeline = (() => {
 
   // Each head's scores over the run: [key, its name, what a head high on it does]
   const KINDS = [["current_token", "scoreCurrent", "lookCurrent"], ["previous_token", "scorePrevious", "lookPrevious"],
-    ["induction", "scoreInduction", "lookInduction"], ["copying", "scoreCopying", "lookCopying"]];
-  const scoresOf = (kind) => (kind === "copying" ? timeline().copying : timeline().scores[kind]); // [step][layer][head]
+    ["induction", "scoreInduction", "lookInduction"], ["copying", "scoreCopying", "lookCopying"],
+    ["copying_text", "scoreCopyingText", "lookCopyingText"]];
+  const COPYING = ["copying", "copying_text"]; // (the timeline's own fields; the others are in its scores)
+  const scoresOf = (kind) => (COPYING.includes(kind) ? timeline()[kind] : timeline().scores[kind]); // [step][layer][head]
   // what a head that spreads its weight evenly scores (copying: chance, one token in the vocabulary)
-  const uniformOf = (kind) => (kind === "copying" ? 1 / Page.data.config.vocab_size : timeline().uniform[kind]);
+  const uniformOf = (kind) => (COPYING.includes(kind) ? 1 / Page.data.config.vocab_size : timeline().uniform[kind]);
 
   function render() {
     const tl = timeline();
@@ -199,7 +201,7 @@ const Timeline = (() => {
       $(`timeline-${kind}`).replaceChildren(el("h4", { text: t(name) }),
         el("p", { class: "note", text: rising ? t(look) : t("nothingAbove", { name: t(name), uniform: fmt(uniform, 3) }) }),
         lineChart({ steps: tl.steps, series: lines, picked: s, label: t(name), low: 0, high: 1, uniform, onPick: pick,
-          uniformLabel: kind === "copying" ? t("chanceLine") : null }),
+          uniformLabel: COPYING.includes(kind) ? t("chanceLine") : null }),
         legend(lines, s, pick));
       best.push(el("span", { "data-kind": kind, text: bestHead(top, t(name), uniform) + t("sentenceGap") }));
     }
