@@ -131,6 +131,14 @@ def test_the_lessons_charts_read_their_numbers_the_right_way_round(lesson, open_
     band = page.page.eval_on_selector('#timeline-composition-charts [data-kind="k"] rect.band',
                                       "r => [Number(r.dataset.from), Number(r.dataset.to)]")
     assert band == pytest.approx([0.105, 0.145])
+    axes = []
+    for key in ("End", "Home"):  # the loss by position: one axis for every step, and the positions said as they are
+        page.page.focus("#timeline-step")
+        page.page.keyboard.press(key)
+        axes.append(page.page.eval_on_selector_all("#timeline-context-charts div:first-child svg text",
+                                                   "labels => labels.slice(0, 2).map(l => l.textContent)"))
+        assert "the mean loss of positions 16 to 31 less that of positions 1 to 3" in page.text("#timeline-context-note")
+    assert axes[0] == axes[1]
     note = page.text("#timeline-stages-note")
     assert "From step 10 to 10 it looks at the same symbol more than at the next one" in note
     assert "From step 20 on the right key has more than half its weight" in note

@@ -175,7 +175,9 @@ const Overview = (() => {
       block,
       lens: "p_ℓ = softmax(lm_head(ln_f(x_ℓ)))",
       prediction: `p = softmax(lm_head(ln_f(x_L)) / temperature)${t("formulaSampling")}`,
-      logit: "logit(token) = Σ_pieces ln_f(piece at the stream's statistics) · W_U[token] + β · W_U[token]",
+      // ln_f is taken at the whole stream's statistics, so each piece's share is linear in it
+      logit: c.norm === "rmsnorm" ? "logit(t) = Σ_pieces γ ⊙ piece / rms(x) · W_U[t]"
+        : `logit(t) = Σ_pieces γ ⊙ (piece − mean(piece)) / σ(x) · W_U[t]${c.bias ? " + β · W_U[t]" : ""}`,
       patching: "restored = (L_corrupt − L_patched) / (L_corrupt − L_clean)",
     };
   }

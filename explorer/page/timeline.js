@@ -290,15 +290,18 @@ const Timeline = (() => {
     const T = byPosition.shape[1];
     const row = (step) => Array.from(Numbers.values(byPosition).subarray(step * T, (step + 1) * T));
     const positions = Array.from({ length: T }, (_, i) => i);
-    const known = [...row(0), ...row(s)];
+    const known = Array.from(Numbers.values(byPosition)); // (one axis for every step: the lines move, not the axis)
+    // inspection/in_context.py's in_context_score: positions T/2 … T − 1 against T/20 … T/10
     $("timeline-context-note").textContent = t("contextNote", { score: fmt(tl.in_context[s], 3), first: fmt(tl.in_context[0], 3),
-      early: Math.max(1, Math.floor(T / 20)), late: Math.floor(T / 2), T });
+      step: tl.steps[s], firstStep: tl.steps[0], early: Math.max(1, Math.floor(T / 20)),
+      earlyEnd: Math.max(2, Math.floor(T / 10) + 1) - 1, late: Math.floor(T / 2), last: T - 1 });
+    const lines = [{ name: t("atStep", { step: tl.steps[0] }), key: "first", colour: "rgb(120, 120, 120)", values: row(0) },
+      { name: t("atStep", { step: tl.steps[s] }), key: "picked", colour: "rgb(59, 82, 139)", values: row(s), picked: true }];
     $("timeline-context-charts").replaceChildren(
       el("div", {}, el("h4", { text: t("contextByPosition", { step: tl.steps[s] }) }),
         lineChart({ steps: positions, picked: positions.length - 1, label: t("contextByPosition", { step: tl.steps[s] }),
-          low: Math.min(...known), high: Math.max(...known), xLabel: t("positionWord"),
-          series: [{ name: t("atStep", { step: tl.steps[0] }), key: "first", colour: "rgb(120, 120, 120)", values: row(0) },
-            { name: t("atStep", { step: tl.steps[s] }), key: "picked", colour: "rgb(59, 82, 139)", values: row(s), picked: true }] })),
+          low: Math.min(...known), high: Math.max(...known), xLabel: t("positionWord"), series: lines }),
+        legend(lines, positions.length - 1, null)),
       el("div", {}, el("h4", { text: t("contextScore") }),
         lineChart({ steps: tl.steps, picked: s, label: t("contextScore"), low: Math.min(0, ...tl.in_context),
           high: Math.max(0, ...tl.in_context), series: [{ name: t("contextScore"), key: "icl", colour: "rgb(59, 82, 139)",
