@@ -84,9 +84,14 @@ const View = (() => {
     ctx.fillStyle = "white";
     ctx.fillRect(0, 0, canvas.width, canvas.height);
     const image = new ImageData(T, T);
+    const masked = colourOf(null);
     weights.forEach((row, i) => row.forEach((w, j) => {
-      const [r, g, b] = colourOf(j > i ? null : w);
-      image.data.set([r, g, b, 255], 4 * (i * T + j));
+      const rgb = j > i ? masked : colourOf(w);
+      const at = 4 * (i * T + j);
+      image.data[at] = rgb[0];
+      image.data[at + 1] = rgb[1];
+      image.data[at + 2] = rgb[2];
+      image.data[at + 3] = 255;
     }));
     const pixels = document.createElement("canvas");
     pixels.width = pixels.height = T;
