@@ -177,7 +177,9 @@ def composition_scores(model: GPT) -> dict[str, torch.Tensor]:
     for kind, (x, y, norm) in reading.items():
         middle = src(f["o"]).mT @ dst(x)  # [L, H, L, H, d_k, d_k]
         product = frobenius(src(f["v"]), middle, dst(y))
-        scores[kind] = torch.where(before, product / (src(ov_norm) * dst(norm)), torch.zeros(()))
+        norms = src(ov_norm) * dst(norm)  # 0 where a head writes or reads nothing (train.heads_off): it composes with none
+        scores[kind] = torch.where(before & (norms > 0), product / norms.clamp_min(torch.finfo(norms.dtype).tiny),
+                                   torch.zeros(()))
     return scores
 
 

@@ -111,6 +111,22 @@ def test_the_composition_scores_are_the_products_norms_of_the_heads_matrices():
     assert (scores["k"][1, :, 1] == 0).all() and (scores["k"][2, :, 0] == 0).all()
 
 
+def test_a_head_that_writes_nothing_composes_with_nothing():
+    """A head held off in training (train.heads_off: its columns of W_O zero) has W_OV = 0: its
+    pairs through W_OV score 0, not 0/0, and every other pair keeps its score."""
+    model = scrambled(n_kv_head=2)
+    before = composition_scores(model)
+    with torch.no_grad():
+        model.transformer.h[1].attn.c_proj.weight[:, 8:16] = 0  # layer 1, head 1's columns (head_size 8)
+    scores = composition_scores(model)
+    for kind in ("q", "k", "v"):
+        assert not scores[kind].isnan().any()
+        assert (scores[kind][1, 1] == 0).all()  # as the writer
+        assert torch.equal(scores[kind][1, 0], before[kind][1, 0])
+    assert (scores["v"][:, :, 1, 1] == 0).all()  # as the reader of values
+    assert torch.equal(scores["k"][:, :, 1, 1], before["k"][:, :, 1, 1]) and before["k"][0, 0, 1, 1] > 0
+
+
 @pytest.mark.parametrize("pos_encoding", ["rope", "learned"])
 def test_the_composition_scores_are_transformer_lens_s(tmp_path, pos_encoding):
     """The model exported to transformers and opened by TransformerLens (its
