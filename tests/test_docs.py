@@ -17,17 +17,28 @@ DOCS = ["README.md", "README.zh-CN.md", "docs/attention.md", "docs/attention.zh-
         "docs/explorer.zh-CN.md", "docs/scaling.md", "docs/scaling.zh-CN.md"]
 
 
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped (letters,
+    digits, CJK, _ and - kept), each space a hyphen."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
 @pytest.mark.parametrize("name", DOCS)
 def test_doc_links_resolve(name):
+    """Every relative link names a file that exists, and a #part of it one of its headings."""
     path = ROOT / name
     text = path.read_text(encoding="utf-8")
     links = re.findall(r"\]\(([^)\s]+)\)", text)
     assert links
     for link in links:
-        if link.startswith(("http://", "https://", "#")):
+        if link.startswith(("http://", "https://")):
             continue
-        target = (path.parent / link.split("#")[0]).resolve()
+        file, _, part = link.partition("#")
+        target = (path.parent / file).resolve() if file else path
         assert target.exists(), f"{name} links to {link}, which does not exist"
+        if part and target.suffix == ".md":
+            assert part in anchors(target.read_text(encoding="utf-8")), f"{name} links to {link}: no such heading"
 
 
 def test_each_english_page_links_to_its_chinese_twin_and_back():
