@@ -5,9 +5,9 @@ for the README and the docs:
     python -m explorer.screenshot explorer.html docs/images/explorer.png --layer 1 --head 2 --query 40 [--lang zh]
 
 It opens the page from file:// with every other request blocked, clicks the chosen
-head, query token, key, coordinate, experiment, head to switch off and training step of
-the timeline (as a learner would), and saves one panel (--panel), or --height pixels of
-the page from --top on.
+head, query token, key, coordinate, experiment, head to switch off, training step of the
+timeline and the patching panel's button (as a learner would), and saves one panel
+(--panel), or --height pixels of the page from --top on.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def main(argv=None) -> None:
     p.add_argument("--experiment", choices=["no-scale", "no-mask"], help="switch an experiment on")
     p.add_argument("--ablate", help="LAYER,HEAD: switch that head off in the prediction panel")
     p.add_argument("--step", type=int, help="the timeline at this training step (one of the run's snapshots)")
+    p.add_argument("--patch", action="store_true", help="press the patching panel's button (the lesson's run)")
     p.add_argument("--lang", choices=["en", "zh"], default="en")
     p.add_argument("--panel", help="picture only this element (e.g. #qkv-panel) instead of --top and --height")
     p.add_argument("--top", default="#heads-panel", help="the part of the page the picture starts at")
@@ -53,6 +54,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     with chromium_page() as page:
         page.goto(args.page.resolve().as_uri())
+        # every panel laid out (the page leaves those out of sight for later), so that where a
+        # panel is and how tall it is are known before the picture is taken
+        page.add_style_tag(content="#explorer section { content-visibility: visible; }")
         page.click(f'#grid canvas.thumb[data-layer="{args.layer}"][data-head="{args.head}"]')
         if args.query is not None:
             page.click(f'.token[data-index="{args.query}"]')
@@ -71,6 +75,9 @@ def main(argv=None) -> None:
                 raise SystemExit(f"--step {args.step}: the page's snapshots are at steps {steps}")
             page.eval_on_selector("#timeline-step", "(slider, k) => { slider.value = String(k); "
                                   "slider.dispatchEvent(new Event('input')); }", steps.index(args.step))
+        if args.patch:
+            page.click("#patch-run")
+            page.wait_for_selector("#patching-grid td")
         if args.lang != page.evaluate("document.documentElement.lang.slice(0, 2)"):
             page.click("#lang")
         args.out.parent.mkdir(parents=True, exist_ok=True)

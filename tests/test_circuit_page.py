@@ -42,7 +42,16 @@ def lesson(tmp_path_factory):
     timeline["composition_baseline"] = {kind: {"mean": 0.125, "sd": 0.01} for kind in "qkv"}
     timeline["copies"] = {"first": [4.1, 4.2, 4.3], "second": [4.0, 2.0, 0.5],
                           "phase_change": {"start": 10, "end": 20, "snapshots": 2}}
+    # each step's best head is another than the circuit's the run ends with (L1H2 over L0H3 and L0H1)
+    scores = {"induction": [[0, 0, 0, 0], [0.5, 0, 0.2, 0]], "previous_token": [[0.6, 0, 0, 0.3], [0, 0, 0, 0]],
+              "current_token": [[0, 0.4, 0.5, 0], [0, 0, 0, 0]]}
+    final = {"induction": (1, 2, 0.9), "previous_token": (0, 3, 0.8), "current_token": (0, 1, 0.7)}
+    for kind, rows in scores.items():
+        timeline["scores"][kind] = [rows, rows, [row[:] for row in rows]]
+        layer, head, score = final[kind]
+        timeline["scores"][kind][2][layer][head] = score
     circuit = timeline["circuit"]
+    circuit["head"] = [1, 2]
     circuit["stages"] = [{"right": 0.05, "same": 0.05, "rest": 0.9}, {"right": 0.2, "same": 0.7, "rest": 0.1},
                          {"right": 0.9, "same": 0.05, "rest": 0.05}]
     path = tmp_path_factory.mktemp("circuit") / "lesson.html"
@@ -139,6 +148,11 @@ def test_the_lessons_charts_read_their_numbers_the_right_way_round(lesson, open_
                                                    "labels => labels.slice(0, 2).map(l => l.textContent)"))
         assert "the mean loss of positions 16 to 31 less that of positions 1 to 3" in page.text("#timeline-context-note")
     assert axes[0] == axes[1]
+    headers = page.page.eval_on_selector_all("#timeline-copies-table th", "cells => cells.map(c => c.textContent)")
+    assert headers[3:] == ["induction score, L1H2", "previous-token score, L0H3", "current-token score, L0H1"]
+    table = page.page.eval_on_selector_all("#timeline-copies-table tbody tr",
+                                           "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+    assert [row[3:] for row in table] == [["0.200", "0.300", "0.400"]] * 2 + [["0.900", "0.800", "0.700"]]
     note = page.text("#timeline-stages-note")
     assert "From step 10 to 10 it looks at the same symbol more than at the next one" in note
     assert "From step 20 on the right key has more than half its weight" in note

@@ -308,18 +308,41 @@ const Timeline = (() => {
             values: tl.in_context, picked: true }] })));
   }
 
-  // The docs' table, read off the run: the first snapshot, those of the phase change, the last
+  // The docs' table, read off the run: the first snapshot, those of the phase change, the last;
+  // each head of the circuit the run ends with followed through every step (not each step's best)
   function renderCopiesTable(s, change) {
     const tl = timeline();
     const rows = tl.steps.map((step, i) => i).filter((i) => i === 0 || i === lastIndex()
       || (change.start !== null && tl.steps[i] >= change.start && tl.steps[i] <= (change.end ?? tl.steps[lastIndex()])));
-    const best = (kind, i) => Math.max(...scoresOf(kind)[i].flat());
+    const heads = finalCircuit();
+    const columns = [["induction", "scoreInduction"], ["previous_token", "scorePrevious"], ["current_token", "scoreCurrent"]];
+    $("timeline-copies-table").tHead.rows[0].replaceChildren(...["colStep", "firstCopies", "secondCopies"]
+      .map((key) => el("th", { text: t(key) })),
+    ...columns.map(([kind, name]) => el("th", { "data-kind": kind,
+      text: t("scoreOfHead", { score: t(name), head: `L${heads[kind][0]}H${heads[kind][1]}` }) })));
     $("timeline-copies-table").tBodies[0].replaceChildren(...rows.map((i) => el("tr", { "data-step": tl.steps[i],
       class: i === s ? "selected" : "" },
     el("td", { class: "num", text: String(tl.steps[i]) }), el("td", { class: "num", text: fmt(tl.copies.first[i], 3) }),
-    el("td", { class: "num", text: fmt(tl.copies.second[i], 3) }), el("td", { class: "num", text: fmt(best("induction", i), 3) }),
-    el("td", { class: "num", text: fmt(best("previous_token", i), 3) }),
-    el("td", { class: "num", text: fmt(best("current_token", i), 3) }))));
+    el("td", { class: "num", text: fmt(tl.copies.second[i], 3) }),
+    ...columns.map(([kind]) => el("td", { class: "num", text: fmt(scoresOf(kind)[i][heads[kind][0]][heads[kind][1]], 3) })))));
+  }
+
+  // The circuit the run ends with (bench/induction.py's final_circuit): the induction head (the
+  // best past layer 0 at the last step), and the best previous-token and current-token heads
+  // of the layers before it; [layer, head] each
+  function finalCircuit() {
+    const last = (kind) => scoresOf(kind)[lastIndex()];
+    const best = (rows, from) => { // [layer, head] of the largest score in rows from layer `from`
+      let found = [from, 0];
+      for (let l = from; l < rows.length; l++) {
+        for (let h = 0; h < rows[l].length; h++) if (rows[l][h] > rows[found[0]][found[1]]) found = [l, h];
+      }
+      return found;
+    };
+    const layers = Page.data.config.n_layer;
+    const induction = layers > 1 ? best(last("induction"), 1) : best(last("induction"), 0);
+    const before = (kind) => best(last(kind).slice(0, Math.max(1, induction[0])), 0);
+    return { induction, previous_token: before("previous_token"), current_token: before("current_token") };
   }
 
   // The head that scores highest at the last step, and the first step from which it stays
