@@ -20,6 +20,11 @@ template, or one that has none (the base before fine-tuning).
 A transformers model folder (as train.init_from reads it) is scored as it is: the base before
 fine-tuning, with its own chat template, or with --chat-template default (the template
 fine-tuning gives a model that has none, its markers added the same way).
+
+Preference pairs (a .jsonl, Parquet or hf: source with "chosen" and "rejected", or a DPO run's
+--split val; data/preferences.py) are scored as DPO measures them: each answer's implicit
+reward β (log π − log π_ref) against a reference (--reference, else the run's train.init_from),
+and over the pairs the share whose chosen answer gets the higher reward and the mean margin.
 Exit codes: 0 ok, 2 bad input.
 """
 
@@ -74,7 +79,7 @@ def evaluate(args) -> tuple[Job, dict]:
     device = resolve_device(args.device)
     job = scored_job(args)
     options = {"stride": args.stride, "answers": args.answers, "chat_template": args.chat_template,
-               "max_new_tokens": args.max_new_tokens}
+               "max_new_tokens": args.max_new_tokens, "reference": args.reference}
     job.check_options(Scoring(args.checkpoint, args.text, args.batch_size, device, **options))
     if args.answers is not None:
         check_output_folder("--answers", args.answers)
@@ -83,7 +88,7 @@ def evaluate(args) -> tuple[Job, dict]:
         model, tokenizer = with_chat_markers(model, tokenizer)
     model = model.to(resolve_dtype(args.dtype, device, training=False)).eval()
     scoring = Scoring(args.checkpoint, args.text, args.batch_size, device, threads, own_template=own_template,
-                      **options)
+                      open_model=scored_model, **options)
     start = time.perf_counter()
     result = job.evaluate(model, tokenizer, scoring)
     return job, {**result, "seconds": time.perf_counter() - start}
@@ -117,6 +122,8 @@ def parse_args(argv):
     p.add_argument("--max-new-tokens", type=positive, metavar="N", help="conversations: the most tokens a written "
                    "answer may have (default: twice the longest expected answer with its end of turn, at least 16, "
                    "at most the context)")
+    p.add_argument("--reference", type=Path, metavar="DIR", help="preference pairs: the model each answer's reward "
+                   "is measured from (default: the run's train.init_from, where it tuned from one)")
     p.add_argument("--threads", type=positive, help=thread_help("evaluate"))
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
     args = p.parse_args(argv)

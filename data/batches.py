@@ -36,6 +36,8 @@ class BatchSampler:
     windows one process with the whole global batch would see.
     """
 
+    items = "windows"  # what it draws, for messages
+
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int,
                  rank: int = 0, world_size: int = 1):
         check_length(tokens, block_size, "train")
@@ -186,19 +188,18 @@ class ConversationSampler:
     is (epoch, row), so a resumed run goes on mid-epoch with the very rows it would have had.
     Under DDP every rank takes the global batch's rows and keeps its own slice."""
 
+    items = "conversations"  # what an epoch passes over, for messages
+
     def __init__(self, conversations: Conversations, block_size: int, batch_size: int, seed: int,
                  rank: int = 0, world_size: int = 1, pack: bool = False, weights: list[tuple[np.ndarray, float]] | None = None):
         self.conversations = conversations
         self.block_size = block_size
         self.batch_size = batch_size
-        self.usable = answered(conversations, block_size)
-        if len(self.usable) == 0:
-            raise DataError(f"no training conversation has an answer within the first {block_size + 1} tokens; "
-                            "use a larger model.block_size or shorter conversations")
+        self.usable = self.usable_items()
         # each source's usable conversations and its weight (one source, weight 1, unless mixed)
         self.weights = [(self.usable, 1.0)] if weights is None else [
             (np.intersect1d(indices, self.usable), weight) for indices, weight in weights]
-        self.sizes = np.minimum(np.diff(conversations.starts) - 1, block_size)  # the positions each fills
+        self.sizes = self.item_sizes()  # the positions each fills
         self.pack = pack
         self.seed = seed
         self.rank = rank
@@ -210,6 +211,22 @@ class ConversationSampler:
             raise DataError("the data.sources weights leave no conversation in an epoch (a weight below 1 takes "
                             "that share of a source's conversations); raise them")
         self.drawn = 0  # the real tokens of the batches this process drew (inputs; padding left out)
+
+    def usable_items(self) -> np.ndarray:
+        """The items an epoch draws from: the conversations with an answer within the context."""
+        usable = answered(self.conversations, self.block_size)
+        if len(usable) == 0:
+            raise DataError(f"no training conversation has an answer within the first {self.block_size + 1} tokens; "
+                            "use a larger model.block_size or shorter conversations")
+        return usable
+
+    def item_sizes(self) -> np.ndarray:
+        """The positions each item fills in a batch."""
+        return np.minimum(np.diff(self.conversations.starts) - 1, self.block_size)
+
+    def batch_of(self, rows: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A batch of these rows (conversation_rows)."""
+        return conversation_rows(self.conversations, rows, self.block_size)
 
     def rows_of(self, epoch: int) -> list:
         """The rows of an epoch, in order: each a conversation's index, or a packed list of them."""
@@ -249,7 +266,7 @@ class ConversationSampler:
         rows = [self.next_row() for _ in range(self.batch_size * self.world_size)]
         mine = rows[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         self.drawn += sum(int(self.sizes[np.atleast_1d(row)].sum()) for row in mine)
-        return conversation_rows(self.conversations, mine, self.block_size)
+        return self.batch_of(mine)
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "row": self.row}
@@ -260,6 +277,57 @@ class ConversationSampler:
                             "be continued in epochs; start it afresh (--fresh) or finish it with that version")
         self.epoch, self.row = state["epoch"], state["row"]
         self.plan = self.rows_of(self.epoch)
+
+
+class PairSampler(ConversationSampler):
+    """Preference pairs (data/preferences.py; sequence 2i is pair i's chosen answer, 2i + 1 its
+    rejected one) in epochs, as ConversationSampler draws conversations, one pair an item:
+    a batch of B pairs is x, y [B, 2, L] (each pair's chosen row, then its rejected one) and the
+    pairs' indices [B]. A pair with a side longer than the context is left out (`fits`):
+    cutting an answer would compare part of one with the whole other."""
+
+    items = "pairs"
+
+    def usable_items(self) -> np.ndarray:
+        usable = fits(self.conversations, self.block_size)
+        if len(usable) == 0:
+            raise DataError(f"no training pair fits the context ({self.block_size + 1} tokens a side); use a "
+                            "larger model.block_size or shorter answers")
+        return usable
+
+    def item_sizes(self) -> np.ndarray:
+        lengths = np.diff(self.conversations.starts) - 1
+        return lengths[0::2] + lengths[1::2]
+
+    def batch_of(self, rows: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return pair_batch(self.conversations, rows, self.block_size)
+
+
+def pair_batch(pairs: Conversations, indices, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pairs as rows: x, y [N, 2, L] (conversation_rows of each pair's two sides, padded to the
+    longest of all) and the pairs' indices [N]."""
+    indices = [int(i) for i in indices]
+    x, y, _ = conversation_rows(pairs, [2 * i for i in indices] + [2 * i + 1 for i in indices], block_size)
+    sides = lambda t: t.view(2, len(indices), -1).transpose(0, 1)  # noqa: E731  [2N, L] -> [N, 2, L]
+    return sides(x), sides(y), torch.tensor(indices, dtype=torch.long)
+
+
+def fits(pairs: Conversations, block_size: int) -> np.ndarray:
+    """The pairs whose two sides each fit the context (block_size + 1 tokens with the last target)."""
+    lengths = np.diff(pairs.starts)
+    return np.flatnonzero((lengths[0::2] <= block_size + 1) & (lengths[1::2] <= block_size + 1))
+
+
+def fixed_pairs(pairs: Conversations, block_size: int, count: int, seed: int, split: str
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The same `count` pairs that fit every time (all of them, if fewer), for evaluations
+    comparable over a run: pair_batch's x, y [N, 2, L] and indices [N]."""
+    usable = fits(pairs, block_size)
+    if len(usable) == 0:
+        raise DataError(f"no {split} pair fits the context ({block_size + 1} tokens a side); use a larger "
+                        "model.block_size or shorter answers")
+    order = np.sort(usable[torch.randperm(len(usable), generator=torch.Generator().manual_seed(seed))[:count].numpy()])
+    return pair_batch(pairs, order, block_size)
 
 
 def fixed_conversations(conversations: Conversations, block_size: int, count: int, seed: int,

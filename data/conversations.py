@@ -49,6 +49,7 @@ class Skipped:
     seen: int = 0
     reasons: dict = field(default_factory=dict)
     first: list = field(default_factory=list)
+    plural: str = "conversations"  # what the records are, for messages
 
     @property
     def count(self) -> int:
@@ -69,7 +70,7 @@ class Skipped:
     def check(self, label: str) -> None:
         """A DataError if more of the records seen are bad than `allowed` lets be skipped."""
         if self.count > self.allowed * self.seen:
-            raise DataError(f"{label}: {self.count:,} of {self.seen:,} conversations are bad, more than "
+            raise DataError(f"{label}: {self.count:,} of {self.seen:,} {self.plural} are bad, more than "
                             f"data.skip_bad_records={self.allowed:g} lets be skipped ({self.said()}); fix the data, "
                             "or raise data.skip_bad_records")
 
@@ -188,15 +189,30 @@ def conversation_tools(record: dict, where: str) -> list[dict] | None:
     return tools
 
 
-def is_conversation(record) -> bool:
-    """Whether a record holds a conversation rather than plain text."""
-    return isinstance(record, dict) and (record.get("messages") is not None
-                                         or (record.get("prompt") is not None and record.get("response") is not None))
-
-
 def has_conversations(columns) -> bool:
-    """Whether a table with these columns holds conversations (Parquet files, an hf: dataset)."""
+    """Whether a table with these columns (or a record with these fields) holds conversations."""
     return "messages" in columns or {"prompt", "response"} <= set(columns)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of record a source may hold: how to tell it from a table's columns (or a first
+    record's fields), and how to read one record (row, where) into its parts, a bad one
+    raising a BadRecord. A source's records are then (where, *parts)."""
+
+    name: str  # the identity's "kind" (a source holds one kind)
+    holds: Callable[[Iterable[str]], bool]
+    read: Callable[[object, str], tuple]
+    plural: str = "records"  # for messages: "conversations", "pairs"
+
+
+CONVERSATIONS = Kind("chat", has_conversations,
+                     lambda row, where: (conversation(row, where), conversation_tools(row, where)), "conversations")
+
+
+def fields(record) -> list[str]:
+    """The fields of a record that have a value (a Parquet row's None is no value)."""
+    return [key for key, value in record.items() if value is not None] if isinstance(record, dict) else []
 
 
 # A conversation as a source yields it: where it is (file and line, or row), its messages, its tools.
@@ -206,10 +222,11 @@ Rows = Callable[[], Iterator[tuple[str, object]]]  # (where, record) of each rec
 
 @dataclass
 class ChatSource:
-    """Conversations: `train()` and `val()` yield Records, `everything()` all of them
-    (evaluate.py --text); the bad records among them are skipped, as `skipped` counts them
-    (data.skip_bad_records): those of reading, found when the records are first counted, and
-    those the chat template refuses, added as the token files are made (data/prepare.py)."""
+    """Records of one kind (conversations; data/preferences.py's pairs): `train()` and `val()`
+    yield them, `everything()` all of them (evaluate.py --text); the bad records among them
+    are skipped, as `skipped` counts them (data.skip_bad_records): those of reading, found
+    when the records are first counted, and those the chat template refuses, added as the
+    token files are made (data/prepare.py)."""
 
     name: str
     label: str  # the source as the user named it, for messages
@@ -234,12 +251,13 @@ def what_is_said(records: Iterable[Record]) -> Iterator[str]:
                 yield json.dumps(message["tool_calls"], ensure_ascii=False)
 
 
-def checked_records(rows: Iterable[tuple[str, object]], skipped: Skipped) -> Iterator[Record]:
-    """Each row that is a conversation, as a Record; a bad one goes to `skipped` (counted, or refused)."""
+def checked_records(rows: Iterable[tuple[str, object]], skipped: Skipped, kind: Kind = CONVERSATIONS) -> Iterator[tuple]:
+    """Each row read as a record of `kind`, (where, *its parts); a bad one goes to `skipped`
+    (counted, or refused)."""
     for where, row in rows:
         skipped.seen += 1
         try:
-            record = where, conversation(row, where), conversation_tools(row, where)
+            record = where, *kind.read(row, where)
         except BadRecord as e:
             skipped.take(e)
             continue
@@ -248,46 +266,49 @@ def checked_records(rows: Iterable[tuple[str, object]], skipped: Skipped) -> Ite
 
 def split_records(label: str, identity: dict, rows: Rows, val_fraction: float, skip_bad: float,
                   size: Callable[[], int | None] = lambda: None,
-                  val_rows: Callable[[], Rows | None] = lambda: None) -> ChatSource:
-    """A source of conversations split at its end: the last val_fraction of its good records (at
-    least one) is validation, or, where val_rows gives a split of its own (a dataset's test
+                  val_rows: Callable[[], Rows | None] = lambda: None, kind: Kind = CONVERSATIONS) -> ChatSource:
+    """A source of records of `kind` split at its end: the last val_fraction of its good records
+    (at least one) is validation, or, where val_rows gives a split of its own (a dataset's test
     split), all of them train and those validate. The first read counts the records, and the
     bad ones (refused past skip_bad, data.skip_bad_records); each split reads them again."""
-    skipped = Skipped(skip_bad)
+    skipped = Skipped(skip_bad, plural=kind.plural)
     counts: list[int] = []
+
+    def read(some: Rows, counted: Skipped) -> Iterator[tuple]:
+        return checked_records(some(), counted, kind)
 
     def split_point() -> int:
         if not counts:
-            total = sum(1 for _ in checked_records(rows(), skipped))
-            held = sum(1 for _ in checked_records(val_rows()(), skipped)) if val_rows() else None
+            total = sum(1 for _ in read(rows, skipped))
+            held = sum(1 for _ in read(val_rows(), skipped)) if val_rows() else None
             skipped.check(label)
             train = total if held is not None else min(int(total * (1.0 - val_fraction)), total - 1)
             if train < 1 or held == 0:
-                raise DataError(f"data source {label!r} holds {total} conversation{'s' if total != 1 else ''}"
+                raise DataError(f"data source {label!r} holds {total} {kind.plural if total != 1 else kind.plural[:-1]}"
                                 + (f" and {held} to validate on" if held is not None else "")
                                 + "; training and validation need at least one each")
             counts.append(train)
         return counts[0]
 
-    def train() -> Iterator[Record]:
+    def train() -> Iterator[tuple]:
         end = split_point()
-        for index, item in enumerate(checked_records(rows(), Skipped(skip_bad))):
+        for index, item in enumerate(read(rows, Skipped(skip_bad, plural=kind.plural))):
             if index == end:
                 return
             yield item
 
-    def val() -> Iterator[Record]:
+    def val() -> Iterator[tuple]:
         start = split_point()
         if val_rows():
-            yield from checked_records(val_rows()(), Skipped(skip_bad))
+            yield from read(val_rows(), Skipped(skip_bad, plural=kind.plural))
             return
-        for index, item in enumerate(checked_records(rows(), Skipped(skip_bad))):
+        for index, item in enumerate(read(rows, Skipped(skip_bad, plural=kind.plural))):
             if index >= start:
                 yield item
 
-    def everything() -> Iterator[Record]:  # (a pass of its own: it counts the bad records itself)
+    def everything() -> Iterator[tuple]:  # (a pass of its own: it counts the bad records itself)
         skipped.seen, skipped.reasons, skipped.first = 0, {}, []
-        yield from checked_records(rows(), skipped)
+        yield from read(rows, skipped)
         skipped.check(label)
 
     path = Path(label.removeprefix("hf:"))
@@ -296,39 +317,43 @@ def split_records(label: str, identity: dict, rows: Rows, val_fraction: float, s
 
 
 def chat_source(config: DataConfig) -> ChatSource | None:
-    """The conversations of config's source, else None: a local .jsonl file (or folder of them)
-    whose first record is one, a .parquet file (or folder) with a "messages" column (or
-    "prompt" and "response"), or an hf: dataset with one (hub_chat_source)."""
+    """The conversations of config's source (records_of), else None."""
+    return records_of(config, CONVERSATIONS)
+
+
+def records_of(config: DataConfig, kind: Kind) -> ChatSource | None:
+    """The records of `kind` in config's source, else None: a local .jsonl file (or folder of
+    them) whose first record is one, a .parquet file (or folder) whose columns hold one, or an
+    hf: dataset whose split's do (hub_records)."""
     source = config.source
     if source.startswith("hf:"):
-        return hub_chat_source(config)
+        return hub_records(config, kind)
     path = Path(source).expanduser()
     if not path.exists():
         return None
     files = folder_files(path, source) if path.is_dir() else [path]
-    kind = files[0].suffix.lower()
-    if kind == ".jsonl" and is_conversation(first_record(files[0])):
+    suffix = files[0].suffix.lower()
+    if suffix == ".jsonl" and kind.holds(fields(first_record(files[0]))):
         def rows() -> Iterator[tuple[str, object]]:
             for f in files:
                 check_readable(f, "json")
                 yield from ((f"{f}, line {number}", row) for number, row in json_lines(f))
-    elif kind == ".parquet" and has_conversations(parquet_columns(files[0])):
+    elif suffix == ".parquet" and kind.holds(parquet_columns(files[0])):
         def rows() -> Iterator[tuple[str, object]]:
             for f in files:
                 yield from parquet_rows(f)
     else:
         return None
-    identity = {"source": "local", "kind": "chat", "files": file_stats(files), "val_fraction": config.val_fraction}
+    identity = {"source": "local", "kind": kind.name, "files": file_stats(files), "val_fraction": config.val_fraction}
     return split_records(source, identity, rows, config.val_fraction, config.skip_bad_records,
-                         lambda: sum(f.stat().st_size for f in files))
+                         lambda: sum(f.stat().st_size for f in files), kind=kind)
 
 
-def hub_chat_source(config: DataConfig) -> ChatSource | None:
-    """The conversations of an hf: dataset (a local folder in the hub's layout, or a hub
-    name) whose split has a "messages" column (or "prompt" and "response"), else None. The
-    columns are read from the dataset's description or its first file where it can, else by
-    loading it (datasets caches it) as preparing its text would; the rows are read only when
-    the token files are made."""
+def hub_records(config: DataConfig, kind: Kind) -> ChatSource | None:
+    """The records of `kind` in an hf: dataset (a local folder in the hub's layout, or a hub
+    name) whose split's columns hold them, else None. The columns are read from the dataset's
+    description or its first file where it can, else by loading it (datasets caches it) as
+    preparing its text would; the rows are read only when the token files are made."""
     source, split, data_files = config.source, config.hf_split, config.hf_data_files
     name, _, subset = source[3:].partition(":")
     if not name:
@@ -336,7 +361,7 @@ def hub_chat_source(config: DataConfig) -> ChatSource | None:
     if hub_out_of_reach(name):
         return None  # (the text path says the hub cannot be reached, or uses the token files it made)
     columns = dataset_columns(name, subset, split, data_files)
-    if not has_conversations(columns):
+    if not kind.holds(columns):
         return None
 
     def rows_of(which: str) -> Rows:
@@ -350,11 +375,11 @@ def hub_chat_source(config: DataConfig) -> ChatSource | None:
 
         return rows
 
-    identity = {"source": "hf", "kind": "chat", "name": name, "config": subset, "val_fraction": config.val_fraction,
+    identity = {"source": "hf", "kind": kind.name, "name": name, "config": subset, "val_fraction": config.val_fraction,
                 "split": split, "data_files": data_files, "val_split": config.hf_val_split}
     if Path(name).is_dir():
         identity["files"] = file_stats(sorted(p for p in Path(name).rglob("*") if p.is_file()))
     held_out = held_out_split(config, name, subset)
-    chats = split_records(source, identity, rows_of(split), config.val_fraction, config.skip_bad_records,
-                          val_rows=lambda: rows_of(held_out()) if held_out() else None)
-    return dataclasses.replace(chats, val_split=held_out)
+    records = split_records(source, identity, rows_of(split), config.val_fraction, config.skip_bad_records,
+                            val_rows=lambda: rows_of(held_out()) if held_out() else None, kind=kind)
+    return dataclasses.replace(records, val_split=held_out)

@@ -48,9 +48,8 @@ from tqdm import tqdm
 from storage.atomic import remove, replaced
 
 from .config import DataConfig
-from .conversations import BadRecord, Record, Skipped
-from .shared import END, DataError, Piece
-from .template import encode
+from .conversations import BadRecord, Skipped
+from .shared import END, Piece
 from .text import Source
 from .tokenizer import UNK, Encoder, end_of_text_id, load_tokenizer, start_ids, train_tokenizer
 
@@ -278,30 +277,32 @@ def build(path: Path, fill: Callable[[Path], None]) -> None:
         raise
 
 
-def write_conversations(conversations: Iterable[Record], tokenizer: Tokenizer,
-                        template, folder: Path, split: str, dtype, skipped: Skipped) -> dict:
-    """Each conversation's ids into split.bin, its assistant's flags into split.mask.bin and
-    where it starts into split.starts.npy (one the template refuses goes to `skipped`, named by
-    where it is); returns the counts (tokens, conversations, the assistant's tokens and
-    characters, <unk> tokens)."""
-    starts, answer_characters, unknown = [0], 0, 0
+def write_conversations(records: Iterable[tuple], sequences: Callable[[tuple], list[tuple[np.ndarray, np.ndarray]]],
+                        tokenizer: Tokenizer, folder: Path, split: str, dtype, skipped: Skipped) -> dict:
+    """Each record's sequences (`sequences(record)`: one for a conversation, two for a
+    preference pair; a bad record raises BadRecord and goes to `skipped`): their ids into
+    split.bin, the answer's flags into split.mask.bin and where each starts into
+    split.starts.npy; returns the counts (records, tokens, sequences, the answers' tokens,
+    <unk> tokens)."""
+    starts, unknown, kept = [0], 0, 0
     unk = tokenizer.token_to_id(UNK)
     with open(folder / tokens_file(split), "wb") as ids_file, open(folder / mask_file(split), "wb") as flags_file:
-        for where, messages, tools in conversations:
+        for record in records:
             try:
-                ids, mask = encode(tokenizer, template, messages, tools)
-            except DataError as e:
-                skipped.take(BadRecord("that the chat template refused", f"{where}: {e}"))
+                encoded = sequences(record)
+            except BadRecord as e:
+                skipped.take(e)
                 continue
-            ids.astype(dtype).tofile(ids_file)
-            mask.tofile(flags_file)
-            starts.append(starts[-1] + len(ids))
-            answer_characters += sum(len(m["content"]) for m in messages if m["role"] == "assistant")
-            unknown += int((ids == unk).sum()) if unk is not None else 0
+            kept += 1
+            for ids, mask in encoded:
+                ids.astype(dtype).tofile(ids_file)
+                mask.tofile(flags_file)
+                starts.append(starts[-1] + len(ids))
+                unknown += int((ids == unk).sum()) if unk is not None else 0
     np.save(folder / starts_file(split), np.asarray(starts, dtype=np.int64))
     answers = int(np.fromfile(folder / mask_file(split), dtype=np.uint8).sum())
-    return {"tokens": starts[-1], "conversations": len(starts) - 1, "answer_tokens": answers,
-            "answer_characters": answer_characters, "unknown": unknown}
+    return {"records": kept, "tokens": starts[-1], "conversations": len(starts) - 1, "answer_tokens": answers,
+            "unknown": unknown}
 
 
 def announced(pieces: Iterable[Piece], say: Callable[[], None]) -> Iterator[Piece]:

@@ -8,6 +8,11 @@ scored. One class a kind, each in its own file, each answering the questions of 
     chat.py          ChatJob   conversations (one source, or a mixture): the assistant's turns;
                                scored on them and on the answers written; asked in the template
       chat_data.py   its token files, its corpus, a mixture of sources, the answers scored
+    preference.py    PreferenceJob  pairs of answers, one preferred: tuned by DPO from a model
+                               brought in; scored on how often the chosen answer ranks first
+      preference_data.py  its token files, its corpus, the pairs scored
+      dpo.py         the objective it trains with: DPO's loss against a reference
+    objective.py     what the other kinds train with: each next token's cross-entropy
     chat_session.py  a conversation with the model, turn by turn, and many answered at once
     prompt.py        a typed prompt as token ids, and prompts as one left-padded batch
 
@@ -32,12 +37,13 @@ from runs.folder import RunDir
 
 from .chat import ChatJob
 from .job import Job, Scoring
+from .preference import PreferenceJob
 from .text import TextJob
 
 if TYPE_CHECKING:
     from data.prepare import TokenFiles
 
-KINDS: list[type[Job]] = [ChatJob, TextJob]  # asked in order which takes a source: a text takes any
+KINDS: list[type[Job]] = [PreferenceJob, ChatJob, TextJob]  # asked in order which takes a source: a text takes any
 
 
 def job_for(config: DataConfig) -> Job:
@@ -62,4 +68,4 @@ def prepare(config: DataConfig, progress: bool = True, tokenizer: Tokenizer | No
     return job_for(config).prepare(tokenizer, chat_template, progress)
 
 
-__all__ = ["KINDS", "ChatJob", "Job", "Scoring", "TextJob", "job_for", "job_of", "prepare"]
+__all__ = ["KINDS", "ChatJob", "Job", "PreferenceJob", "Scoring", "TextJob", "job_for", "job_of", "prepare"]

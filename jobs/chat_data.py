@@ -25,7 +25,7 @@ from cli.program import UserError
 from data.batches import (IGNORE, ConversationSampler, Conversations, answered, conversation_rows, fixed_conversations,
                           in_memory, longer_than)
 from data.config import MIXTURE, DataConfig
-from data.conversations import ChatSource, Record, Skipped, chat_source, what_is_said
+from data.conversations import BadRecord, ChatSource, Record, Skipped, chat_source, what_is_said
 from data.prepare import (META, SPLITS, TOKENIZER, TokenFiles, build, cache_folder, fingerprint_of, mask_file,
                           starts_file, token_folder, tokenizer_settings, write_conversations)
 from data.shared import END, DataError, Piece
@@ -68,7 +68,15 @@ class ChatFormat:
 
     def write_split(self, split: str, records: Iterable[Record], tokenizer: Tokenizer, folder: Path, dtype,
                     advance) -> dict:
-        return write_conversations(records, tokenizer, self.template, folder, split, dtype, self.source.skipped)
+        def sequences(record: Record) -> list[tuple[np.ndarray, np.ndarray]]:
+            """A conversation's one sequence: its ids and the assistant's flags (the template may refuse it)."""
+            where, messages, tools = record
+            try:
+                return [encode(tokenizer, self.template, messages, tools)]
+            except DataError as e:
+                raise BadRecord("that the chat template refused", f"{where}: {e}") from None
+
+        return write_conversations(records, sequences, tokenizer, folder, split, dtype, self.source.skipped)
 
     def check(self, sizes: dict[str, dict]) -> None:
         """The bad records, those the template refused included, past data.skip_bad_records refuse

@@ -8,7 +8,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from tokenizers import Tokenizer
 
@@ -37,13 +37,17 @@ class Scoring:
     chat_template: str | None = None  # conversations: --chat-template (a file, or "default")
     max_new_tokens: int | None = None  # conversations: the longest answer written
     own_template: str | None = None  # the scored model's own chat template, where it has one
+    reference: Path | None = None  # preference pairs: --reference, the model the rewards are measured from
+    open_model: Any = None  # (path, device) -> (model, tokenizer, own template): how evaluate.py opens a model
 
     # each option a kind of job may take, and what it is for (said where it is given to another kind)
     OPTIONS = {"stride": ("--stride", "for a text's windows"),
                "answers": ("--answers", "for conversations (a .jsonl of them, or a chat run's --split val)"),
                "chat_template": ("--chat-template", "for conversations (a .jsonl of them, or a chat run's --split val)"),
                "max_new_tokens": ("--max-new-tokens", "for conversations (a .jsonl of them, or a chat run's --split "
-                                                      "val)")}
+                                                      "val)"),
+               "reference": ("--reference", "for preference pairs (a .jsonl of them, or a preference run's --split "
+                                            "val)")}
 
     def refuse_all_but(self, *taken: str, kind: str) -> None:
         """A one-line refusal of each option given that this kind of job does not take."""
@@ -86,6 +90,14 @@ class Job(ABC):
     @abstractmethod
     def try_it(self, out_dir: Path, prompt: str | None) -> str:
         """The command a finished run suggests to try its model with."""
+
+    def objective(self, config, model: "GPT", reference: Callable[[], Any]):
+        """What training lowers, called on each micro-batch (jobs/objective.py): here each next
+        token's cross-entropy. config: the run's; reference: () -> the weights training started
+        from, for a kind that measures against them (jobs/dpo.py)."""
+        from .objective import NextToken
+
+        return NextToken()
 
     # ---- the programs ------------------------------------------------------------------------
 

@@ -28,8 +28,8 @@ them merged (W + (α/r) B A): every program that opens a run reads that, and exp
 writes it. adapters.py holds the code.
 """
 
-from .adapters import (LoRAConfig, LoRALinear, add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state,
-                       merged, new_rows, trained_count, trained_parameters, whole_modules)
+from .adapters import (LoRAConfig, LoRALinear, adapters_off, add_adapters, adapter_file, adapter_state, frozen_in,
+                       load_adapter_state, merged, new_rows, trained_count, trained_parameters, whole_modules)
 
-__all__ = ["LoRAConfig", "LoRALinear", "add_adapters", "adapter_file", "adapter_state", "frozen_in", "load_adapter_state",
-           "merged", "new_rows", "trained_count", "trained_parameters", "whole_modules"]
+__all__ = ["LoRAConfig", "LoRALinear", "adapters_off", "add_adapters", "adapter_file", "adapter_state", "frozen_in",
+           "load_adapter_state", "merged", "new_rows", "trained_count", "trained_parameters", "whole_modules"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -57,11 +58,14 @@ class LoRALinear(nn.Linear):
         self.lora_B = nn.Parameter(torch.zeros(linear.out_features, rank, device=linear.weight.device))
         self.scale = alpha / rank
         self.dropout = nn.Dropout(dropout)
+        self.enabled = True  # False: the frozen Linear alone (adapters_off)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)  # x Aᵀ Bᵀ: [..., r] -> [..., out]
         # (a frozen W kept in bfloat16, train.base_dtype: autocast computes with it as it is; else in x's dtype)
         weight = self.weight if torch.is_autocast_enabled(x.device.type) else self.weight.to(x.dtype)
+        if not self.enabled:
+            return F.linear(x, weight, self.bias)
+        update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B)  # x Aᵀ Bᵀ: [..., r] -> [..., out]
         return F.linear(x, weight, self.bias) + self.scale * update
 
     @torch.no_grad()
@@ -74,6 +78,21 @@ class LoRALinear(nn.Linear):
         if self.bias is not None:
             linear.bias = nn.Parameter(self.bias.clone())
         return linear
+
+
+@contextmanager
+def adapters_off(model: GPT):
+    """The model brought in, as it was: every adapter's update left out while inside (DPO's
+    reference, jobs/dpo.py; peft's disable_adapter). Modules trained whole and new tokens' rows
+    are what they have become."""
+    layers = [module for module in model.modules() if isinstance(module, LoRALinear)]
+    for layer in layers:
+        layer.enabled = False
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enabled = True
 
 
 def adapted_layers(model: GPT):

@@ -283,7 +283,7 @@ def test_evaluate_command_line_help_requirements_and_debug(tmp_path, capsys):
     assert shown == (
         "usage: evaluate.py [-h] --checkpoint CHECKPOINT (--text TEXT | --split {val}) [--stride STRIDE] "
         "[--batch-size BATCH_SIZE] [--device DEVICE] [--dtype {auto,float32,bfloat16,float16}] [--json] "
-        "[--answers FILE.jsonl] [--chat-template FILE] [--max-new-tokens N] [--threads THREADS] [--debug] Score a text with a trained model: python "
+        "[--answers FILE.jsonl] [--chat-template FILE] [--max-new-tokens N] [--reference DIR] [--threads THREADS] [--debug] Score a text with a trained model: python "
         "evaluate.py --checkpoint out/tiny --text FILE (or --split val) options: -h, --help show this help message "
         "and exit --checkpoint CHECKPOINT run directory, e.g. out/tiny, or a transformers model folder --text TEXT a UTF-8 text file to score "
         "--split {val} the run's own validation split --stride STRIDE how far each window moves (default "
@@ -295,7 +295,8 @@ def test_evaluate_command_line_help_requirements_and_debug(tmp_path, capsys):
         "Jinja chat template to use instead of the model's, or default: the template a model without one is given "
         "when it is fine-tuned, its markers added the same way: the base as fine-tuning starts it "
         "--max-new-tokens N conversations: the most tokens a written answer may have (default: twice the longest "
-        "expected answer with its end of turn, at least 16, at most the context) --threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else one per core, or one while the machine is so busy that one is faster) --debug show full tracebacks")
+        "expected answer with its end of turn, at least 16, at most the context) --reference DIR preference pairs: the model "
+        "each answer's reward is measured from (default: the run's train.init_from, where it tuned from one) --threads THREADS torch's CPU threads (default: $OMP_NUM_THREADS if set, else one per core, or one while the machine is so busy that one is faster) --debug show full tracebacks")
     for argv, message in [([], "the following arguments are required: --checkpoint"),
                           (["--checkpoint", "x"], "one of the arguments --text --split is required"),
                           (["--checkpoint", "x", "--text", "a", "--split", "val"],

@@ -97,7 +97,7 @@ def test_snapshots_survive_a_resume_and_fresh_removes_them(tmp_path, micro, monk
                 "train.snapshot_every=2", "train.sample_tokens=0"]
     assert train.main(["--config", TINY, *micro(*settings, out="straight")]) == 0
     stopped = make_trainer(micro(*settings, out="stopped"))
-    monkeypatch.setattr(stopped.losses, "add", lambda it, loss, norm: (
+    monkeypatch.setattr(stopped.losses, "add", lambda it, loss, norm, figures=None: (
         type(stopped.losses).add(stopped.losses, it, loss, norm), it == 7 and signal.raise_signal(signal.SIGINT)))
     assert stopped.fit() == 128 + signal.SIGINT
     run = RunDir(tmp_path / "stopped")

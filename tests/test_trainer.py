@@ -59,9 +59,10 @@ def run_steps(trainer: Trainer, n: int) -> list[dict]:
                           "lrs": [group["lr"] for group in groups],
                           "momenta": [group.get("momentum") for group in groups]})
 
-    def add(iteration, loss, grad_norm):
-        steps[-1].update(iteration=iteration, loss=loss.item(), grad_norm=grad_norm.item())
-        StepLosses.add(trainer.losses, iteration, loss, grad_norm)
+    def add(iteration, loss, grad_norm, figures=None):
+        steps[-1].update(iteration=iteration, loss=loss.item(), grad_norm=grad_norm.item(),
+                         figures={name: value.item() for name, value in (figures or {}).items()})
+        StepLosses.add(trainer.losses, iteration, loss, grad_norm, figures)
 
     hooks = [optimizer.register_step_pre_hook(before_step) for optimizer in trainer.optimizers]
     trainer.losses.add = add
@@ -727,7 +728,7 @@ def test_throughput_and_mfu_count_every_process_since_the_last_report(micro):
         trainer.sampler.next_batch()
     trainer.tick, trainer.iteration = (100.0, before), 30
     trainer.clock = lambda: 105.0
-    trainer.report(log, 2.0, 1.0, 1e-3)
+    trainer.report(log, 2.0, 1.0, 1e-3, {})
     tokens_per_sec = 8 * 32 * 2 * 2 * 10 / 5  # batch × T × grad_accum × processes, 10 steps in 5 s
     assert logged[0]["train/tokens_per_sec"] == tokens_per_sec
     assert logged[0]["train/mfu"] == pytest.approx(trainer.model.flops_per_token(32) * tokens_per_sec / 2 / 1e9)

@@ -1,4 +1,4 @@
-"""Run configuration: a YAML file with sections model/data/train (and lora, for adapters)
+"""Run configuration: a YAML file with sections model/data/train (lora, for adapters; dpo, for preference pairs)
 and an out_dir, plus dotted overrides from the command line, loaded into typed dataclasses.
 
 Each section is a dataclass that checks its own values when it is made (GPTConfig in
@@ -23,6 +23,7 @@ from cli.program import UserError
 from machine.device import DTYPES
 from data.config import DataConfig
 from data.tokenizer import check_bpe_vocabulary
+from jobs.dpo import DPOConfig
 from lora import LoRAConfig
 from model import GPTConfig
 from model.config import checked_types
@@ -123,7 +124,7 @@ class TrainConfig:
                 raise ValueError(f"train.{key}={getattr(self, key)!r}: {message}")
 
 
-SECTIONS = {"model": GPTConfig, "data": DataConfig, "train": TrainConfig, "lora": LoRAConfig}
+SECTIONS = {"model": GPTConfig, "data": DataConfig, "train": TrainConfig, "lora": LoRAConfig, "dpo": DPOConfig}
 MODEL_SET_BY_DATA = ("vocab_size",)
 
 
@@ -135,6 +136,7 @@ class RunConfig:
     out_dir: str
     model_keys: tuple[str, ...] = ()  # the model fields the file or the overrides set
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)  # low-rank adapters (lora/), off by default
+    dpo: DPOConfig = dataclasses.field(default_factory=DPOConfig)  # preference pairs' objective (jobs/dpo.py)
 
     def __post_init__(self) -> None:
         if self.data.tokenizer == "bpe" and not self.train.init_from:  # (a model brought in brings its tokenizer)
@@ -149,7 +151,8 @@ class RunConfig:
         model = {k: v for k, v in (model or self.model).to_dict().items() if k not in MODEL_SET_BY_DATA}
         sections = {"out_dir": self.out_dir, "model": model,
                     "data": dataclasses.asdict(self.data), "train": dataclasses.asdict(self.train)}
-        return sections | ({"lora": dataclasses.asdict(self.lora)} if self.lora.rank else {})
+        return sections | ({"lora": dataclasses.asdict(self.lora)} if self.lora.rank else {}) \
+            | ({"dpo": dataclasses.asdict(self.dpo)} if self.dpo != DPOConfig() else {})
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
@@ -224,7 +227,7 @@ def run_config(raw: dict, path: Path) -> RunConfig:
     if not isinstance(out_dir, str) or not out_dir:
         raise ConfigError(f"{path}: out_dir={out_dir!r}: must be a folder path")
     return RunConfig(sections["model"], sections["data"], sections["train"], out_dir, tuple(raw.get("model") or {}),
-                     sections["lora"])
+                     sections["lora"], sections["dpo"])
 
 
 def suggest(word: str, choices) -> str:

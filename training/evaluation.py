@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from inspection.head_scores import head_scores, induction_probe
-from machine.device import autocast
-from data.batches import IGNORE
 from data.tokenizer import encode_or_start, suppressed_ids
+from inspection.head_scores import head_scores, induction_probe
+from jobs.objective import NextToken
+from machine.device import autocast
 from model import GPT, evaluating
 
 from .distributed import Distributed
@@ -27,7 +27,8 @@ class Evaluator:
     train.eval_windows), so that the figure does not depend on how the batch is laid out
     over processes and micro-batches; and a validation text for the attention maps."""
 
-    def __init__(self, run: PreparedRun, grad_accum: int, dist: Distributed, device: torch.device, dtype: torch.dtype):
+    def __init__(self, run: PreparedRun, grad_accum: int, dist: Distributed, device: torch.device, dtype: torch.dtype,
+                 objective=None):
         block_size = run.model_config.block_size
         settings = run.config.train
         count = settings.eval_windows or settings.eval_iters * settings.batch_size * grad_accum * dist.world_size
@@ -43,35 +44,43 @@ class Evaluator:
         self.prompt = settings.sample_prompt
         self.tokens = settings.sample_tokens
         self.loss_figures = run.data.loss_figures  # (a text's: bits per character; conversations' answers: none)
+        self.objective = objective if objective is not None else NextToken()  # what is scored (jobs/objective.py)
 
     @torch.no_grad()
-    def loss(self, model: GPT, windows: tuple[torch.Tensor, torch.Tensor]) -> float:
-        """Mean loss per scored target over x, y [N, T] (a text's windows score all T; a
-        conversation, its answers): each process scores every world_size-th window,
-        batch_size at a time, and the sums are added over the processes."""
-        x, y = (t[self.dist.rank::self.dist.world_size] for t in windows)
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        with evaluating(model):
-            for start in range(0, len(x), self.batch_size):
-                batch = slice(start, start + self.batch_size)
-                with autocast(self.device, self.dtype):
-                    logits, _ = model(x[batch].to(self.device))
-                total += model.loss(logits, y[batch].to(self.device), reduction="sum").double()
-        total, count = self.dist.sum([total.item(), int((y != IGNORE).sum())], self.device)
-        return total / count
+    def scores(self, model: GPT, rows: tuple) -> dict[str, float]:
+        """The objective's figures over fixed rows (a text's windows, conversations, pairs: their
+        tensors along the first dimension): "loss", the mean per scored target (or per pair),
+        and any others. Each process scores every world_size-th row, batch_size at a time, and
+        the sums are added over the processes."""
+        mine = [t[self.dist.rank::self.dist.world_size] for t in rows]
+        totals: dict[str, float] = {}
+        count = 0
+        for start in range(0, len(mine[0]), self.batch_size):
+            with autocast(self.device, self.dtype):
+                sums, scored = self.objective.evaluate(model, [t[start:start + self.batch_size] for t in mine],
+                                                       self.device)
+            count += scored
+            for name, value in sums.items():
+                totals[name] = totals.get(name, 0.0) + value
+        names = sorted(totals)
+        *summed, count = self.dist.sum([totals[name] for name in names] + [count], self.device)
+        return {name: value / count for name, value in zip(names, summed)}
+
+    def loss(self, model: GPT, rows: tuple) -> float:
+        """The objective's mean loss over fixed rows (scores)."""
+        return self.scores(model, rows)["loss"]
 
     @torch.no_grad()
     def estimate_seconds(self, model: GPT, clock=time.perf_counter) -> float:
         """What an evaluation will take, from one batch of its validation windows and a few
         tokens of its sample, scaled to all of both splits' windows and all of the sample's
         tokens (the time budget's estimate until a real evaluation is timed)."""
-        x, y = self.val
         with evaluating(model):
             started = clock()
             with autocast(self.device, self.dtype):
-                model(x[:self.batch_size].to(self.device))
+                self.objective.evaluate(model, [t[:self.batch_size] for t in self.val], self.device)
             per_batch = clock() - started
-            batches = 2 * math.ceil(len(x) / self.batch_size / self.dist.world_size)  # train and val
+            batches = 2 * math.ceil(len(self.val[0]) / self.batch_size / self.dist.world_size)  # train and val
             started = clock()
             few = min(self.tokens, 4)
             if few:
@@ -94,16 +103,21 @@ class Evaluator:
         """Score `model` (`weights` says which they are) and `trained` if given (the
         weights that `model` averages), log the figures, the attention maps and a sample;
         returns the validation loss."""
-        train_loss, val_loss = self.loss(model, self.train), self.loss(model, self.val)
+        train_loss, val = self.loss(model, self.train), self.scores(model, self.val)
+        val_loss = val.pop("loss")
         figures, per = self.loss_figures(val_loss)
-        metrics = {"val/loss": val_loss, "val/perplexity": math.exp(min(val_loss, 50)), "train/eval_loss": train_loss,
+        metrics = {"val/loss": val_loss, "train/eval_loss": train_loss, **{f"val/{name}": value for name, value in val.items()},
                    **{f"val/{key.removeprefix('val_')}": value for key, value in figures.items()}}
         if trained is not None:
             metrics["val/loss_raw_weights"] = self.loss(trained, self.val)
             weights += f"; the trained weights: val {metrics['val/loss_raw_weights']:.4f}"
+        said = [per]
+        if self.objective.per_token:  # a mean over tokens: its exponential is a perplexity
+            metrics["val/perplexity"] = math.exp(min(val_loss, 50))
+            said.insert(0, f"perplexity {metrics['val/perplexity']:.2f}")
+        said += [f"{name} {value:.4g}" for name, value in val.items()]
         log.scalars(it, metrics)
-        log.message(f"iter {it}: train {train_loss:.4f}, val {val_loss:.4f} (perplexity {metrics['val/perplexity']:.2f}, "
-                    f"{per}; {weights})")
+        log.message(f"iter {it}: train {train_loss:.4f}, val {val_loss:.4f} ({', '.join(said)}; {weights})")
         if self.dist.is_main and self.tokens:
             log.text("samples", self.sample(model), it)
         return val_loss
@@ -124,6 +138,7 @@ class LossesRead:
 
     loss: float  # the last step's loss
     grad_norm: float  # and its gradients' norm
+    figures: dict[str, float]  # the objective's other figures, the mean over the steps read (DPO's rewards)
     bad_at: int | None  # the first iteration whose loss (or norm) is not finite; None: none
     bad_loss: float  # that iteration's loss and norm (meaningless when bad_at is None)
     bad_norm: float
@@ -136,7 +151,7 @@ class StepLosses:
     before each evaluation and checkpoint (so a non-finite loss never reaches one)."""
 
     def __init__(self):
-        self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]] = []
         self.initial: float | None = None  # the first step's loss: the model's at initialisation
 
     def state_dict(self) -> dict:
@@ -145,15 +160,18 @@ class StepLosses:
     def load_state_dict(self, state: dict) -> None:
         self.initial = state["initial"]
 
-    def add(self, iteration: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        self.pending.append((iteration, loss, grad_norm))
+    def add(self, iteration: int, loss: torch.Tensor, grad_norm: torch.Tensor,
+            figures: dict[str, torch.Tensor] | None = None) -> None:
+        self.pending.append((iteration, loss, grad_norm, figures or {}))
 
     def read(self, check_norms: bool) -> LossesRead:
         """The pending steps' losses (and norms, checked with check_norms), then forgotten.
         The first step's loss is kept as `initial`."""
-        iterations = [iteration for iteration, _, _ in self.pending]
-        losses = torch.stack([loss for _, loss, _ in self.pending])  # [steps]
-        norms = torch.stack([norm for _, _, norm in self.pending]).to(losses.dtype)  # [steps]
+        iterations = [iteration for iteration, _, _, _ in self.pending]
+        losses = torch.stack([loss for _, loss, _, _ in self.pending])  # [steps]
+        norms = torch.stack([norm for _, _, norm, _ in self.pending]).to(losses.dtype)  # [steps]
+        names = sorted(self.pending[-1][3])
+        means = [torch.stack([figures[name] for _, _, _, figures in self.pending]).float().mean() for name in names]
         self.pending = []
         bad = ~torch.isfinite(losses)
         if check_norms:
@@ -161,8 +179,9 @@ class StepLosses:
         first = torch.where(bad.any(), bad.int().argmax(), -1)
         at = first.clamp(min=0)
         read = torch.stack([losses[-1], norms[-1], first.to(losses.dtype), losses[at], norms[at],
-                            losses[0]]).tolist()  # one transfer
-        loss, norm, first_bad, bad_loss, bad_norm, first_loss = read
+                            losses[0], *(mean.to(losses.dtype) for mean in means)]).tolist()  # one transfer
+        loss, norm, first_bad, bad_loss, bad_norm, first_loss, *figures = read
         if iterations[0] == 1:
             self.initial = first_loss
-        return LossesRead(loss, norm, iterations[int(first_bad)] if first_bad >= 0 else None, bad_loss, bad_norm)
+        return LossesRead(loss, norm, dict(zip(names, figures)), iterations[int(first_bad)] if first_bad >= 0 else None,
+                          bad_loss, bad_norm)

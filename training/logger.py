@@ -85,16 +85,17 @@ BUSY_SAID = 0.25  # the share of a budgeted run's training time on a busy machin
 
 def done_message(it: int, total: float, mine: float, val_loss: float, best: float, out_dir, try_it: str,
                  barely_trained: dict | None, continue_command: str, got: dict | None = None,
-                 epochs: float | None = None, snapshots: int = 0) -> str:
+                 epochs: float | None = None, snapshots: int = 0, items: str = "conversations") -> str:
     """The last lines: iterations, the run's whole time (and this process's part, after a
     resume), the loss, and the command that tries the model (its job's, `try_it`); under a time budget, the iterations against
     those the same time would have reached at the best pace the run measured here (`got`:
     TimeBudget.report), and when the machine was busy for a large part of it, that it was (a
     run of fixed length: what the same steps would have taken at that pace); when the model is
     barely trained, why, and the command that trains it on; with two or more `snapshots`, the
-    explorer's command. `epochs`: the passes over a run's conversations (None: a text's windows)."""
+    explorer's command. `epochs`: the passes over a run's `items` (conversations, pairs; None: a
+    text's windows, drawn in no epochs)."""
     part = f", {mine / 60:.1f} min ({mine:.0f} s) of them in this process" if total > mine + 0.5 else ""
-    passes = f" ({epochs:.2f} epochs of the conversations)" if epochs is not None else ""
+    passes = f" ({epochs:.2f} epochs of the {items})" if epochs is not None else ""
     done = (f"done: {it} iterations{passes} in {total / 60:.1f} min ({total:.0f} s){part}; val loss {val_loss:.4f} "
             f"(best {best:.4f}); model in {out_dir}\n")
     if got is not None and got.get("budget", True):
@@ -120,6 +121,9 @@ def done_message(it: int, total: float, mine: float, val_loss: float, best: floa
     if snapshots:  # the model as it formed: the explorer's timeline
         done += f"watch it form: python explore.py --checkpoint {out_dir}\n"
     return done + try_it
+
+
+SHORT = {"rewards/margins": "margin", "rewards/accuracies": "right"}  # the figures a progress line shows, by name
 
 
 class RunLogger:
@@ -203,15 +207,21 @@ class RunLogger:
         for summary in hparams(flat, metrics):
             self.writer.file_writer.add_summary(summary)
 
-    def progress(self, it: int, loss: float, lr: float, tokens_per_sec: float) -> None:
+    def progress(self, it: int, loss: float, lr: float, tokens_per_sec: float,
+                 figures: dict[str, float] | None = None) -> None:
+        """The progress bar (a terminal), or a line every log_interval; figures: the objective's
+        others (DPO's reward margin and the share of pairs ranked right)."""
         if not self.enabled:
             return
+        shown = {SHORT[name]: f"{value:.3f}" for name, value in (figures or {}).items() if name in SHORT}
         if self.bar is not None:
             self.bar.n = it
-            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
+            self.bar.set_postfix(loss=f"{loss:.4f}", **shown, lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}",
+                                 refresh=False)
             self.bar.refresh()
         elif it % self.log_interval == 0:
-            print(f"iter {it} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_sec:,.0f} tok/s", flush=True)
+            print(f"iter {it} | loss {loss:.4f} | " + "".join(f"{name} {value} | " for name, value in shown.items())
+                  + f"lr {lr:.2e} | {tokens_per_sec:,.0f} tok/s", flush=True)
 
     def retarget(self, max_iters: int) -> None:
         if self.bar is not None:

@@ -3,7 +3,8 @@ reads this file and model/: everything else in training/ happens now and then ar
 (trainer.py: reading the losses, evaluating, saving, the time budget).
 
     1. the learning rate of this iteration (warm-up, then decay: schedule.py)
-    2. forward and backward over grad_accum micro-batches
+    2. forward and backward over grad_accum micro-batches (the loss: jobs/objective.py's
+       next-token cross-entropy, or the job's own: jobs/dpo.py for preference pairs)
     3. the gradients' norm clipped
     4. the optimizer step, the gradients cleared
     5. the average of the weights follows the weights (train.ema)
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
 import torch
 
+from jobs.objective import NextToken
 from machine.device import autocast
 from model import GPT
 
@@ -35,9 +37,10 @@ class StepSetup:
     each step apart)."""
 
     model: GPT  # the weights that train
-    # () -> x, y [B, T]: token ids, the next token of each (-100: not scored), and the position ids
-    # of packed rows [B, T] (each conversation's from 0), or None
-    next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    # () -> a batch of the job's sampler: x, y [B, T] (token ids, the next token of each, -100
+    # where not scored) and the position ids of packed rows [B, T] (each conversation's from 0),
+    # or None; preference pairs: x, y [B, 2, T] and the pairs' indices
+    next_batch: Callable[[], tuple]
     optimizers: list[torch.optim.Optimizer]
     grad_accum: int = 1  # micro-batches a step
     grad_clip: float = 1.0  # the gradients' largest norm (0: no clipping)
@@ -51,6 +54,8 @@ class StepSetup:
     no_sync: Callable[[], ContextManager] = nullcontext
     scaler: torch.amp.GradScaler | None = None  # float16's loss scaling (None, or disabled: float32, bfloat16)
     average: WeightAverage | None = None  # train.ema's average of the weights, moved after each step
+    # (forward, batch, device) -> (the micro-batch's loss, other figures of it): jobs/objective.py
+    objective: Callable = field(default_factory=NextToken)
 
 
 @dataclass
@@ -60,8 +65,9 @@ class StepResult:
     steps' values together, now and then (evaluation.StepLosses)."""
 
     lr: float  # AdamW's learning rate at this iteration (Muon's follows the same curve from its own peak)
-    loss: torch.Tensor  # the mean cross-entropy over the whole batch, a scalar
+    loss: torch.Tensor  # the objective's mean over the whole batch (the cross-entropy), a scalar
     grad_norm: torch.Tensor  # the gradients' norm before clipping
+    figures: dict[str, torch.Tensor] = field(default_factory=dict)  # the objective's others (DPO's rewards), means
 
 
 def train_step(it: int, schedule: Schedule, setup: StepSetup) -> StepResult:
@@ -77,19 +83,20 @@ def train_step(it: int, schedule: Schedule, setup: StepSetup) -> StepResult:
     # 2. forward and backward, over grad_accum micro-batches: each loss is divided by
     #    grad_accum, so the gradients add up to those of the mean over the whole batch
     loss = torch.zeros((), device=device)
+    figures: dict[str, torch.Tensor] = {}
     for micro in range(grad_accum):
-        x, y, position_ids = setup.next_batch()  # [B, T] token ids, the next token of each, packed rows' positions
-        x = x.to(device, non_blocking=True)
-        y = y.to(device, non_blocking=True)
-        if position_ids is not None:  # several conversations a row: each attends to itself alone
-            position_ids = position_ids.to(device, non_blocking=True)
+        batch = setup.next_batch()  # windows of text, conversations, or preference pairs
         # under DDP the processes average their gradients at the last micro-batch only
         last = micro == grad_accum - 1
         with nullcontext() if last else setup.no_sync():
             with autocast(device, setup.dtype):
-                _, micro_loss = forward(x, y, position_ids=position_ids)  # the mean cross-entropy, a scalar
+                # the batch to the device, through the model: the mean cross-entropy of its next
+                # tokens (a scalar), or the job's own loss (jobs/objective.py)
+                micro_loss, micro_figures = setup.objective(forward, batch, device)
             scaler.scale(micro_loss / grad_accum).backward()
         loss += micro_loss.detach() / grad_accum
+        for name, value in micro_figures.items():
+            figures[name] = figures.get(name, 0) + value / grad_accum
 
     # 3. clip the gradients' norm to grad_clip (float16: the scaler's factor undone first)
     for optimizer in optimizers:
@@ -105,4 +112,4 @@ def train_step(it: int, schedule: Schedule, setup: StepSetup) -> StepResult:
     # 5. the average of the weights follows the weights (train.ema)
     if setup.average is not None:
         setup.average.update(model, it)
-    return StepResult(lr=optimizers[-1].param_groups[0]["lr"], loss=loss, grad_norm=grad_norm)
+    return StepResult(lr=optimizers[-1].param_groups[0]["lr"], loss=loss, grad_norm=grad_norm, figures=figures)

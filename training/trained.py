@@ -5,6 +5,9 @@
     Adapters    LoRA's adapters beside a frozen model brought in (lora/), the modules named
                 to train whole (lora.modules_to_save), and any new chat markers' embedding rows
 
+and what the weights were before training, where a job measures against them (`reference`:
+DPO's, jobs/dpo.py): a frozen copy of them, or the model with its adapters off.
+
 Each knows the weights that train and how the optimizers take them (`groups`: which decay,
 which Muon may take), the weights the run's state keeps (`state_dict`, `load_state_dict`), the
 model the run folder keeps (`saved`: with adapters, merged into plain matrices) and what it
@@ -13,14 +16,16 @@ writes beside it (`save_beside`: the adapters alone, as peft keeps them).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
-from lora import (add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state, merged, new_rows,
-                  trained_count, trained_parameters, whole_modules)
-from model import GPT
+from lora import (adapters_off, add_adapters, adapter_file, adapter_state, frozen_in, load_adapter_state, merged,
+                  new_rows, trained_count, trained_parameters, whole_modules)
+from model import GPT, evaluating
 from runs.folder import RunDir
 
 from .config import HEAD, ConfigError
@@ -51,8 +56,9 @@ def groups_of(model: GPT, blocks: list[nn.Parameter], rows_only: dict[str, int])
 class AllWeights:
     """Every weight trains: the run's state keeps them all; the run folder keeps the model as it is."""
 
-    def __init__(self, model: GPT):
+    def __init__(self, model: GPT, starts: Callable[[], dict[str, torch.Tensor]] | None = None):
         self.model = model
+        self.starts = starts  # () -> the weights brought in (train.init_from), read again; None: from scratch
 
     def count(self) -> int:
         """The numbers that train: all of them."""
@@ -75,6 +81,13 @@ class AllWeights:
 
     def save_beside(self, run_dir: RunDir, model: GPT) -> None:
         """Nothing is kept beside the model."""
+
+    def reference(self) -> "FrozenCopy":
+        """The weights training started from, as a model of their own (DPO's reference)."""
+        if self.starts is None:
+            raise ConfigError("preference tuning measures the model against the weights it starts from: set "
+                              "train.init_from (the run or model to tune)")
+        return FrozenCopy(self.model, self.starts())
 
 
 class Adapters:
@@ -122,6 +135,17 @@ class Adapters:
         """The model the run folder keeps, and every program reads: the adapters merged."""
         return merged(model)
 
+    def reference(self) -> "AdaptersOff":
+        """The weights training started from: the model itself with its adapters off, where
+        nothing else trains (a module trained whole, or new tokens' rows, would be what they
+        have become, not what they were)."""
+        if self.settings["modules_to_save"] or self.rows_from:
+            trained = ", ".join(self.settings["modules_to_save"] + list(self.rows_from))
+            raise ConfigError(f"preference tuning with LoRA measures the model against itself with its adapters off, "
+                              f"but {trained} train beside them; leave lora.modules_to_save empty and tune a model "
+                              "whose tokenizer already has its chat template's markers")
+        return AdaptersOff()
+
     def save_beside(self, run_dir: RunDir, model: GPT) -> None:
         """adapter_model.safetensors and adapter_config.json: the adapters alone (and the modules
         trained whole), and their settings (peft's keys where they mean the same: r, lora_alpha,
@@ -132,6 +156,29 @@ class Adapters:
         if self.starts is not None:
             run_dir.save_whole_starts(self.starts)
             self.starts = None
+
+
+class FrozenCopy:
+    """The reference as a model of its own: the starting weights, frozen."""
+
+    def __init__(self, model: GPT, weights: dict[str, torch.Tensor]):
+        self.model = GPT(model.config).to(model.lm_head.weight.device)
+        self.model.load_state_dict(weights)
+        self.model.requires_grad_(False).eval()
+
+    @contextmanager
+    def use(self, model: GPT):
+        yield self.model
+
+
+class AdaptersOff:
+    """The reference as the model itself with LoRA's adapters off: what it computes is the
+    frozen model brought in (no second copy held); dropout off while it does."""
+
+    @contextmanager
+    def use(self, model: GPT):
+        with adapters_off(model), evaluating(model):
+            yield model
 
 
 def held_off(model: GPT, heads: list[str]) -> None:
@@ -166,7 +213,9 @@ def what_trains(model: GPT, run: PreparedRun, dtype: torch.dtype) -> AllWeights 
     if run.config.train.heads_off and lora.rank:
         raise ConfigError("train.heads_off holds heads off while every weight trains; LoRA's adapters would write "
                           "through them: remove one of the two")
+    starts = None
     if run.base is not None:  # existing weights (train.init_from)
-        model.load_state_dict(run.base.state_dict(run.model_config))
+        starts = lambda: run.base.state_dict(run.model_config)  # noqa: E731 (read again for a reference, not kept)
+        model.load_state_dict(starts())
     held_off(model, run.config.train.heads_off)  # (train.heads_off: none by default)
-    return Adapters(model, run) if lora.rank else AllWeights(model)
+    return Adapters(model, run) if lora.rank else AllWeights(model, starts)

@@ -101,12 +101,14 @@ class Trainer:
         self.model = GPT.initialised(run.model_config, settings.seed + dist.rank).to(device)  # (DDP: rank 0's for all)
         # every weight, or LoRA's adapters over the model brought in (train.init_from), which it loads
         self.trained = what_trains(self.model, run, dtype)
+        # what each step lowers: the next token's cross-entropy, or the job's own (DPO: against a reference)
+        self.objective = run.job.objective(run.config, self.model, self.trained.reference)
         if settings.checkpointing:  # less memory, a forward more per block
             recompute_in_backward(self.model)
         self.optimizers = make_optimizers(self.trained.groups(), settings, device)
         self.schedule = Schedule.of(settings, length)
         self.average = WeightAverage(self.model, settings.ema) if settings.ema else None
-        self.evaluator = Evaluator(run, self.grad_accum, dist, device, dtype)
+        self.evaluator = Evaluator(run, self.grad_accum, dist, device, dtype, self.objective)
         self.snapshots = Snapshots.for_run(self.run_dir, settings.snapshots, settings.snapshot_every, self.model,
                                            dist.is_main)
         self.losses = StepLosses()
@@ -126,7 +128,7 @@ class Trainer:
         self.setup = StepSetup(self.model, self.sampler.next_batch, self.optimizers, self.grad_accum, settings.grad_clip,
                                device, dtype, forward, no_sync=forward.no_sync if dist.enabled else nullcontext,
                                scaler=torch.amp.GradScaler(device.type, enabled=dtype == torch.float16),  # float16 only
-                               average=self.average)
+                               average=self.average, objective=self.objective)
 
     @property
     def max_iters(self) -> int:
@@ -201,7 +203,7 @@ class Trainer:
         thread count and the clock told; returns the events it is due (`due`, with a stop asked
         for until now)."""
         self.iteration += 1
-        self.losses.add(self.iteration, step.loss, step.grad_norm)
+        self.losses.add(self.iteration, step.loss, step.grad_norm, step.figures)
         self.threads.update(self.iteration)  # one thread or all, whichever trains faster now
         self.budget.step_done(self.iteration)
         return self.due(stop.signal)
@@ -251,28 +253,33 @@ class Trainer:
         TrainingError at the first non-finite loss (or gradient norm, but with float16's
         scaler, which skips those steps); report; return the signal all processes stop for."""
         read = self.losses.read(check_norms=not self.setup.scaler.is_enabled())
-        total, bad_ranks, signals = self.dist.sum([read.loss, read.bad_at is not None, stop_signal], self.device)
+        names = sorted(read.figures)
+        total, bad_ranks, signals, *figures = self.dist.sum([read.loss, read.bad_at is not None, stop_signal,
+                                                             *(read.figures[name] for name in names)], self.device)
         if bad_ranks:
             where = f"at iteration {read.bad_at}" if read.bad_at is not None else "on another process"
             raise TrainingError(f"the loss became {read.bad_loss} (gradient norm {read.bad_norm}) {where}; the last "
                                 f"good checkpoint in {self.run_dir} is kept. Try a lower train.lr, train.grad_clip=1.0 "
                                 "or train.dtype=float32")
-        self.report(log, total / self.dist.world_size, read.grad_norm, lr)
+        self.report(log, total / self.dist.world_size, read.grad_norm, lr,
+                    {name: value / self.dist.world_size for name, value in zip(names, figures)})
         return stop_signal or (signal.SIGTERM if signals else 0)
 
-    def report(self, log: RunLogger, loss: float, grad_norm: float, lr: float) -> None:
+    def report(self, log: RunLogger, loss: float, grad_norm: float, lr: float, figures: dict[str, float]) -> None:
         """The progress bar; every log_interval, the scalars with tokens/s and MFU (real
-        tokens: a conversation's padding is not counted)."""
+        tokens: a conversation's padding is not counted) and the objective's other figures
+        (DPO's rewards: the mean over the steps since the last read)."""
         started, drawn_before = self.tick
         now = self.clock()
         block_size = self.run.model_config.block_size
         tokens_per_sec = (self.sampler.drawn - drawn_before) * self.dist.world_size / max(now - started, 1e-9)
-        log.progress(self.iteration, loss, lr, tokens_per_sec)
+        log.progress(self.iteration, loss, lr, tokens_per_sec, figures)
         if self.iteration % self.settings.log_interval == 0:
             per_device = self.model.flops_per_token(block_size) * tokens_per_sec / self.dist.world_size
             log.scalars(self.iteration, {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
                                          "train/tokens_per_sec": tokens_per_sec, "train/mfu": per_device / self.peak_flops,
-                                         "train/threads": torch.get_num_threads()})
+                                         "train/threads": torch.get_num_threads(),
+                                         **{f"train/{name}": value for name, value in figures.items()}})
             self.tick = (now, self.sampler.drawn)
 
     def evaluate_and_save(self, log: RunLogger) -> None:
@@ -447,7 +454,7 @@ class Trainer:
             print(logger.done_message(self.iteration, self.budget.seconds_used(), mine, self.val_loss, self.best_val_loss,
                                       self.run_dir, self.run.job.try_it(self.run_dir.path, self.run.prompt),
                                       self.barely_trained(), self.continue_command(), self.budget.report(),
-                                      self.epochs_done, len(self.run_dir.snapshot_paths())))
+                                      self.epochs_done, len(self.run_dir.snapshot_paths()), self.sampler.items))
 
     def continue_command(self) -> str:
         """The command that trains this run on: the run's own config with twice the length."""

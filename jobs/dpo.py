@@ -1,0 +1,119 @@
+"""Direct preference optimisation (Rafailov et al., 2023): the objective a preference job
+(jobs/preference.py) trains with, where the other jobs train with each next token's
+cross-entropy (training/objective.py). training/step.py calls either the same way.
+
+A pair is a prompt x and two answers, y_w preferred to y_l. The policy π (the model that
+trains) and a reference π_ref (the weights training started from) each give an answer a
+log-probability, the sum over its tokens; β (log π(y) − log π_ref(y)) is the answer's
+implicit reward r(y). DPO lowers
+
+    −log σ(r(y_w) − r(y_l))
+
+the chosen answer's reward against the rejected one's, each measured from where the
+reference had it, so that the policy cannot gain by drifting from the reference elsewhere.
+IPO (Azar et al., 2023) squares the distance of the margin from 1/(2β) instead, with each
+answer's log-probability averaged over its tokens (as trl computes it), so that the margin
+stops growing once it is reached.
+
+The reference is what trains' to give (training/trained.py): a frozen copy of the starting
+weights; with LoRA, the same model with its adapters off (no second copy: the frozen
+matrices are the starting weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from data.batches import IGNORE
+from model import GPT, evaluating
+
+LOSSES = ("sigmoid", "ipo")
+
+
+@dataclass
+class DPOConfig:
+    """The `dpo:` section of a run config (a preference job's; trl's DPOConfig names them beta
+    and loss_type)."""
+
+    beta: float = 0.1  # how strongly the policy is held to the reference (trl's default 0.1)
+    loss: str = "sigmoid"  # sigmoid: DPO's −log σ(margin); ipo: (margin − 1/(2β))², per-token log-probabilities
+
+    def __post_init__(self) -> None:
+        if not self.beta > 0:
+            raise ValueError(f"dpo.beta={self.beta}: must be positive, e.g. 0.1")
+        if self.loss not in LOSSES:
+            raise ValueError(f"dpo.loss={self.loss!r}: one of {', '.join(LOSSES)}")
+
+
+def answer_logps(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's answer: the sum of log p(token) over its scored targets (y != IGNORE) and
+    how many there are. logits [N, L, V], y [N, L] -> [N], [N]."""
+    logp = -GPT.loss(logits, y, reduction="none")  # [N, L], 0 where not scored (in float32)
+    return logp.sum(-1), (y != IGNORE).sum(-1)
+
+
+def pair_rows(t: torch.Tensor) -> torch.Tensor:
+    """[B, 2, L] (each pair's chosen and rejected sides) -> [2B, L]: the chosen rows, then the rejected."""
+    return t.transpose(0, 1).flatten(0, 1)
+
+
+def dpo_loss(policy: torch.Tensor, reference: torch.Tensor, lengths: torch.Tensor, beta: float,
+             kind: str = "sigmoid") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The mean loss over B pairs, and what trl logs of them. policy, reference, lengths [2B]:
+    each answer's log-probability under each model and its token count, the chosen answers
+    first. Returns (loss, {"rewards/chosen", "rewards/rejected", "rewards/margins",
+    "rewards/accuracies", "logps/chosen", "logps/rejected"}: means over the pairs, detached)."""
+    ratios = policy - reference  # [2B]: log π(y) − log π_ref(y)
+    chosen, rejected = ratios.chunk(2)
+    if kind == "sigmoid":
+        losses = -F.logsigmoid(beta * (chosen - rejected))
+    else:  # ipo: per-token log-probabilities, the margin pulled to 1/(2β)
+        chosen_tokens, rejected_tokens = lengths.chunk(2)
+        margin = chosen / chosen_tokens.clamp(min=1) - rejected / rejected_tokens.clamp(min=1)
+        losses = (margin - 1 / (2 * beta)) ** 2
+    rewards = beta * ratios.detach()
+    chosen_rewards, rejected_rewards = rewards.chunk(2)
+    chosen_logps, rejected_logps = policy.detach().chunk(2)
+    return losses.mean(), {"rewards/chosen": chosen_rewards.mean(), "rewards/rejected": rejected_rewards.mean(),
+                           "rewards/margins": (chosen_rewards - rejected_rewards).mean(),
+                           "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean(),
+                           "logps/chosen": chosen_logps.mean(), "logps/rejected": rejected_logps.mean()}
+
+
+class DPO:
+    """The objective of a preference job: a batch (x, y [B, 2, L], each pair's chosen and
+    rejected rows; the pairs' indices [B]) through the model that trains and the reference;
+    returns the loss and what trl logs of it. `evaluate` sums the same over fixed pairs."""
+
+    per_token = False  # the loss is a mean over pairs
+
+    def __init__(self, config: DPOConfig, model: GPT, reference):
+        self.config = config
+        self.model = model  # the model that trains, unwrapped (the reference may be it, its adapters off)
+        self.reference = reference  # .use(model): a context giving the reference model (training/trained.py)
+
+    def reference_logps(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """[N] the reference's log-probability of each row's answer."""
+        with torch.no_grad(), self.reference.use(self.model) as reference:
+            logits, _ = reference(x)
+            return answer_logps(logits, y)[0]
+
+    def __call__(self, forward, batch, device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        x, y = (pair_rows(t.to(device, non_blocking=True)) for t in batch[:2])  # [2B, L]
+        logits, _ = forward(x)
+        policy, lengths = answer_logps(logits, y)
+        return dpo_loss(policy, self.reference_logps(x, y), lengths, self.config.beta, self.config.loss)
+
+    @torch.no_grad()
+    def evaluate(self, model: GPT, batch, device: torch.device) -> tuple[dict[str, float], int]:
+        """The sums over a batch of fixed pairs of the loss and of each figure, and how many pairs."""
+        x, y = (pair_rows(t.to(device)) for t in batch[:2])
+        with evaluating(model):
+            logits, _ = model(x)
+        policy, lengths = answer_logps(logits, y)
+        loss, figures = dpo_loss(policy, self.reference_logps(x, y), lengths, self.config.beta, self.config.loss)
+        pairs = len(x) // 2
+        return {"loss": loss.item() * pairs, **{key: value.item() * pairs for key, value in figures.items()}}, pairs
