@@ -6,6 +6,7 @@ conversations in the {"messages": [...]} form of the hub's chat datasets.
     python -m data.tasks reverse --count 3000 --out reverse.jsonl    "reverse: stone" -> "enots"
     python -m data.tasks dates --count 3000 --out dates.jsonl        "Write 1999-12-31 in words." -> "31 December 1999"
     python -m data.tasks weather --count 3000 --out calls.jsonl      a tool's call, its reply, the answer
+    python -m data.tasks weather --pairs --count 3000 --out pairs.jsonl   the right call against a wrong one
 
 --turns N gives each conversation 1 to N questions, each answered before the next (a chat
 model must answer the last one, whatever came before). --plain writes plain text instead,
@@ -17,6 +18,8 @@ weather is a set of function calls, as the hub's hold them: a system prompt and 
 with an id), the tool replies (JSON, answering the call's id), the assistant answers from the
 reply. --until-call ends each conversation with its last call, so that the answer a model is
 scored on is the call (evaluate.py scores calls apart: the tool, the arguments, the text).
+--pairs makes preference pairs of those calls instead (trl's layout: the prompt, the right call
+chosen, one with a wrong city or day rejected), to tune a model with DPO after fine-tuning.
 """
 
 from __future__ import annotations
@@ -96,6 +99,24 @@ def conversations(task: str, count: int, seed: int = 0, turns: int = 1, until_ca
     return records
 
 
+def call_pairs(count: int, seed: int = 0) -> list[dict]:
+    """`count` preference pairs of weather calls, in trl's layout with an explicit prompt: the
+    system prompt and the question (with the tools), the call with the city and the day asked
+    for chosen, and one with either of them wrong (another city, or another day) rejected."""
+    rng = random.Random(seed)
+    pairs = []
+    for number in range(count):
+        system, question, call = conversations("weather", 1, seed=rng.randrange(1 << 30), until_call=True)[0]["messages"]
+        right = call["tool_calls"][0]["function"]["arguments"]
+        key, choices = rng.choice([("city", CITIES), ("day", DAYS)])
+        wrong = {**right, key: rng.choice([value for value in choices if value != right[key]])}
+        rejected = {**call, "tool_calls": [{**call["tool_calls"][0], "function": {"name": "weather", "arguments": wrong}}]}
+        for message in (call, rejected):  # (each pair's own call id, as the conversations number them)
+            message["tool_calls"][0]["id"] = f"call_{number}"
+        pairs.append({"prompt": [system, question], "chosen": [call], "rejected": [rejected], "tools": [WEATHER_TOOL]})
+    return pairs
+
+
 def write(path: Path, records: list[dict]) -> None:
     write_atomic(path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records).encode("utf-8"))
 
@@ -109,6 +130,8 @@ def main(argv=None) -> int:
     p.add_argument("--plain", action="store_true", help="plain text: each question and its answer on a line")
     p.add_argument("--until-call", action="store_true", help="weather: end each conversation with its last call "
                    "(the answer to score)")
+    p.add_argument("--pairs", action="store_true", help="weather: preference pairs (trl's layout) of the call asked "
+                   "for, chosen, and one with a wrong city or day, rejected (DPO, docs/usage.md)")
     p.add_argument("--out", type=Path, required=True, help="the .jsonl file to write")
     args = p.parse_args(argv)
     if args.count < 2:
@@ -119,6 +142,12 @@ def main(argv=None) -> int:
         p.error("--until-call cuts the weather set's conversations after their call; the other sets call no tool")
     if args.plain and args.task == "weather":
         p.error("--plain writes a question and its answer a line; the weather set's conversations call a tool")
+    if args.pairs:
+        if args.task != "weather" or args.turns != 1 or args.plain or args.until_call:
+            p.error("--pairs makes pairs of the weather set's calls, one question each; give it alone with weather")
+        write(args.out, call_pairs(args.count, args.seed))
+        print(f"wrote {args.out}: {args.count} preference pairs of weather calls (seed {args.seed})")
+        return 0
     records = conversations(args.task, args.count, args.seed, args.turns, args.until_call)
     if args.plain:  # "47+38=85", a conversation a line
         lines = ["".join(m["content"] for m in r["messages"]) + "\n" for r in records]

@@ -60,6 +60,59 @@ def pair_rows(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(0, 1).flatten(0, 1)
 
 
+@dataclass
+class SharedRows:
+    """A batch of pairs as one row a pair, the prompt run once: the prompt, then the chosen
+    answer, then the rejected one, which attends to the prompt and to itself but not to the
+    chosen answer, its positions going on from the prompt's as if it followed it alone. Each
+    token's logits are then those of its own side's sequence (tested), for a little over half
+    the tokens of two rows when the prompt is most of a pair."""
+
+    x: torch.Tensor  # [B, T] token ids
+    positions: torch.Tensor  # [B, T] each token's position in its own side's sequence
+    mask: torch.Tensor  # [B, T, T] True where a token (row) may attend to another (column)
+    chosen: torch.Tensor  # [B, T] the chosen answer's targets (IGNORE elsewhere)
+    rejected: torch.Tensor  # [B, T] the rejected answer's
+
+
+def shared_rows(x: torch.Tensor, y: torch.Tensor) -> SharedRows:
+    """x, y [B, 2, L] (each pair's two sides, right-padded) -> SharedRows. The prompt shared is
+    what both sides' inputs start with up to the first answer target of either (the last
+    prompt token is in both branches: it predicts each answer's first token); an answer's
+    branch ends at its last target (what a template writes after an answer's end is not scored)."""
+    B = len(x)
+    sides = []  # per pair: (prompt length, chosen end, rejected end)
+    for pair in range(B):
+        scored = [torch.nonzero(y[pair, side] != IGNORE).flatten() for side in (0, 1)]
+        ends = [int(s[-1]) + 1 for s in scored]
+        same = x[pair, 0, :min(ends)] != x[pair, 1, :min(ends)]
+        prefix = int(torch.nonzero(same)[0]) if same.any() else min(ends)
+        sides.append((min(int(scored[0][0]), int(scored[1][0]), prefix), *ends))
+    T = max(p + (c - p) + (r - p) for p, c, r in sides)
+    rows = torch.zeros(B, T, dtype=x.dtype, device=x.device)
+    positions = torch.zeros(B, T, dtype=torch.long, device=x.device)
+    chosen = torch.full((B, T), IGNORE, dtype=y.dtype, device=y.device)
+    rejected = torch.full((B, T), IGNORE, dtype=y.dtype, device=y.device)
+    order = torch.arange(T, device=x.device)
+    mask = (order[None, :] <= order[:, None]).expand(B, T, T).clone()  # causal along the row
+    for pair, (p, c, r) in enumerate(sides):
+        branch = slice(c, c + r - p)  # the rejected answer's place in the row
+        rows[pair, :c], rows[pair, branch] = x[pair, 0, :c], x[pair, 1, p:r]
+        positions[pair, :c], positions[pair, branch] = order[:c], order[p:r]
+        chosen[pair, :c], rejected[pair, branch] = y[pair, 0, :c], y[pair, 1, p:r]
+        mask[pair, branch, p:c] = False  # the rejected answer never sees the chosen one
+    mask |= torch.eye(T, dtype=torch.bool, device=x.device)  # (padding sees itself: no empty row)
+    return SharedRows(rows, positions, mask, chosen, rejected)
+
+
+def side_logps(model, rows: SharedRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """[2B] each answer's log-probability (the chosen answers first) and [2B] its token count,
+    from one pass of `model` over the shared rows."""
+    logits, _ = model(rows.x, attention_mask=rows.mask, position_ids=rows.positions)
+    (chosen, chosen_tokens), (rejected, rejected_tokens) = (answer_logps(logits, t) for t in (rows.chosen, rows.rejected))
+    return torch.cat([chosen, rejected]), torch.cat([chosen_tokens, rejected_tokens])
+
+
 def dpo_loss(policy: torch.Tensor, reference: torch.Tensor, lengths: torch.Tensor, beta: float,
              kind: str = "sigmoid") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The mean loss over B pairs, and what trl logs of them. policy, reference, lengths [2B]:
@@ -95,25 +148,22 @@ class DPO:
         self.model = model  # the model that trains, unwrapped (the reference may be it, its adapters off)
         self.reference = reference  # .use(model): a context giving the reference model (training/trained.py)
 
-    def reference_logps(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """[N] the reference's log-probability of each row's answer."""
+    def reference_logps(self, rows: SharedRows) -> torch.Tensor:
+        """[2B] the reference's log-probability of each answer."""
         with torch.no_grad(), self.reference.use(self.model) as reference:
-            logits, _ = reference(x)
-            return answer_logps(logits, y)[0]
+            return side_logps(reference, rows)[0]
 
     def __call__(self, forward, batch, device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        x, y = (pair_rows(t.to(device, non_blocking=True)) for t in batch[:2])  # [2B, L]
-        logits, _ = forward(x)
-        policy, lengths = answer_logps(logits, y)
-        return dpo_loss(policy, self.reference_logps(x, y), lengths, self.config.beta, self.config.loss)
+        rows = shared_rows(*(t.to(device, non_blocking=True) for t in batch[:2]))  # each pair's prompt once
+        policy, lengths = side_logps(forward, rows)
+        return dpo_loss(policy, self.reference_logps(rows), lengths, self.config.beta, self.config.loss)
 
     @torch.no_grad()
     def evaluate(self, model: GPT, batch, device: torch.device) -> tuple[dict[str, float], int]:
         """The sums over a batch of fixed pairs of the loss and of each figure, and how many pairs."""
-        x, y = (pair_rows(t.to(device)) for t in batch[:2])
+        rows = shared_rows(*(t.to(device) for t in batch[:2]))
         with evaluating(model):
-            logits, _ = model(x)
-        policy, lengths = answer_logps(logits, y)
-        loss, figures = dpo_loss(policy, self.reference_logps(x, y), lengths, self.config.beta, self.config.loss)
-        pairs = len(x) // 2
+            policy, lengths = side_logps(model, rows)
+        loss, figures = dpo_loss(policy, self.reference_logps(rows), lengths, self.config.beta, self.config.loss)
+        pairs = len(rows.x)
         return {"loss": loss.item() * pairs, **{key: value.item() * pairs for key, value in figures.items()}}, pairs

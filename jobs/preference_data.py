@@ -27,7 +27,7 @@ from data.template import ChatTemplate, chat_tokenizer, template_for
 from model import GPT, evaluating
 
 from .chat_data import ConversationData, template_settings
-from .dpo import answer_logps, pair_rows
+from .dpo import shared_rows, side_logps
 
 PREFERENCE_FORMAT = 1  # pairs' token files: chosen then rejected, each answer's tokens flagged
 
@@ -157,12 +157,12 @@ def score_pairs(model: GPT, reference: GPT | None, tokenizer: Tokenizer, templat
     rewards = []  # [pairs, 2]
     for start in range(0, len(usable), batch_size):
         x, y, _ = pair_batch(encoded, usable[start:start + batch_size], model.config.block_size)
-        x, y = pair_rows(x).to(device), pair_rows(y).to(device)  # [2B, L]: the chosen rows, then the rejected
+        rows = shared_rows(x.to(device), y.to(device))  # each pair's prompt once, its two answers after it
         with evaluating(model):
-            policy = answer_logps(model(x)[0], y)[0]
+            policy = side_logps(model, rows)[0]  # [2B]: the chosen answers, then the rejected
         if reference is not None:
             with evaluating(reference):
-                policy = beta * (policy - answer_logps(reference(x)[0], y)[0])
+                policy = beta * (policy - side_logps(reference, rows)[0])
         rewards.append(torch.stack(policy.chunk(2), 1).double().cpu())
     rewards = torch.cat(rewards) if rewards else torch.zeros(0, 2, dtype=torch.float64)
     margins = rewards[:, 0] - rewards[:, 1]

@@ -124,7 +124,8 @@ class GPT(nn.Module):
                 position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx [B, T] token ids -> (logits [B, T, vocab_size], loss or None). targets [B, T]
         (-100 = ignore) gives the mean cross-entropy of the next token. attention_mask [B, S]
-        (1 = real token, 0 = padding) covers the cached tokens and idx, S = past + T.
+        (1 = real token, 0 = padding) covers the cached tokens and idx, S = past + T; or, with
+        position_ids and no cache, [B, T, T]: which earlier tokens each token attends to.
         kv_cache: the keys and values of earlier tokens (generation). position_ids [B, T]:
         the rows are packed with several sequences, each numbered from 0 (Hugging Face's
         convention for packed rows): a token attends only to the earlier tokens of its own
@@ -171,9 +172,9 @@ class GPT(nn.Module):
         trace: `trace` above, whose records attention fills."""
         B, T = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
-        if past + T > self.config.block_size:
+        if past + T > self.config.block_size and position_ids is None:  # (given positions are the caller's to keep)
             raise ValueError(f"sequence of {past + T} tokens is longer than block_size={self.config.block_size}")
-        if attention_mask is not None and attention_mask.shape != (B, past + T):
+        if attention_mask is not None and attention_mask.shape not in ((B, past + T), (B, T, T)):
             raise ValueError(f"attention_mask must have shape {(B, past + T)}, got {tuple(attention_mask.shape)}")
 
         positions = position_ids if position_ids is not None else self._positions(T, past, attention_mask, idx.device)
@@ -205,7 +206,11 @@ class GPT(nn.Module):
     def _attention_mask(T: int, past: int, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
                         device: torch.device) -> torch.Tensor | None:
         """Which keys each new token may attend to (True = may attend), or None when the plain
-        causal pattern suffices (no padding, no packed rows, and no cache or a single token)."""
+        causal pattern suffices (no padding, no packed rows, and no cache or a single token).
+        An attention_mask [B, T, T] says it itself, query by key (sequences that share a start:
+        jobs/dpo.py's two answers after one prompt)."""
+        if attention_mask is not None and attention_mask.dim() == 3:
+            return attention_mask[:, None]  # [B, 1, T, T]
         if attention_mask is None and position_ids is None and (past == 0 or T == 1):
             return None
         S = past + T

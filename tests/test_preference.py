@@ -16,7 +16,7 @@ from data.conversations import BadRecord, Skipped, checked_records
 from data.preferences import PAIRS, Pair, encode_pair, pair, preference_source
 from data.tasks import conversations
 from data.tokenizer import train_tokenizer
-from jobs.dpo import DPO, DPOConfig, answer_logps, dpo_loss
+from jobs.dpo import DPO, DPOConfig, answer_logps, dpo_loss, shared_rows, side_logps
 
 USER = [{"role": "user", "content": "11+10="}]
 
@@ -118,6 +118,35 @@ def test_the_answers_log_probabilities_are_the_scored_targets_alone():
     by_hand = [torch.log_softmax(logits[0, 1], -1)[1] + torch.log_softmax(logits[0, 2], -1)[2],
                torch.log_softmax(logits[1, 0], -1)[3]]
     assert logps.tolist() == pytest.approx([t.item() for t in by_hand]) and lengths.tolist() == [2, 1]
+
+
+def test_each_pairs_prompt_is_run_once_and_each_answer_scored_as_if_alone():
+    """One row a pair (the prompt, the chosen answer, the rejected one beside it, unseen by it):
+    every answer's log-probability equals that of its own side run alone, whatever the
+    prompts' and answers' lengths, where the answers start alike, and with learned positions too."""
+    from data.batches import in_memory, pair_batch
+    from model import GPT, GPTConfig
+
+    rng = torch.Generator().manual_seed(0)
+    sequences = []
+    for prompt, chosen, rejected, alike in ((5, 3, 4, 0), (2, 6, 1, 0), (7, 2, 2, 1), (3, 4, 4, 3)):
+        start = torch.randint(1, 30, (prompt,), generator=rng)
+        answers = [torch.randint(1, 30, (n,), generator=rng) for n in (chosen, rejected)]
+        answers[1][:alike] = answers[0][:alike]  # (the answers may start with the same tokens)
+        for answer in answers:
+            ids = torch.cat([start, answer])
+            sequences.append((ids.numpy(), (torch.arange(len(ids)) >= prompt).to(torch.uint8).numpy()))
+    x, y, _ = pair_batch(in_memory(sequences), range(4), 16)
+    for pos_encoding in ("rope", "learned"):
+        torch.manual_seed(1)
+        model = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=16,
+                              pos_encoding=pos_encoding)).eval()
+        with torch.no_grad():
+            shared, lengths = side_logps(model, shared_rows(x, y))
+            alone = [answer_logps(model(x[:, side])[0], y[:, side])[0] for side in (0, 1)]
+        assert shared.tolist() == pytest.approx(torch.cat(alone).tolist(), abs=1e-4)
+        assert lengths.tolist() == [3, 6, 2, 4, 4, 1, 2, 4]
+    assert shared_rows(x, y).x.size(1) < 2 * x.size(2)  # (fewer tokens than the two rows)
 
 
 # ---- runs -------------------------------------------------------------------------------------------
@@ -252,14 +281,15 @@ def test_lora_measures_against_the_model_with_its_adapters_off(base):
     add_adapters(adapted, LoRAConfig(rank=4))
     names = [name for name, p in adapted.named_parameters() if p.requires_grad]
     load_adapter_state(adapted, load_file(base / "lora" / "adapter_model.safetensors"), names)
-    x = torch.tensor([[10, 20, 30, 40, 50]])
-    y = torch.tensor([[-100, -100, 30, 40, 50]])
+    x = torch.tensor([[[10, 20, 30, 40, 50], [10, 20, 31, 41, 0]]])  # [1 pair, 2 sides, 5]
+    y = torch.tensor([[[-100, 30, 40, 50, 51], [-100, 31, 41, 51, -100]]])
+    rows = shared_rows(x, y)
     with torch.no_grad():
-        base_logps, _ = answer_logps(model(x)[0], y)
-        tuned, _ = answer_logps(adapted(x)[0], y)
-    reference = DPO(DPOConfig(), adapted, AdaptersOff()).reference_logps(x, y)
+        base_logps, _ = side_logps(model, rows)
+        tuned, _ = side_logps(adapted, rows)
+    reference = DPO(DPOConfig(), adapted, AdaptersOff()).reference_logps(rows)
     assert reference.tolist() == pytest.approx(base_logps.tolist(), abs=1e-5)
-    assert tuned.item() != pytest.approx(base_logps.item(), abs=1e-4)  # (the adapters trained do change it)
+    assert tuned.tolist() != pytest.approx(base_logps.tolist(), abs=1e-4)  # (the adapters trained do change it)
     refused = run_cli("train.py", *dpo_run(base, "lora-whole", "train.max_iters=1", "lora.rank=4",
                                            "lora.modules_to_save=[ln_f]"))
     assert refused.returncode == 2 and "Traceback" not in refused.stderr

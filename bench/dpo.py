@@ -1,0 +1,139 @@
+"""Preference tuning, here and in trl: the same DPO job by this project's train.py and by trl's
+DPOTrainer, LoRA (peft, no second model: the reference is the model with its adapters off on
+both sides) and every weight (a frozen copy as the reference on both sides), and trl with its
+reference log-probabilities computed once before training (precompute_ref_log_probs, which
+this project does not have).
+
+The job: bench/sft.py's random Qwen2-shaped base (its byte-level BPE, a ChatML template with
+tools whose {% generation %} blocks mark the answers) and pairs of weather calls (data/tasks.py
+--pairs: the right call chosen, one with a wrong city or day rejected); 8 pairs a step at a
+constant 1e-4, β 0.1, float32, one thread, each job in a process of its own: its real tokens a
+second in training (both sides count the pairs' tokens, padding left out; the first logged
+interval left out), its whole wall time and its peak memory (the kernel's VmHWM).
+
+    pip install trl
+    python -m bench.dpo [--steps 30] [--count 1000] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import machine, save, table
+from bench.memory import peak_of
+from bench.sft import CONTEXT, RANK, ALPHA, SHAPE, TEMPLATE, job_conversations, make_base
+
+PAIRS = 8  # a step
+LR, BETA = 1e-4, 0.1
+
+
+def trained_here(base: Path, data: Path, out: Path, steps: int, every: int, lora: bool) -> dict:
+    """This project's train.py on the job (configs/dpo.yaml's settings, the bench's overrides)."""
+    command = [sys.executable, "train.py", "--config", "configs/dpo.yaml", f"out_dir={out}", f"data.source={data}",
+               f"data.cache_dir={out.parent / 'cache'}", f"train.init_from={base}", f"model.block_size={CONTEXT}",
+               f"lora.rank={RANK if lora else 0}", f"lora.alpha={ALPHA}", "lora.dropout=0", f"train.lr={LR}",
+               f"train.min_lr={LR}", "train.warmup_iters=0", f"train.max_iters={steps}", f"train.batch_size={PAIRS}",
+               "train.eval_interval=1000000", "train.eval_windows=8", "train.snapshots=0", "train.dtype=float32",
+               "train.threads=1", "train.max_minutes=null", f"train.log_interval={every}", f"dpo.beta={BETA}"]
+    peak, _, wall = peak_of(command)
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    speeds = [row["train/tokens_per_sec"] for row in logged if "train/tokens_per_sec" in row][1:]
+    summary = json.loads((out / "summary.json").read_text())
+    return {"tokens_per_second": sum(speeds) / len(speeds), "tokens": summary["tokens"], "wall_seconds": wall,
+            "peak_mb": peak}
+
+
+def trained_in_trl(base: Path, data: Path, out: Path, steps: int, every: int, lora: bool, precompute: bool) -> dict:
+    """trl's DPOTrainer on the job, in a process of its own (this module's --child)."""
+    result = out / f"trl-{int(lora)}{int(precompute)}.json"
+    peak, _, wall = peak_of([sys.executable, "-m", "bench.dpo", "--child", str(base), str(data), str(result), str(steps),
+                             str(every), str(int(lora)), str(int(precompute))])
+    return {**json.loads(result.read_text()), "wall_seconds": wall, "peak_mb": peak}
+
+
+def child(base: str, data: str, result: str, steps: int, every: int, lora: bool, precompute: bool) -> None:
+    """The trl run: DPOConfig as the job asks (its defaults otherwise), on one thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    import datasets
+    import peft
+    import transformers
+    import trl
+
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(Path(base) / "tokenizer.json"),
+                                                     eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.chat_template = TEMPLATE
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    records = [json.loads(line) for line in Path(data).read_text().splitlines()]
+    dataset = datasets.Dataset.from_list([{**r, "tools": json.dumps(r["tools"])} for r in records])
+    config = trl.DPOConfig(output_dir=str(Path(result).parent / "trl"), max_steps=steps,
+                           per_device_train_batch_size=PAIRS, max_length=CONTEXT, learning_rate=LR, beta=BETA,
+                           lr_scheduler_type="constant", warmup_steps=0, precompute_ref_log_probs=precompute,
+                           bf16=False, use_cpu=True, report_to="none", save_strategy="no", logging_steps=every,
+                           dataloader_num_workers=0, seed=0)
+    settings = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules="all-linear",
+                               task_type="CAUSAL_LM") if lora else None
+    logged = []  # (when, real tokens so far) at each logging step
+
+    class Clock(transformers.TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "num_tokens" in logs:
+                logged.append((time.perf_counter(), logs["num_tokens"]))
+
+    trainer = trl.DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                             peft_config=settings, callbacks=[Clock()])
+    metrics = trainer.train().metrics
+    (start, before), (end, after) = logged[0], logged[-1]  # (the first interval left out, as here)
+    Path(result).write_text(json.dumps({"tokens_per_second": (after - before) / (end - start), "tokens": after,
+                                        "train_seconds": metrics["train_runtime"]}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--count", type=int, default=1000, help="preference pairs")
+    p.add_argument("--quick", action="store_true", help="a few steps on a few pairs (to check the script)")
+    p.add_argument("--out")
+    args = p.parse_args()
+    if args.child:
+        base, data, result, steps, every, lora, precompute = args.child
+        return child(base, data, result, int(steps), int(every), bool(int(lora)), bool(int(precompute)))
+    try:
+        import trl
+    except ImportError:
+        raise SystemExit("this benchmark compares with trl: pip install trl") from None
+    from data.tasks import call_pairs
+
+    steps, count, every = (4, 40, 2) if args.quick else (args.steps, args.count, 5)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        make_base(tmp / "base", job_conversations(200))  # (its tokenizer learns the calls' words)
+        data = tmp / "pairs.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in call_pairs(count)))
+        results = {"here, LoRA": trained_here(tmp / "base", data, tmp / "here-lora", steps, every, True),
+                   "trl, LoRA": trained_in_trl(tmp / "base", data, tmp, steps, every, True, False),
+                   "trl, LoRA, reference precomputed": trained_in_trl(tmp / "base", data, tmp, steps, every, True, True),
+                   "here, every weight": trained_here(tmp / "base", data, tmp / "here-full", steps, every, False),
+                   "trl, every weight": trained_in_trl(tmp / "base", data, tmp, steps, every, False, False),
+                   "trl, every weight, reference precomputed": trained_in_trl(tmp / "base", data, tmp, steps, every,
+                                                                              False, True)}
+    rows = [[name, r["tokens_per_second"], r["wall_seconds"], r["peak_mb"]] for name, r in results.items()]
+    print(table(["job", "real tokens/s in training", "wall s (all of it)", "peak MB"], rows))
+    for mine, other in (("here, LoRA", "trl, LoRA"), ("here, every weight", "trl, every weight")):
+        a, b = results[mine], results[other]
+        print(f"{mine} / {other}: {a['tokens_per_second'] / b['tokens_per_second']:.2f}x the tokens a second, "
+              f"{a['peak_mb'] / b['peak_mb']:.2f}x the peak memory")
+    path = save("dpo", {"machine": machine(1), "trl": trl.__version__, "steps": steps, "pairs": count,
+                        "pairs_a_step": PAIRS, "context": CONTEXT, "shape": SHAPE, "results": results}, args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
