@@ -21,18 +21,17 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.common import machine, save, table
 from bench.memory import peak_of
-from bench.sft import CONTEXT, RANK, ALPHA, SHAPE, TEMPLATE, job_conversations, make_base
+from bench.sft import ALPHA, CONTEXT, RANK, SHAPE, TEMPLATE, job_conversations, make_base, measured_here, timed_in_trl
 
 PAIRS = 8  # a step
 LR, BETA = 1e-4, 0.1
 
 
-def trained_here(base: Path, data: Path, out: Path, steps: int, every: int, lora: bool) -> dict:
+def dpo_here(base: Path, data: Path, out: Path, steps: int, every: int, lora: bool) -> dict:
     """This project's train.py on the job (configs/dpo.yaml's settings, the bench's overrides)."""
     command = [sys.executable, "train.py", "--config", "configs/dpo.yaml", f"out_dir={out}", f"data.source={data}",
                f"data.cache_dir={out.parent / 'cache'}", f"train.init_from={base}", f"model.block_size={CONTEXT}",
@@ -40,15 +39,10 @@ def trained_here(base: Path, data: Path, out: Path, steps: int, every: int, lora
                f"train.min_lr={LR}", "train.warmup_iters=0", f"train.max_iters={steps}", f"train.batch_size={PAIRS}",
                "train.eval_interval=1000000", "train.eval_windows=8", "train.snapshots=0", "train.dtype=float32",
                "train.threads=1", "train.max_minutes=null", f"train.log_interval={every}", f"dpo.beta={BETA}"]
-    peak, _, wall = peak_of(command)
-    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    speeds = [row["train/tokens_per_sec"] for row in logged if "train/tokens_per_sec" in row][1:]
-    summary = json.loads((out / "summary.json").read_text())
-    return {"tokens_per_second": sum(speeds) / len(speeds), "tokens": summary["tokens"], "wall_seconds": wall,
-            "peak_mb": peak}
+    return measured_here(command, out)
 
 
-def trained_in_trl(base: Path, data: Path, out: Path, steps: int, every: int, lora: bool, precompute: bool) -> dict:
+def dpo_in_trl(base: Path, data: Path, out: Path, steps: int, every: int, lora: bool, precompute: bool) -> dict:
     """trl's DPOTrainer on the job, in a process of its own (this module's --child)."""
     result = out / f"trl-{int(lora)}{int(precompute)}.json"
     peak, _, wall = peak_of([sys.executable, "-m", "bench.dpo", "--child", str(base), str(data), str(result), str(steps),
@@ -56,7 +50,7 @@ def trained_in_trl(base: Path, data: Path, out: Path, steps: int, every: int, lo
     return {**json.loads(result.read_text()), "wall_seconds": wall, "peak_mb": peak}
 
 
-def child(base: str, data: str, result: str, steps: int, every: int, lora: bool, precompute: bool) -> None:
+def dpo_in_trl_process(base: str, data: str, result: str, steps: int, every: int, lora: bool, precompute: bool) -> None:
     """The trl run: DPOConfig as the job asks (its defaults otherwise), on one thread."""
     import torch
 
@@ -79,19 +73,9 @@ def child(base: str, data: str, result: str, steps: int, every: int, lora: bool,
                            dataloader_num_workers=0, seed=0)
     settings = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules="all-linear",
                                task_type="CAUSAL_LM") if lora else None
-    logged = []  # (when, real tokens so far) at each logging step
-
-    class Clock(transformers.TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "num_tokens" in logs:
-                logged.append((time.perf_counter(), logs["num_tokens"]))
-
-    trainer = trl.DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
-                             peft_config=settings, callbacks=[Clock()])
-    metrics = trainer.train().metrics
-    (start, before), (end, after) = logged[0], logged[-1]  # (the first interval left out, as here)
-    Path(result).write_text(json.dumps({"tokens_per_second": (after - before) / (end - start), "tokens": after,
-                                        "train_seconds": metrics["train_runtime"]}))
+    timed_in_trl(lambda callbacks: trl.DPOTrainer(model=model, args=config, train_dataset=dataset,
+                                                  processing_class=tokenizer, peft_config=settings, callbacks=callbacks),
+                 result)
 
 
 def main() -> None:
@@ -104,7 +88,7 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         base, data, result, steps, every, lora, precompute = args.child
-        return child(base, data, result, int(steps), int(every), bool(int(lora)), bool(int(precompute)))
+        return dpo_in_trl_process(base, data, result, int(steps), int(every), bool(int(lora)), bool(int(precompute)))
     try:
         import trl
     except ImportError:
@@ -117,13 +101,13 @@ def main() -> None:
         make_base(tmp / "base", job_conversations(200))  # (its tokenizer learns the calls' words)
         data = tmp / "pairs.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in call_pairs(count)))
-        results = {"here, LoRA": trained_here(tmp / "base", data, tmp / "here-lora", steps, every, True),
-                   "trl, LoRA": trained_in_trl(tmp / "base", data, tmp, steps, every, True, False),
-                   "trl, LoRA, reference precomputed": trained_in_trl(tmp / "base", data, tmp, steps, every, True, True),
-                   "here, every weight": trained_here(tmp / "base", data, tmp / "here-full", steps, every, False),
-                   "trl, every weight": trained_in_trl(tmp / "base", data, tmp, steps, every, False, False),
-                   "trl, every weight, reference precomputed": trained_in_trl(tmp / "base", data, tmp, steps, every,
-                                                                              False, True)}
+        results = {"here, LoRA": dpo_here(tmp / "base", data, tmp / "here-lora", steps, every, True),
+                   "trl, LoRA": dpo_in_trl(tmp / "base", data, tmp, steps, every, True, False),
+                   "trl, LoRA, reference precomputed": dpo_in_trl(tmp / "base", data, tmp, steps, every, True, True),
+                   "here, every weight": dpo_here(tmp / "base", data, tmp / "here-full", steps, every, False),
+                   "trl, every weight": dpo_in_trl(tmp / "base", data, tmp, steps, every, False, False),
+                   "trl, every weight, reference precomputed": dpo_in_trl(tmp / "base", data, tmp, steps, every,
+                                                                        False, True)}
     rows = [[name, r["tokens_per_second"], r["wall_seconds"], r["peak_mb"]] for name, r in results.items()]
     print(table(["job", "real tokens/s in training", "wall s (all of it)", "peak MB"], rows))
     for mine, other in (("here, LoRA", "trl, LoRA"), ("here, every weight", "trl, every weight")):

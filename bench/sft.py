@@ -93,6 +93,12 @@ def trained_here(base: Path, data: Path, out: Path, steps: int, every: int, chec
                "train.eval_interval=1000000", "train.eval_windows=8", "train.snapshots=0", "train.dtype=float32",
                "train.threads=1", "train.max_minutes=null", f"train.log_interval={every}", "train.grad_clip=1.0",
                f"train.checkpointing={str(checkpointing).lower()}"]
+    return measured_here(command, out)
+
+
+def measured_here(command: list[str], out: Path) -> dict:
+    """train.py's command run in a process of its own: its real tokens a second (the logged
+    intervals, the first left out), its tokens, its wall time and its peak memory."""
     peak, _, wall = peak_of(command)
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     speeds = [row["train/tokens_per_sec"] for row in logged if "train/tokens_per_sec" in row][1:]
@@ -134,6 +140,16 @@ def child(base: str, data: str, result: str, steps: int, every: int, checkpointi
                            dataloader_num_workers=0, seed=0)
     lora = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules="all-linear",
                            task_type="CAUSAL_LM")
+    timed_in_trl(lambda callbacks: trl.SFTTrainer(model=model, args=config, train_dataset=dataset,
+                                                  processing_class=tokenizer, peft_config=lora, callbacks=callbacks),
+                 result)
+
+
+def timed_in_trl(make_trainer, result: str) -> None:
+    """A trl trainer (make_trainer(its callbacks)) trained, and its real tokens a second (trl's
+    num_tokens at each logging step, the first interval left out, as here) written to result."""
+    import transformers
+
     logged = []  # (when, real tokens so far) at each logging step
 
     class Clock(transformers.TrainerCallback):
@@ -141,10 +157,8 @@ def child(base: str, data: str, result: str, steps: int, every: int, checkpointi
             if logs and "num_tokens" in logs:
                 logged.append((time.perf_counter(), logs["num_tokens"]))
 
-    trainer = trl.SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
-                             peft_config=lora, callbacks=[Clock()])
-    metrics = trainer.train().metrics
-    (start, before), (end, after) = logged[0], logged[-1]  # (the first interval left out, as here)
+    metrics = make_trainer([Clock()]).train().metrics
+    (start, before), (end, after) = logged[0], logged[-1]
     Path(result).write_text(json.dumps({"tokens_per_second": (after - before) / (end - start), "tokens": after,
                                         "train_seconds": metrics["train_runtime"]}))
 

@@ -12,14 +12,14 @@ import pytest
 from conftest import ROOT
 
 SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer", "elastic", "prepare", "snapshots",
-           "finetune", "induction", "packing", "sft"]
+           "finetune", "induction", "packing", "sft", "dpo"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_benchmark_quick_mode(tmp_path, name):
     pytest.importorskip("transformers")
-    if name == "sft":
+    if name in ("sft", "dpo"):
         pytest.importorskip("trl")
     if name == "explorer" and not os.path.exists("/usr/bin/chromium") and os.environ.get("CI") != "true":
         pytest.skip("no Chromium: apt-get install -y chromium")
