@@ -1,8 +1,8 @@
 """Preference tuning, here and in trl: the same DPO job by this project's train.py and by trl's
 DPOTrainer, LoRA (peft, no second model: the reference is the model with its adapters off on
-both sides) and every weight (a frozen copy as the reference on both sides), and trl with its
-reference log-probabilities computed once before training (precompute_ref_log_probs, which
-this project does not have).
+both sides) and every weight (a frozen copy as the reference on both sides), each also with
+the reference's log-probabilities computed once before training (trl's
+precompute_ref_log_probs, dpo.precompute here).
 
 The job: bench/sft.py's random Qwen2-shaped base (its byte-level BPE, a ChatML template with
 tools whose {% generation %} blocks mark the answers) and pairs of weather calls (data/tasks.py
@@ -31,14 +31,15 @@ PAIRS = 8  # a step
 LR, BETA = 1e-4, 0.1
 
 
-def dpo_here(base: Path, data: Path, out: Path, steps: int, every: int, lora: bool) -> dict:
+def dpo_here(base: Path, data: Path, out: Path, steps: int, every: int, lora: bool, precompute: bool) -> dict:
     """This project's train.py on the job (configs/dpo.yaml's settings, the bench's overrides)."""
     command = [sys.executable, "train.py", "--config", "configs/dpo.yaml", f"out_dir={out}", f"data.source={data}",
                f"data.cache_dir={out.parent / 'cache'}", f"train.init_from={base}", f"model.block_size={CONTEXT}",
                f"lora.rank={RANK if lora else 0}", f"lora.alpha={ALPHA}", "lora.dropout=0", f"train.lr={LR}",
                f"train.min_lr={LR}", "train.warmup_iters=0", f"train.max_iters={steps}", f"train.batch_size={PAIRS}",
                "train.eval_interval=1000000", "train.eval_windows=8", "train.snapshots=0", "train.dtype=float32",
-               "train.threads=1", "train.max_minutes=null", f"train.log_interval={every}", f"dpo.beta={BETA}"]
+               "train.threads=1", "train.max_minutes=null", f"train.log_interval={every}", f"dpo.beta={BETA}",
+               f"dpo.precompute={str(precompute).lower()}"]
     return measured_here(command, out)
 
 
@@ -101,16 +102,18 @@ def main() -> None:
         make_base(tmp / "base", job_conversations(200))  # (its tokenizer learns the calls' words)
         data = tmp / "pairs.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in call_pairs(count)))
-        results = {"here, LoRA": dpo_here(tmp / "base", data, tmp / "here-lora", steps, every, True),
-                   "trl, LoRA": dpo_in_trl(tmp / "base", data, tmp, steps, every, True, False),
-                   "trl, LoRA, reference precomputed": dpo_in_trl(tmp / "base", data, tmp, steps, every, True, True),
-                   "here, every weight": dpo_here(tmp / "base", data, tmp / "here-full", steps, every, False),
-                   "trl, every weight": dpo_in_trl(tmp / "base", data, tmp, steps, every, False, False),
-                   "trl, every weight, reference precomputed": dpo_in_trl(tmp / "base", data, tmp, steps, every,
-                                                                        False, True)}
+        results = {}
+        for weights, lora in (("LoRA", True), ("every weight", False)):
+            for precomputed, precompute in (("", False), (", reference precomputed", True)):
+                here = tmp / f"here-{lora}-{precompute}"
+                results[f"here, {weights}{precomputed}"] = dpo_here(tmp / "base", data, here, steps, every, lora,
+                                                                    precompute)
+                results[f"trl, {weights}{precomputed}"] = dpo_in_trl(tmp / "base", data, tmp, steps, every, lora,
+                                                                     precompute)
     rows = [[name, r["tokens_per_second"], r["wall_seconds"], r["peak_mb"]] for name, r in results.items()]
     print(table(["job", "real tokens/s in training", "wall s (all of it)", "peak MB"], rows))
-    for mine, other in (("here, LoRA", "trl, LoRA"), ("here, every weight", "trl, every weight")):
+    for mine in (name for name in results if name.startswith("here")):
+        other = mine.replace("here", "trl", 1)
         a, b = results[mine], results[other]
         print(f"{mine} / {other}: {a['tokens_per_second'] / b['tokens_per_second']:.2f}x the tokens a second, "
               f"{a['peak_mb'] / b['peak_mb']:.2f}x the peak memory")

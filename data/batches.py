@@ -208,8 +208,8 @@ class ConversationSampler:
         self.row = 0  # rows of this epoch already taken
         self.plan = self.rows_of(0)
         if not self.plan:
-            raise DataError("the data.sources weights leave no conversation in an epoch (a weight below 1 takes "
-                            "that share of a source's conversations); raise them")
+            raise DataError(f"the data.sources weights leave no {self.items[:-1]} in an epoch (a weight below 1 "
+                            f"takes that share of a source's {self.items}); raise them")
         self.drawn = 0  # the real tokens of the batches this process drew (inputs; padding left out)
 
     def usable_items(self) -> np.ndarray:

@@ -59,10 +59,11 @@ class ChatJob(Job):
         default template, whose markers the tokenizer then gets as special tokens."""
         from data.prepare import token_folder
 
-        from .chat_data import ChatFormat, ConversationData, prepare_mixture
+        from .chat_data import ChatFormat, ConversationData, conversation_format, prepare_mixture
 
         if self.config.sources is not None:
-            return prepare_mixture(self.config, progress, tokenizer, chat_template)
+            return prepare_mixture(self.config, progress, tokenizer,
+                                   lambda part: conversation_format(part, chat_template))
         directory, built = token_folder(self.config, ChatFormat(self.source, chat_template), tokenizer, progress)
         return ConversationData.read(directory, built)
 

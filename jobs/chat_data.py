@@ -3,7 +3,8 @@
     ChatFormat        how conversations become token files (data/prepare.py's Format): each
                       rendered by the chat template, with the assistant's flags and where each starts
     ConversationData  its prepared corpus: the trainer's rows (packed or not), fixed rows to score
-    prepare_mixture   several sources of conversations, each tokenized once, one after the other
+    prepare_mixture   several sources of one kind (conversations, pairs), each tokenized once, one
+                      after the other
     scoring           evaluate.py's: the loss on the answers, and the last answer written by the model
 """
 
@@ -111,6 +112,10 @@ class ConversationData(TokenFiles):
                               for split, tokens in (("train", data.train), ("val", data.val))}
         return data
 
+    def items(self, split: str) -> int:
+        """How many conversations a split holds (what a sampler draws, and a mixture weighs)."""
+        return len(self.conversations[split])
+
     def sampler(self, block_size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1,
                 pack: bool = False) -> ConversationSampler:
         """Epochs of the training conversations, packed several a row with `pack`, a mixture's
@@ -157,33 +162,40 @@ class ConversationData(TokenFiles):
         return None
 
 
-def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | None,
-                    chat_template: str | None) -> ConversationData:
-    """A mixture of conversation sources (data.sources): each tokenized once into token files
-    of its own (as it would be alone, with one tokenizer: the one given, or one trained on all
-    of their training conversations), then put one after the other; `weights` says which
-    training conversations are each source's, and its weight. The mixture's folder holds the
-    trained tokenizer and a meta.json of the whole: the parts' folders and fingerprints, the
-    counts added up."""
+def conversation_format(part: DataConfig, chat_template: str | None) -> ChatFormat:
+    """A mixture's source of conversations (prepare_mixture's format_of), or a one-line refusal."""
+    src = chat_source(part)
+    if src is None:
+        raise DataError(f"data.sources mixes conversations; {part.source!r} is not conversations (a \"messages\" "
+                        "column, or \"prompt\" and \"response\"): train on a text alone with data.source")
+    return ChatFormat(src, chat_template)
+
+
+def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | None, format_of,
+                    data_class: type[ConversationData] = ConversationData) -> ConversationData:
+    """A mixture of sources of one kind (data.sources): format_of(part) is each source's Format
+    (conversation_format, or the preference job's), refusing a source of another kind; each is
+    tokenized once into token files of its own (as it would be alone, with one tokenizer: the
+    one given, or one trained on all of their training records), then put one after the other
+    as one data_class; `weights` says which training items (conversations, pairs) are each
+    source's, and its weight. The mixture's folder holds the trained tokenizer and a meta.json
+    of the whole: the parts' folders and fingerprints, the counts added up."""
     parts = config.parts()
-    sources = []
-    for part, _ in parts:
-        src = chat_source(part)
-        if src is None:
-            raise DataError(f"data.sources mixes conversations; {part.source!r} is not conversations (a \"messages\" "
-                            "column, or \"prompt\" and \"response\"): train on a text alone with data.source")
-        sources.append(src)
-    settings = tokenizer_settings(config, tokenizer) | template_settings(chat_template)
-    folder_key = fingerprint_of({"sources": [src.identity for src in sources], "settings": settings})
+    forms = [format_of(part) for part, _ in parts]
+    for (part, _), form in zip(parts[1:], forms[1:]):
+        if form.settings != forms[0].settings:
+            raise DataError(f"data.sources: {part.source!r} is written otherwise than {parts[0][0].source!r} (pairs "
+                            "of messages beside pairs of plain text); give a mixture sources written alike")
+    settings = tokenizer_settings(config, tokenizer) | forms[0].settings
+    folder_key = fingerprint_of({"sources": [form.source.identity for form in forms], "settings": settings})
     directory = cache_folder(config, f"{MIXTURE}-{settings['tokenizer']}-{folder_key}")
-    if tokenizer is None:  # one tokenizer for all, trained once on what every source's messages say
-        records = (record for src in sources for record in src.train())
-        build(directory / TOKENIZER, lambda tmp: train_tokenizer(config.tokenizer, ChatFormat.texts(records),
+    if tokenizer is None:  # one tokenizer for all, trained once on what every source's records say
+        records = (record for form in forms for record in form.source.train())
+        build(directory / TOKENIZER, lambda tmp: train_tokenizer(config.tokenizer, forms[0].texts(records),
                                                                  config.vocab_size).save(str(tmp)))
         tokenizer = load_tokenizer(directory / TOKENIZER)
-    datas = [ConversationData.read(*token_folder(part, ChatFormat(src, chat_template), tokenizer, progress))
-             for (part, _), src in zip(parts, sources)]
-    starts = np.cumsum([0] + [len(data.conversations["train"]) for data in datas])
+    datas = [data_class.read(*token_folder(part, form, tokenizer, progress)) for (part, _), form in zip(parts, forms)]
+    starts = np.cumsum([0] + [data.items("train") for data in datas])
     weights = [(np.arange(starts[i], starts[i + 1]), weight) for i, (_, weight) in enumerate(parts)]
     conversations = {split: joined([data.conversations[split] for data in datas]) for split in SPLITS}
     counts = {key: sum(data.meta[key] for data in datas) for key in datas[0].meta
@@ -203,9 +215,8 @@ def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | N
     weighted = {**meta, "fingerprint": fingerprint_of([[data.meta["fingerprint"], weight]
                                                         for data, (_, weight) in zip(datas, parts)]),
                 "parts": [folder | {"weight": weight} for folder, (_, weight) in zip(folders, parts)]}
-    return ConversationData(directory, datas[0].tokenizer, conversations["train"].tokens, conversations["val"].tokens,
-                            weighted, built=any(data.built for data in datas), conversations=conversations,
-                            weights=weights)
+    return data_class(directory, datas[0].tokenizer, conversations["train"].tokens, conversations["val"].tokens,
+                      weighted, built=any(data.built for data in datas), conversations=conversations, weights=weights)
 
 
 def joined(parts: list[Conversations]) -> Conversations:

@@ -17,7 +17,9 @@ stops growing once it is reached.
 
 The reference is what trains' to give (training/trained.py): a frozen copy of the starting
 weights; with LoRA, the same model with its adapters off (no second copy: the frozen
-matrices are the starting weights).
+matrices are the starting weights). With dpo.precompute (trl's precompute_ref_log_probs) the
+reference scores every pair once, before the first step, and is then let go: no reference
+pass a step, and no copy held while training.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from data.batches import IGNORE
+from data.batches import IGNORE, Conversations, fits, pair_batch
+from machine.device import autocast
 from model import GPT, evaluating
 
 LOSSES = ("sigmoid", "ipo")
@@ -40,6 +43,7 @@ class DPOConfig:
 
     beta: float = 0.1  # how strongly the policy is held to the reference (trl's default 0.1)
     loss: str = "sigmoid"  # sigmoid: DPO's −log σ(margin); ipo: (margin − 1/(2β))², per-token log-probabilities
+    precompute: bool = False  # the reference scores each pair once before training, and is let go
 
     def __post_init__(self) -> None:
         if not self.beta > 0:
@@ -136,6 +140,24 @@ def dpo_loss(policy: torch.Tensor, reference: torch.Tensor, lengths: torch.Tenso
                            "logps/chosen": chosen_logps.mean(), "logps/rejected": rejected_logps.mean()}
 
 
+@torch.no_grad()
+def reference_table(reference, model: GPT, pairs: Conversations, block_size: int, batch_size: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """[P, 2] the reference's log-probability of each pair's chosen and rejected answer, as a
+    step would compute it (shared rows, the run's autocast), NaN for a pair that does not fit
+    the context (no batch holds it). reference.use(model): a context giving the reference."""
+    device = model.lm_head.weight.device
+    table = torch.full((len(pairs) // 2, 2), float("nan"))
+    usable = fits(pairs, block_size)
+    for start in range(0, len(usable), batch_size):
+        x, y, indices = pair_batch(pairs, usable[start:start + batch_size], block_size)
+        rows = shared_rows(x.to(device), y.to(device))
+        with autocast(device, dtype), reference.use(model) as scorer:
+            logps = side_logps(scorer, rows)[0].float().cpu()
+        table[indices] = torch.stack(logps.chunk(2), dim=1)  # [2B] (chosen answers first) -> [B, 2]
+    return table
+
+
 class DPO:
     """The objective of a preference job: a batch (x, y [B, 2, L], each pair's chosen and
     rejected rows; the pairs' indices [B]) through the model that trains and the reference;
@@ -143,27 +165,33 @@ class DPO:
 
     per_token = False  # the loss is a mean over pairs
 
-    def __init__(self, config: DPOConfig, model: GPT, reference):
+    def __init__(self, config: DPOConfig, model: GPT, reference=None, tables: dict[str, torch.Tensor] | None = None):
         self.config = config
         self.model = model  # the model that trains, unwrapped (the reference may be it, its adapters off)
         self.reference = reference  # .use(model): a context giving the reference model (training/trained.py)
+        self.tables = tables  # or each split's reference_table, computed once (dpo.precompute)
 
-    def reference_logps(self, rows: SharedRows) -> torch.Tensor:
-        """[2B] the reference's log-probability of each answer."""
+    def reference_logps(self, rows: SharedRows, indices: torch.Tensor, split: str) -> torch.Tensor:
+        """[2B] the reference's log-probability of each answer of the pairs `indices` of `split`."""
+        if self.tables is not None:
+            chosen, rejected = self.tables[split][indices].unbind(1)
+            return torch.cat([chosen, rejected]).to(rows.x.device)
         with torch.no_grad(), self.reference.use(self.model) as reference:
             return side_logps(reference, rows)[0]
 
     def __call__(self, forward, batch, device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         rows = shared_rows(*(t.to(device, non_blocking=True) for t in batch[:2]))  # each pair's prompt once
         policy, lengths = side_logps(forward, rows)
-        return dpo_loss(policy, self.reference_logps(rows), lengths, self.config.beta, self.config.loss)
+        return dpo_loss(policy, self.reference_logps(rows, batch[2], "train"), lengths, self.config.beta,
+                        self.config.loss)
 
     @torch.no_grad()
-    def evaluate(self, model: GPT, batch, device: torch.device) -> tuple[dict[str, float], int]:
-        """The sums over a batch of fixed pairs of the loss and of each figure, and how many pairs."""
+    def evaluate(self, model: GPT, batch, device: torch.device, split: str) -> tuple[dict[str, float], int]:
+        """The sums over a batch of fixed pairs of `split` of the loss and of each figure, and how many pairs."""
         rows = shared_rows(*(t.to(device) for t in batch[:2]))
         with evaluating(model):
             policy, lengths = side_logps(model, rows)
-        loss, figures = dpo_loss(policy, self.reference_logps(rows), lengths, self.config.beta, self.config.loss)
+        loss, figures = dpo_loss(policy, self.reference_logps(rows, batch[2], split), lengths, self.config.beta,
+                                 self.config.loss)
         pairs = len(rows.x)
         return {"loss": loss.item() * pairs, **{key: value.item() * pairs for key, value in figures.items()}}, pairs

@@ -17,6 +17,8 @@ from data.config import DataConfig
 from runs.folder import RunDir
 
 if TYPE_CHECKING:  # (what a job hands over, or is handed: none of it is needed to make one)
+    import torch
+
     from data.prepare import TokenFiles
     from model import GPT
 
@@ -91,10 +93,12 @@ class Job(ABC):
     def try_it(self, out_dir: Path, prompt: str | None) -> str:
         """The command a finished run suggests to try its model with."""
 
-    def objective(self, config, model: "GPT", reference: Callable[[], Any]):
+    def objective(self, run, model: "GPT", reference: Callable[[], Any], dtype: "torch.dtype", say: bool):
         """What training lowers, called on each micro-batch (jobs/objective.py): here each next
-        token's cross-entropy. config: the run's; reference: () -> the weights training started
-        from, for a kind that measures against them (jobs/dpo.py)."""
+        token's cross-entropy. run: training/preparation.py's PreparedRun (its config, its data);
+        model: the model that trains, holding the weights training starts from; reference: () ->
+        those weights, for a kind that measures against them (jobs/dpo.py); dtype: the run's
+        autocast; say: whether this process prints what it does."""
         from .objective import NextToken
 
         return NextToken()

@@ -25,9 +25,9 @@ class NextToken:
         return loss, {}
 
     @torch.no_grad()
-    def evaluate(self, model: GPT, batch, device: torch.device) -> tuple[dict[str, float], int]:
+    def evaluate(self, model: GPT, batch, device: torch.device, split: str) -> tuple[dict[str, float], int]:
         """({"loss": the sum of the cross-entropies}, how many targets were scored) over a batch
-        of fixed rows (x, y), so that batches and processes add up."""
+        of fixed rows (x, y) of `split`, so that batches and processes add up."""
         x, y = (t.to(device) for t in batch[:2])
         with evaluating(model):
             logits, _ = model(x)

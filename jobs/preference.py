@@ -8,12 +8,14 @@ pairs as a text's is."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
 from cli.program import UserError
 from data.config import DataConfig
+from data.shared import DataError
 from runs.folder import RunDir
 
 from .chat import ChatJob
@@ -34,13 +36,18 @@ class PreferenceJob(Job):
 
     @classmethod
     def takes(cls, config: DataConfig) -> PreferenceJob | None:
-        """A source whose records are pairs ("chosen" and "rejected")."""
+        """A source whose records are pairs ("chosen" and "rejected"), or a mixture (data.sources)
+        whose first source's are."""
         from data.preferences import preference_source
 
         if config.sources is not None:
-            return None  # (a mixture is of conversations)
+            return cls(config) if preference_source(config.parts()[0][0]) is not None else None
         source = preference_source(config)
         return cls(config, source) if source is not None else None
+
+    def sources(self) -> list:
+        """The source of pairs, or a mixture's every source."""
+        return [self.source] if self.config.sources is None else [pairs_in(part) for part, _ in self.config.parts()]
 
     @classmethod
     def of_run(cls, run: RunDir) -> PreferenceJob:
@@ -59,17 +66,23 @@ class PreferenceJob(Job):
         or the default's, for conversational pairs)."""
         from data.prepare import token_folder
 
+        from .chat_data import prepare_mixture
         from .preference_data import PreferenceData, PreferenceFormat
 
         if tokenizer is None:
             raise UserError("preference tuning (DPO) tunes a model brought in, measured against where it starts: set "
                             "train.init_from to it (a run folder, e.g. one fine-tuned on conversations, or a "
                             "transformers model)")
-        first = next(self.source.train(), None)
-        conversational = first is not None and first[1].conversational
-        directory, built = token_folder(self.config, PreferenceFormat(self.source, chat_template, conversational),
-                                        tokenizer, progress)
-        data = PreferenceData.read(directory, built)
+        def format_of(source) -> PreferenceFormat:
+            """Its pairs' token files: messages (rendered by the template) or texts, as its first pair's."""
+            first = next(source.train(), None)
+            return PreferenceFormat(source, chat_template, first is not None and first[1].conversational)
+
+        if self.config.sources is not None:
+            data = prepare_mixture(self.config, progress, tokenizer, lambda part: format_of(pairs_in(part)),
+                                   PreferenceData)
+        else:
+            data = PreferenceData.read(*token_folder(self.config, format_of(self.source), tokenizer, progress))
         self.template = data.meta["chat_template"]
         return data
 
@@ -81,11 +94,24 @@ class PreferenceJob(Job):
     def try_it(self, out_dir: Path, prompt: str | None) -> str:
         return self.answers().try_it(out_dir, prompt)
 
-    def objective(self, config, model, reference):
-        """DPO (jobs/dpo.py, the run's dpo: section) against the weights training started from."""
-        from .dpo import DPO
+    def objective(self, run, model, reference, dtype, say):
+        """DPO (jobs/dpo.py, the run's dpo: section) against the weights training started from:
+        the reference run beside the model at each step, or, with dpo.precompute, run over every
+        pair once, here, and let go."""
+        from .dpo import DPO, reference_table
 
-        return DPO(config.dpo, model, reference())
+        settings = run.config.dpo
+        if not settings.precompute:
+            return DPO(settings, model, reference())
+        started = time.perf_counter()
+        scorer = reference()
+        tables = {split: reference_table(scorer, model, pairs, run.model_config.block_size, run.config.train.batch_size,
+                                         dtype) for split, pairs in run.data.conversations.items()}
+        if say:
+            counts = " and ".join(f"{int(table[:, 0].isfinite().sum()):,} {split}" for split, table in tables.items())
+            print(f"the reference's log-probabilities of {counts} pairs computed once in "
+                  f"{time.perf_counter() - started:.1f} s (dpo.precompute)")
+        return DPO(settings, model, tables=tables)
 
     # ---- the programs ------------------------------------------------------------------------
 
@@ -110,7 +136,7 @@ class PreferenceJob(Job):
         from .chat_data import chosen_template
         from .preference_data import pairs_of, score_pairs
 
-        pairs = pairs_of(self.source, whole=scoring.text is not None)
+        pairs = pairs_of(self.sources(), whole=scoring.text is not None)
         template = chosen_template(scoring, tokenizer) if pairs and pairs[0].conversational else None
         reference, beta = self.reference_of(scoring)
         result = score_pairs(model, reference, tokenizer, template, pairs, beta, scoring.batch_size, scoring.device)
@@ -142,3 +168,14 @@ class PreferenceJob(Job):
                          f"chosen ranked first {r['ranked_right']:.1%} | mean margin {r['margin']:.4f} | reward of the "
                          f"chosen {r['chosen_reward']:.4f}, of the rejected {r['rejected_reward']:.4f} ({against})"]
 
+
+
+def pairs_in(part: DataConfig):
+    """A mixture's source of pairs (data/conversations.py's ChatSource), or a one-line refusal."""
+    from data.preferences import preference_source
+
+    source = preference_source(part)
+    if source is None:
+        raise DataError(f"data.sources mixes preference pairs; {part.source!r} holds none (\"chosen\" and \"rejected\" "
+                        "answers): give a mixture sources of one kind")
+    return source

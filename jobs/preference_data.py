@@ -98,13 +98,18 @@ class PreferenceFormat:
 class PreferenceData(ConversationData):
     """Pairs' token files (PreferenceFormat): each split's sequences as Conversations, two a pair."""
 
+    def items(self, split: str) -> int:
+        """How many pairs a split holds."""
+        return len(self.conversations[split]) // 2
+
     def sampler(self, block_size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1,
                 pack: bool = False) -> PairSampler:
-        """Epochs of the training pairs, batch_size pairs a batch (x, y [B, 2, L])."""
+        """Epochs of the training pairs, batch_size pairs a batch (x, y [B, 2, L]), a mixture's sources weighted."""
         if pack:
             raise DataError("train.packing packs conversations; a preference pair's two sides are compared side by "
                             "side, a pair a row: remove train.packing")
-        return PairSampler(self.conversations["train"], block_size, batch_size, seed, rank, world_size)
+        return PairSampler(self.conversations["train"], block_size, batch_size, seed, rank, world_size,
+                           weights=self.weights)
 
     def evaluation_rows(self, split: str, block_size: int, count: int, seed: int) -> tuple:
         """The same `count` pairs of a split at every evaluation (all of them, if fewer)."""
@@ -174,10 +179,13 @@ def score_pairs(model: GPT, reference: GPT | None, tokenizer: Tokenizer, templat
             "against": "reference" if reference is not None else "none"}
 
 
-def pairs_of(source: ChatSource, whole: bool) -> list[Pair]:
-    """The pairs to score: all of a file (whole), or a run's validation pairs; bad ones skipped and said."""
-    pairs = [pair for _, pair in (source.everything() if whole else source.val())]
-    if source.skipped.count:
-        print(f"note: {source.skipped.count:,} of {source.skipped.seen:,} pairs of {source.label} are bad and "
-              f"skipped: {source.skipped.said()}", file=sys.stderr)
+def pairs_of(sources: list[ChatSource], whole: bool) -> list[Pair]:
+    """The pairs to score: all of a file (whole), or a run's validation pairs (a mixture's every
+    source's); bad ones skipped and said."""
+    pairs = []
+    for source in sources:
+        pairs += [pair for _, pair in (source.everything() if whole else source.val())]
+        if source.skipped.count:
+            print(f"note: {source.skipped.count:,} of {source.skipped.seen:,} pairs of {source.label} are bad and "
+                  f"skipped: {source.skipped.said()}", file=sys.stderr)
     return pairs

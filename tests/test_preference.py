@@ -2,6 +2,7 @@
 definition, a run's first steps equal to trl's DPOTrainer on the same model and pairs, the
 reference (a frozen copy, or the model with its adapters off), resume, and evaluate.py on pairs."""
 
+import collections
 import json
 import math
 import random
@@ -264,6 +265,124 @@ def test_a_preference_run_logs_its_rewards_and_resumes_exactly(base):
     assert summary["job"] == "preference" and summary["val_loss"] < 1
 
 
+def test_a_reference_computed_once_gives_the_steps_a_reference_run_each_step_gives(base, capsys):
+    """dpo.precompute: the reference scores every pair before the first step (said, with the
+    counts) and is let go; the run's losses, rewards and validation figures are those of a run
+    that runs the reference at each step, and stopped at 2 and resumed to 3 its weights are
+    those of the run straight to 3 (the table computed again from the same starting weights)."""
+    import train
+    from safetensors.torch import load_file
+
+    steps = ["train.batch_size=8", "train.eval_interval=2"]
+    assert train.main(dpo_run(base, "each-step", "train.max_iters=3", *steps)) == 0
+    assert train.main(dpo_run(base, "once", "train.max_iters=3", "dpo.precompute=true", *steps)) == 0
+    said = capsys.readouterr().out
+    assert "the reference's log-probabilities of 36 train and 4 val pairs computed once" in said
+    each_step, once = logged(base / "each-step"), logged(base / "once")
+    assert len(once) == len(each_step) == 3
+    for a, b in zip(each_step, once):
+        for name in FIGURES:
+            assert b[f"train/{name}"] == pytest.approx(a[f"train/{name}"], rel=1e-5, abs=1e-6), name
+    val = [[json.loads(line) for line in (base / run / "metrics.jsonl").read_text().splitlines()
+            if "val/rewards/margins" in line] for run in ("each-step", "once")]
+    assert len(val[0]) == len(val[1]) >= 2
+    for a, b in zip(*val):
+        for name in ("val/loss", "train/eval_loss", *(f"val/{name}" for name in FIGURES[1:])):
+            assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-6), name
+    assert train.main(dpo_run(base, "once-resumed", "train.max_iters=2", "dpo.precompute=true", *steps)) == 0
+    assert train.main(dpo_run(base, "once-resumed", "train.max_iters=3", "dpo.precompute=true", *steps)) == 0
+    straight, resumed = (load_file(base / name / "model.safetensors") for name in ("once", "once-resumed"))
+    assert all(torch.equal(straight[name], resumed[name]) for name in straight)
+
+
+def test_a_mixture_of_pair_sources_weighs_each_and_tunes(base, capsys):
+    """data.sources of two files of pairs, the second weighted 2 and holding a bad pair: one
+    preference job, each source's pairs drawn `weight` times an epoch, the bad pair counted and
+    said; it tunes, and evaluate.py --split val ranks both sources' validation pairs. A source of
+    conversations among pairs is refused in one line."""
+    import train
+    from jobs import job_for, prepare
+    from runs.folder import RunDir
+
+    lines = (base / "pairs.jsonl").read_text().splitlines()
+    (base / "first.jsonl").write_text("".join(line + "\n" for line in lines[:20]))
+    bad = json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "2"})  # chosen equal to rejected
+    (base / "second.jsonl").write_text("".join(line + "\n" for line in [*lines[20:], bad]))
+    sources = f"data.sources=[{base / 'first.jsonl'}, {{source: {base / 'second.jsonl'}, weight: 2}}]"
+    mixed = DataConfig(sources=[str(base / "first.jsonl"), {"source": str(base / "second.jsonl"), "weight": 2}],
+                       cache_dir=str(base / "cache"), skip_bad_records=0.1)
+    assert job_for(mixed).name == "preference"
+    _, tokenizer = RunDir(base / "base").load_model()
+    data = prepare(mixed, progress=False, tokenizer=tokenizer)
+    assert data.items("train") == 18 + 18 and data.items("val") == 2 + 2
+    assert data.meta["skipped"]["reasons"] == {"with chosen equal to rejected": 1}
+    epoch = data.sampler(64, 4, seed=0).rows_of(0)
+    drawn = collections.Counter(int(i) for i in epoch)
+    assert {drawn[i] for i in range(18)} == {1} and {drawn[i] for i in range(18, 36)} == {2} and len(epoch) == 54
+    run = dpo_run(base, "mixed", "train.max_iters=2", "train.batch_size=8", "data.skip_bad_records=0.1")
+    assert train.main([*run, "data.source=mixture", sources]) == 0
+    assert "1 with chosen equal to rejected" in capsys.readouterr().out  # (the bad pair said)
+    assert json.loads((base / "mixed" / "summary.json").read_text())["job"] == "preference"
+    assert evaluate.main(["--checkpoint", str(base / "mixed"), "--split", "val", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["pairs"] == 4
+    (base / "talk.jsonl").write_text(json.dumps({"messages": USER + answer("21")}) + "\n")
+    talk = f"data.sources=[{base / 'first.jsonl'}, {base / 'talk.jsonl'}]"
+    refused = run_cli("train.py", *run, "data.source=mixture", talk)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "talk.jsonl' holds none" in refused.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow  # (two torchrun launches of two processes: about 40 seconds)
+def test_two_processes_tune_what_one_process_tunes(base):
+    """torchrun, two processes on gloo, each half of every batch of pairs: the weights one
+    process tunes given the whole batch (DPO's loss is a mean over pairs, and DDP averages the
+    processes' gradients), the reference run at each step or computed once."""
+    import os
+    import subprocess
+    import sys
+
+    import train
+    from safetensors.torch import load_file
+
+    for precompute in ("false", "true"):
+        settings = ["train.max_iters=3", f"dpo.precompute={precompute}"]
+        assert train.main(dpo_run(base, f"one-{precompute}", "train.batch_size=8", *settings)) == 0
+        two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                              "train.py", *dpo_run(base, f"two-{precompute}", "train.batch_size=4", *settings)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert two.returncode == 0, two.stdout[-2000:] + two.stderr[-2000:]
+        one, both = (load_file(base / f"{name}-{precompute}" / "model.safetensors") for name in ("one", "two"))
+        assert all(torch.allclose(one[name], both[name], atol=1e-6) for name in one)
+        assert not all(torch.equal(one[name], load_file(base / "base" / "model.safetensors")[name]) for name in one)
+
+
+@pytest.mark.slow  # (a LoRA run, two exports, transformers and peft: about 15 seconds)
+def test_a_tuned_model_exports_as_any_run_does(base, tmp_path):
+    """A LoRA preference run exports to transformers (merged: our model's logits) and to peft
+    (its adapters over base/: the merged logits), as a fine-tuned run does."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    import export
+    import train
+    from runs.folder import RunDir
+
+    assert train.main(dpo_run(base, "lora-export", "train.max_iters=3", "lora.rank=4", "train.lr=1e-2")) == 0
+    run = str(base / "lora-export")
+    assert export.main(["--checkpoint", run, "--out", str(tmp_path / "merged")]) == 0
+    assert export.main(["--checkpoint", run, "--out", str(tmp_path / "peft"), "--adapters"]) == 0
+    ours, _ = RunDir(base / "lora-export").load_model()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    base_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "peft" / "base").eval()
+    x = torch.randint(0, merged.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(x).logits, ours.eval()(x)[0], atol=2e-5, rtol=0)
+        before = base_model(x).logits
+        adapted = peft.PeftModel.from_pretrained(base_model, tmp_path / "peft").eval()
+        torch.testing.assert_close(adapted(x).logits, merged(x).logits, atol=2e-5, rtol=0)
+        assert (before - merged(x).logits).abs().max() > 1e-3  # (the tuning changed the model)
+
+
 def test_lora_measures_against_the_model_with_its_adapters_off(base):
     """The reference of a LoRA run is the model itself with every update off (no second copy):
     after some steps its log-probabilities are still the base's; a module trained whole beside
@@ -287,7 +406,7 @@ def test_lora_measures_against_the_model_with_its_adapters_off(base):
     with torch.no_grad():
         base_logps, _ = side_logps(model, rows)
         tuned, _ = side_logps(adapted, rows)
-    reference = DPO(DPOConfig(), adapted, AdaptersOff()).reference_logps(rows)
+    reference = DPO(DPOConfig(), adapted, AdaptersOff()).reference_logps(rows, torch.tensor([0]), "train")
     assert reference.tolist() == pytest.approx(base_logps.tolist(), abs=1e-5)
     assert tuned.tolist() != pytest.approx(base_logps.tolist(), abs=1e-4)  # (the adapters trained do change it)
     refused = run_cli("train.py", *dpo_run(base, "lora-whole", "train.max_iters=1", "lora.rank=4",

@@ -47,10 +47,10 @@ class Evaluator:
         self.objective = objective if objective is not None else NextToken()  # what is scored (jobs/objective.py)
 
     @torch.no_grad()
-    def scores(self, model: GPT, rows: tuple) -> dict[str, float]:
-        """The objective's figures over fixed rows (a text's windows, conversations, pairs: their
-        tensors along the first dimension): "loss", the mean per scored target (or per pair),
-        and any others. Each process scores every world_size-th row, batch_size at a time, and
+    def scores(self, model: GPT, rows: tuple, split: str = "val") -> dict[str, float]:
+        """The objective's figures over fixed rows of `split` (a text's windows, conversations,
+        pairs: their tensors along the first dimension): "loss", the mean per scored target (or
+        per pair), and any others. Each process scores every world_size-th row, batch_size at a time, and
         the sums are added over the processes."""
         mine = [t[self.dist.rank::self.dist.world_size] for t in rows]
         totals: dict[str, float] = {}
@@ -58,7 +58,7 @@ class Evaluator:
         for start in range(0, len(mine[0]), self.batch_size):
             with autocast(self.device, self.dtype):
                 sums, scored = self.objective.evaluate(model, [t[start:start + self.batch_size] for t in mine],
-                                                       self.device)
+                                                       self.device, split)
             count += scored
             for name, value in sums.items():
                 totals[name] = totals.get(name, 0.0) + value
@@ -66,9 +66,9 @@ class Evaluator:
         *summed, count = self.dist.sum([totals[name] for name in names] + [count], self.device)
         return {name: value / count for name, value in zip(names, summed)}
 
-    def loss(self, model: GPT, rows: tuple) -> float:
-        """The objective's mean loss over fixed rows (scores)."""
-        return self.scores(model, rows)["loss"]
+    def loss(self, model: GPT, rows: tuple, split: str = "val") -> float:
+        """The objective's mean loss over fixed rows of `split` (scores)."""
+        return self.scores(model, rows, split)["loss"]
 
     @torch.no_grad()
     def estimate_seconds(self, model: GPT, clock=time.perf_counter) -> float:
@@ -78,7 +78,7 @@ class Evaluator:
         with evaluating(model):
             started = clock()
             with autocast(self.device, self.dtype):
-                self.objective.evaluate(model, [t[:self.batch_size] for t in self.val], self.device)
+                self.objective.evaluate(model, [t[:self.batch_size] for t in self.val], self.device, "val")
             per_batch = clock() - started
             batches = 2 * math.ceil(len(self.val[0]) / self.batch_size / self.dist.world_size)  # train and val
             started = clock()
@@ -103,7 +103,7 @@ class Evaluator:
         """Score `model` (`weights` says which they are) and `trained` if given (the
         weights that `model` averages), log the figures, the attention maps and a sample;
         returns the validation loss."""
-        train_loss, val = self.loss(model, self.train), self.scores(model, self.val)
+        train_loss, val = self.loss(model, self.train, "train"), self.scores(model, self.val)
         val_loss = val.pop("loss")
         figures, per = self.loss_figures(val_loss)
         metrics = {"val/loss": val_loss, "train/eval_loss": train_loss, **{f"val/{name}": value for name, value in val.items()},

@@ -102,7 +102,7 @@ class Trainer:
         # every weight, or LoRA's adapters over the model brought in (train.init_from), which it loads
         self.trained = what_trains(self.model, run, dtype)
         # what each step lowers: the next token's cross-entropy, or the job's own (DPO: against a reference)
-        self.objective = run.job.objective(run.config, self.model, self.trained.reference)
+        self.objective = run.job.objective(run, self.model, self.trained.reference, dtype, dist.is_main)
         if settings.checkpointing:  # less memory, a forward more per block
             recompute_in_backward(self.model)
         self.optimizers = make_optimizers(self.trained.groups(), settings, device)
