@@ -229,19 +229,24 @@ TOOL_RESULT = "/tool "  # --chat: a line that starts so gives the result of the 
 
 
 def chat(job: Job, model, tokenizer, checkpoint: Path, settings: Settings, device, system: str | None = None,
-         tools: list[dict] | None = None) -> None:
+         tools: list[dict] | None = None) -> int:
     """generate.py --chat: each line read (from the terminal, or piped in) is the user's
     message, or lines joined where one ends in a backslash; `system` opens the conversation;
     `tools` (--tools) are the tools the model may call: a reply that calls them is shown
     call by call (on stderr), and a line "/tool RESULT" gives each call's result, after which
-    the model answers."""
+    the model answers. A line refused is said and the next read; the exit code is 2 where
+    every line was refused."""
+    chosen = settings.max_new_tokens != Settings.max_new_tokens  # (else the reply's room fits what the tools leave)
     session = job.chat_session(model, tokenizer, checkpoint, sampling=settings.sampling,
                                max_new_tokens=settings.max_new_tokens, generator=seeded(settings.seed, device),
-                               note=lambda text: print(f"\nnote: {text}", file=sys.stderr), system=system, tools=tools)
+                               note=lambda text: print(f"\nnote: {text}", file=sys.stderr), system=system, tools=tools,
+                               fit_reply=not chosen)
     if sys.stdin.isatty():
         print("Type a message and press Enter (end a line with \\ to go on on the next; Ctrl-D to quit)"
               + (f"; give a tool's result as {TOOL_RESULT}RESULT." if tools else "."), file=sys.stderr)
+    lines = refused = 0
     for text in messages(sys.stdin):
+        lines += 1
         try:
             stream = Stream(sys.stdout, [])
             if text.startswith(TOOL_RESULT):
@@ -257,6 +262,11 @@ def chat(job: Job, model, tokenizer, checkpoint: Path, settings: Settings, devic
             say_waiting(session)
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
+            refused += 1
+    if lines and refused == lines:
+        print(f"error: every line ({refused}) was refused, none answered", file=sys.stderr)
+        return 2
+    return 0
 
 
 def say_waiting(session: Chat) -> None:
@@ -364,7 +374,8 @@ def command(args) -> int:
     model, tokenizer = load_model(args.checkpoint, device, dtype)
     settings = dataclasses.replace(settings, suppress_tokens=suppressed_ids(tokenizer))
     if args.chat:
-        chat(job_of(RunDir(args.checkpoint)), model, tokenizer, args.checkpoint, settings, device, args.system, tools)
+        return chat(job_of(RunDir(args.checkpoint)), model, tokenizer, args.checkpoint, settings, device, args.system,
+                    tools)
     elif interactive_mode:
         interactive(model, tokenizer, dataclasses.replace(settings, interactive=True), device)
     else:

@@ -92,8 +92,8 @@ class Skipped:
 
 def conversation(record, where: str) -> list[dict]:
     """The messages of one record ({"messages": [...]} or {"prompt", "response"[, "system"]}),
-    checked: known roles, text contents (an assistant's may be empty when it calls tools),
-    at least one assistant message, the roles in an order a chat can have (check_turns). A
+    checked: known roles, text contents (an assistant's may be empty when it calls tools, and
+    only then), at least one assistant message, the roles in an order a chat can have (check_turns). A
     message keeps its tool_calls, tool_call_id and name (a tool's) where it has them; a field
     with no value (a Parquet row's None) is left out. A bad record is a BadRecord."""
     if not isinstance(record, dict):
@@ -114,7 +114,7 @@ def conversation(record, where: str) -> list[dict]:
         calls = isinstance(message, dict) and message.get("role") == "assistant" and message.get("tool_calls")
         if (not isinstance(message, dict) or message.get("role") not in ROLES
                 or not (isinstance(message.get("content"), str) or (calls and message.get("content") is None))):
-            raise BadRecord("with a message that has no role or text", f"{where}, message {number}: each message "
+            raise BadRecord("with a message that has no role or text", f"{where}, message {number + 1}: each message "
                             f"needs a \"role\" ({', '.join(ROLES)}) and a text \"content\", not "
                             f"{json.dumps(message, ensure_ascii=False, default=str)[:80]}")
         kept = {"role": message["role"], "content": message.get("content") or ""}
@@ -122,8 +122,12 @@ def conversation(record, where: str) -> list[dict]:
             if message.get(key) is not None:
                 if not isinstance(message[key], kind):
                     raise BadRecord("with a message field of the wrong type",
-                                    f"{where}, message {number}: \"{key}\" must be a {kind.__name__}")
+                                    f"{where}, message {number + 1}: \"{key}\" must be a {kind.__name__}")
                 kept[key] = message[key]
+        if kept["role"] == "assistant" and not kept["content"].strip() and not kept.get("tool_calls"):
+            raise BadRecord("with an empty answer", f"{where}, message {number + 1}: the assistant says nothing and "
+                            "calls no tool, and the model would learn to answer with nothing",
+                            "give the answer its text, or leave the record out")
         checked.append(kept)
     if not any(message["role"] == "assistant" for message in checked):
         raise BadRecord("with no assistant message",
@@ -141,7 +145,7 @@ def check_turns(messages: list[dict], where: str) -> None:
     waiting: list = []  # the calls of the last assistant message that no tool has answered yet
 
     def refuse(number: int, problem: str, reason: str = "with the roles out of order"):
-        raise BadRecord(reason, f"{where}, message {number}: {problem}",
+        raise BadRecord(reason, f"{where}, message {number + 1}: {problem}",
                         "a chat goes [system,] user, assistant, user, ... with a tool's replies after the assistant's calls")
 
     for number, message in enumerate(messages):

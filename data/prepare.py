@@ -141,10 +141,15 @@ class TokenFiles:
         return self.meta["vocab_size"]
 
     def validated_on(self) -> str | None:
-        """What validates, where it is not a held-out cut of the training data: a dataset's own
-        split (data.hf_val_split), or in a mixture, the sources' that have one (None: cuts alone)."""
+        """What validates, said on a run's first line where it may surprise: a dataset's own split
+        (data.hf_val_split), a cut of the split an hf: dataset trains on (whatever data.hf_split
+        holds: `train[:30%]` too), or in a mixture, the sources' own splits (None: a local
+        source's cut, or a mixture's cuts alone)."""
         if self.meta.get("val_split"):
             return f"the dataset's {self.meta['val_split']} split"
+        source = self.meta.get("source", {})
+        if source.get("source") == "hf":
+            return f"the last {source['val_fraction'] * 100:g}% of its {source['split']} split, held out"
         own = [f"the {part['val_split']} split of {part['source']}" for part in self.meta.get("parts", [])
                if part.get("val_split")]
         return ", ".join(own) + " (the others: held-out cuts)" if own else None

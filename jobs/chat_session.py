@@ -63,11 +63,15 @@ class Chat:
     token. A reply that calls tools (data/tool_calls.py) waits for their results
     (`tool_result`), then the model answers them. When the conversation outgrows the context,
     its oldest exchanges are dropped (a system message stays) and `note` says so; the cache then
-    starts again. `system`: the system message it starts with."""
+    starts again. `system`: the system message it starts with.
+
+    The room kept for a reply is max_new_tokens, at most half the context; `fit_reply` (a
+    reply's length not chosen: generate.py's default) lets it shrink to half of what the system
+    prompt and the tools leave, said in a note, so that large tools leave a message room."""
 
     def __init__(self, model: GPT, tokenizer, template: ChatTemplate, sampling: Sampling, max_new_tokens: int,
                  generator: torch.Generator, note: Callable[[str], None], system: str | None = None,
-                 tools: list[dict] | None = None):
+                 tools: list[dict] | None = None, fit_reply: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.template = template
@@ -83,19 +87,33 @@ class Chat:
         self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
         self.waiting: list[dict] = []  # the calls of the last reply that no tool's result has answered yet
         self.ends = turn_ends(tokenizer)
+        # what every prompt holds before the conversation: the system prompt and the tools, with the template
+        self.fixed = len(prompt_ids(tokenizer, template, self.messages + [{"role": "user", "content": ""}], tools))
+        left = self.block_size - self.fixed  # for the messages and the replies
+        if left < 2:
+            raise UserError(f"the system prompt and the tools are {self.fixed} tokens with the template; the model's "
+                            f"context holds {self.block_size}: give fewer tools, a shorter system prompt, or a model "
+                            "with a larger context")
+        self.reply_room = min(max_new_tokens, self.block_size // 2)
+        if fit_reply and self.reply_room > left // 2:
+            self.reply_room = left // 2
+            note(f"the system prompt and the tools are {self.fixed} of the context's {self.block_size} tokens: "
+                 f"{self.reply_room} are kept for each reply (--max-new-tokens chooses)")
 
     def prompt(self) -> list[int]:
         """The conversation with the prompt for an answer, its oldest exchanges (a user's message
-        and all that follows it up to the next one) dropped until it leaves room for a reply (up
-        to max_new_tokens, at most half the context)."""
-        room = self.block_size - min(self.max_new_tokens, self.block_size // 2)
+        and all that follows it up to the next one) dropped until it leaves room for a reply
+        (reply_room)."""
+        room = self.block_size - self.reply_room
         dropped = 0
         while len(ids := prompt_ids(self.tokenizer, self.template, self.messages, self.tools)) > room:
             oldest = next((i for i, m in enumerate(self.messages) if m["role"] != "system"), len(self.messages))
             end = next((i for i in range(oldest + 1, len(self.messages)) if self.messages[i]["role"] == "user"), None)
             if end is None:  # (the exchange under way is all there is)
-                raise UserError(f"that message is {len(ids)} tokens with the template; the model's context holds "
-                                f"{self.block_size} and needs room for the reply: write less")
+                raise UserError(f"that message is {len(ids) - self.fixed} tokens with the template, after the "
+                                f"system prompt and the tools' {self.fixed}; the model's context holds "
+                                f"{self.block_size} and keeps {self.reply_room} for the reply: write less, or give a "
+                                "smaller --max-new-tokens, fewer tools, or a model with a larger context")
             del self.messages[oldest:end]
             dropped += 1
         if dropped:

@@ -26,17 +26,17 @@ def reply(to=None):
 
 
 @pytest.mark.parametrize("messages, said", [
-    ([ANSWER, USER, ANSWER], "message 0: the assistant speaks first"),
-    ([{"role": "system", "content": "Be brief."}, ANSWER], "message 1: the assistant speaks first"),
-    ([USER, USER, ANSWER], "message 1: a user message after a user message"),
-    ([USER, ANSWER, ANSWER], "message 2: two assistant messages in a row"),
-    ([USER, {"role": "system", "content": "x"}, ANSWER], "message 1: a system message after the conversation began"),
-    ([USER, ANSWER, reply(), ANSWER], "message 2: a tool's reply with no call of the assistant's before it"),
-    ([reply(), USER, ANSWER], "message 0: a tool's reply with no call"),
-    ([USER, calling("a"), reply("b"), ANSWER], "message 2: a tool's reply to call 'b', which no unanswered call"),
-    ([USER, calling("a"), reply("a"), reply("a"), ANSWER], "message 3: a tool's reply with no call"),
-    ([USER, calling(None, None), reply(), reply(), reply(), ANSWER], "message 4: a tool's reply with no call"),
-    ([USER, calling("a"), reply("a"), USER, ANSWER], "message 3: a user message after a tool message"),
+    ([ANSWER, USER, ANSWER], "message 1: the assistant speaks first"),
+    ([{"role": "system", "content": "Be brief."}, ANSWER], "message 2: the assistant speaks first"),
+    ([USER, USER, ANSWER], "message 2: a user message after a user message"),
+    ([USER, ANSWER, ANSWER], "message 3: two assistant messages in a row"),
+    ([USER, {"role": "system", "content": "x"}, ANSWER], "message 2: a system message after the conversation began"),
+    ([USER, ANSWER, reply(), ANSWER], "message 3: a tool's reply with no call of the assistant's before it"),
+    ([reply(), USER, ANSWER], "message 1: a tool's reply with no call"),
+    ([USER, calling("a"), reply("b"), ANSWER], "message 3: a tool's reply to call 'b', which no unanswered call"),
+    ([USER, calling("a"), reply("a"), reply("a"), ANSWER], "message 4: a tool's reply with no call"),
+    ([USER, calling(None, None), reply(), reply(), reply(), ANSWER], "message 5: a tool's reply with no call"),
+    ([USER, calling("a"), reply("a"), USER, ANSWER], "message 4: a user message after a tool message"),
 ])
 def test_a_conversation_whose_roles_are_out_of_order_is_a_bad_record(messages, said):
     with pytest.raises(BadRecord, match=said) as error:
@@ -55,6 +55,17 @@ def test_a_conversation_whose_roles_are_out_of_order_is_a_bad_record(messages, s
 ])
 def test_a_conversation_in_order_is_taken(messages):
     assert [m["role"] for m in conversation({"messages": messages}, "x")] == [m["role"] for m in messages]
+
+
+@pytest.mark.parametrize("empty", [{"role": "assistant", "content": ""}, {"role": "assistant", "content": " \n"},
+                                   {"role": "assistant", "content": "", "tool_calls": []}])
+def test_an_answer_with_no_text_and_no_call_is_a_bad_record(empty):
+    """Rows and messages both counted from 1; an answer that says nothing and calls nothing
+    would teach the model to answer with nothing (an empty text beside a call is taken above)."""
+    with pytest.raises(BadRecord, match=r"^chat.parquet, row 1832, message 4: the assistant says nothing and calls "
+                                        "no tool") as error:
+        conversation({"messages": [USER, ANSWER, USER, empty]}, "chat.parquet, row 1832")
+    assert error.value.reason == "with an empty answer"
 
 
 def write_jsonl(path, records):
@@ -85,9 +96,9 @@ def test_bad_records_are_skipped_counted_by_reason_and_named_up_to_the_limit(tmp
     assert sum(len(data.conversations[split]) for split in ("train", "val")) == 300
     skipped = data.meta["skipped"]
     assert skipped["reasons"] == {"with the roles out of order": 2, "that the chat template refused": 1}
-    assert skipped["of"] == 303 and skipped["first"][0].startswith(f"{path}, line 101, message 0: the assistant speaks")
-    assert skipped["first"][:2] == [f"{path}, line 101, message 0: the assistant speaks first",
-                                    f"{path}, line 202, message 1: a user message after a user message"]  # (no fix each)
+    assert skipped["of"] == 303 and skipped["first"][0].startswith(f"{path}, line 101, message 1: the assistant speaks")
+    assert skipped["first"][:2] == [f"{path}, line 101, message 1: the assistant speaks first",
+                                    f"{path}, line 202, message 2: a user message after a user message"]  # (no fix each)
     assert skipped["first"][2].startswith(f"{path}, line 203: the chat template of train.init_from refused a conversation: "
                                        "not this one")
     said = data.bad_records()
@@ -97,7 +108,7 @@ def test_bad_records_are_skipped_counted_by_reason_and_named_up_to_the_limit(tmp
     assert not again.built and again.bad_records() == said  # (the token files found say it as those made)
     # refused: with 0, at the first; past the limit, with the count and the reasons
     strict = DataConfig(source=str(path), cache_dir=str(tmp_path / "s"), skip_bad_records=0)
-    with pytest.raises(DataError, match=rf"^{path}, line 101, message 0: the assistant speaks first") as error:
+    with pytest.raises(DataError, match=rf"^{path}, line 101, message 1: the assistant speaks first") as error:
         prepare(strict, progress=False, tokenizer=tokenizer, chat_template=REFUSING)
     assert "\n" not in str(error.value)
     mostly_bad = write_jsonl(tmp_path / "mostly_bad.jsonl", good[:50] + bad * 2)
@@ -117,7 +128,7 @@ def test_a_run_says_what_it_left_out(tmp_path, capsys):
     path = write_jsonl(tmp_path / "add.jsonl", records[:200] + [{"messages": [USER, USER, ANSWER]}] + records[200:])
     assert train.main(chat_run(tmp_path, "train.max_iters=1", data=path)) == 0
     assert ("note: 1 of 401 conversations are bad and left out (data.skip_bad_records=0.01): 1 with the roles out of "
-            f"order; the first: {path}, line 201, message 1: a user message after a user message") in capsys.readouterr().out
+            f"order; the first: {path}, line 201, message 2: a user message after a user message") in capsys.readouterr().out
 
 
 def test_a_mixtures_bad_records_are_added_up(tmp_path):

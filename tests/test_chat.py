@@ -486,7 +486,7 @@ def test_generate_chat_answers_each_line_as_the_chat_engine_does(chat_runs, monk
     monkeypatch.setattr(jobs.chat_session, "prompt_ids", lambda tok, template, messages, tools: (
         seen.append([dict(m) for m in messages]), prompt_ids(tok, template, messages, tools))[1])
     assert chat("--temperature", "0", "--system", "B", typed="2\\\n3\n") == f"{expected}\n"
-    assert seen[0] == session.messages[:2] == [{"role": "system", "content": "B"}, {"role": "user", "content": "2\n3"}]
+    assert seen[-1] == session.messages[:2] == [{"role": "system", "content": "B"}, {"role": "user", "content": "2\n3"}]
     assert generate.main(["--checkpoint", str(run), "--chat", "--prompt", "2+3="]) == 2
     assert capsys.readouterr().err.strip().endswith("--chat reads its messages from the input, one a line; give it "
                                                     "no --prompt, --prompt-file or --show-attention")

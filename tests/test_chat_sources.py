@@ -60,7 +60,7 @@ def test_parquet_conversations_with_a_tool_turn_come_in_and_bad_rows_name_their_
     assert train[1][1] == task_conversations("add", 1, seed=0)[0]["messages"] and train[1][2] is None
     bad = [{"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}]}]
     write_parquet(tmp_path / "bad.parquet", records[1:4] + bad)
-    with pytest.raises(DataError, match=r"bad.parquet, row 4, message 1: each message needs a \"role\""):
+    with pytest.raises(DataError, match=r"bad.parquet, row 4, message 2: each message needs a \"role\""):
         list(chat_source(DataConfig(source=str(tmp_path / "bad.parquet"), val_fraction=0.2, skip_bad_records=0)).val())
 
 
@@ -89,8 +89,14 @@ def test_an_hf_folder_in_the_hubs_layout_is_read_as_conversations_and_fingerprin
     cut = prepare(DataConfig(f"hf:{hub}", tokenizer="char", hf_val_split="none", cache_dir=str(tmp_path / "c")),
                   progress=False)
     assert len(cut.conversations["train"]) == 36 and len(cut.conversations["val"]) == 4 and "val_split" not in cut.meta
+    assert cut.validated_on() == "the last 10% of its train split, held out"  # (said on the run's first line)
     test = prepare(DataConfig(f"hf:{hub}", tokenizer="char", hf_split="test", cache_dir=str(tmp_path / "c")),
                    progress=False)
+    assert test.validated_on() == "the last 10% of its test split, held out"
+    part = prepare(DataConfig(f"hf:{hub}", tokenizer="char", hf_split="train[:50%]", val_fraction=0.25,
+                              cache_dir=str(tmp_path / "c")), progress=False)
+    assert len(part.conversations["train"]) + len(part.conversations["val"]) == 20
+    assert part.validated_on() == "the last 25% of its train[:50%] split, held out"
     assert test.directory != data.directory and len(test.conversations["train"]) + len(test.conversations["val"]) == 10
     with pytest.raises(DataError, match="data.hf_val_split='validation': .* has no such split \\(it has train, test\\)"):
         prepare(DataConfig(f"hf:{hub}", tokenizer="char", hf_val_split="validation", cache_dir=str(tmp_path / "c")),

@@ -229,10 +229,9 @@ def test_chat_with_tools_shows_the_call_takes_its_result_and_answers_it(monkeypa
         session.tool_result("sunny")
 
 
-def test_generate_chat_takes_tools_shows_each_call_and_reads_their_results(tmp_path, monkeypatch, capsys):
-    import io
-
-    import generate
+def tools_run(tmp_path) -> list[dict]:
+    """A chat run of one step on conversations that call the weather tool (a BPE, a context of
+    512) in tmp_path / "run"; returns its records."""
     import train
     from test_chat import chat_run
 
@@ -242,8 +241,16 @@ def test_generate_chat_takes_tools_shows_each_call_and_reads_their_results(tmp_p
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert train.main(chat_run(tmp_path, "train.max_iters=1", "data.tokenizer=bpe", "data.vocab_size=300",
                                "model.block_size=512", data=data)) == 0
+    return records
+
+
+def test_generate_chat_takes_tools_shows_each_call_and_reads_their_results(tmp_path, monkeypatch, capsys):
+    import io
+
+    import generate
     from runs.folder import RunDir
 
+    records = tools_run(tmp_path)
     tokenizer = RunDir(tmp_path / "run").load_model()[1]
     tools = tmp_path / "tools.json"
     tools.write_text(json.dumps([WEATHER]))
@@ -303,3 +310,43 @@ def test_the_weather_set_is_function_calls_a_chat_run_takes(tmp_path, capsys):
         with pytest.raises(SystemExit):
             tasks.main([*refused, "--out", str(tmp_path / "d.jsonl")])
         assert "error:" in capsys.readouterr().err
+
+
+def test_large_tools_leave_a_message_room_or_are_refused_naming_what_fills_the_context(tmp_path, monkeypatch, capsys):
+    """Tools that fill more than half the context: with the default --max-new-tokens the room
+    kept for a reply shrinks to half of what they leave (said) and a message is answered; with
+    a reply's length chosen too long, each line is refused naming the tools' tokens, the room
+    kept and the fixes, and a session of refused lines exits 2; tools that fill the context are
+    refused before the first line."""
+    import io
+
+    import generate
+
+    tools_run(tmp_path)
+    described = [{**WEATHER, "function": {**WEATHER["function"], "name": f"weather_{i}",
+                                          "description": "The weather of a city on a day, as the forecast says it."}}
+                 for i in range(4)]
+    tools = tmp_path / "large.json"
+    tools.write_text(json.dumps(described))
+    chat = ["--checkpoint", str(tmp_path / "run"), "--chat", "--tools", str(tools), "--temperature", "0"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("Weather in Paris?\n"))
+    capsys.readouterr()
+    assert generate.main([*chat, "--max-new-tokens", "400"]) == 2
+    err = capsys.readouterr().err
+    fixed = int(err.split("after the system prompt and the tools' ")[1].split(";")[0])
+    assert 256 < fixed < 500  # (the tools are more than half the context: every message was refused before)
+    assert ("the model's context holds 512 and keeps 256 for the reply: write less, or give a smaller "
+            "--max-new-tokens, fewer tools, or a model with a larger context") in err
+    assert err.strip().splitlines()[-1] == "error: every line (1) was refused, none answered"
+    monkeypatch.setattr("sys.stdin", io.StringIO("Weather in Paris?\n"))
+    assert generate.main(chat) == 0
+    err = capsys.readouterr().err
+    assert (f"note: the system prompt and the tools are {fixed} of the context's 512 tokens: {(512 - fixed) // 2} "
+            "are kept for each reply (--max-new-tokens chooses)") in err and "error" not in err
+    tools.write_text(json.dumps(described * 2))
+    monkeypatch.setattr("sys.stdin", io.StringIO("Weather in Paris?\n"))
+    assert generate.main(chat) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the note that the model is barely trained)
+    assert err.startswith("error: the system prompt and the tools are ")
+    assert err.endswith("the model's context holds 512: give fewer tools, a shorter system prompt, or a "
+                                "model with a larger context")
