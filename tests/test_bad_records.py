@@ -118,6 +118,15 @@ def test_bad_records_are_skipped_counted_by_reason_and_named_up_to_the_limit(tmp
                                        "0.01 lets be skipped (4 with the roles out of order; the first: ")
     assert str(error.value).endswith("; fix the data, or raise data.skip_bad_records") and "\n" not in str(error.value)
     assert not list((tmp_path / "m").glob("*/meta.json"))  # (nothing half-made is left to pass for token files)
+    # the limit holds for what the template refuses too: read whole, half refused there, the source is refused
+    half_refused = write_jsonl(tmp_path / "half_refused.jsonl", [record for pair in zip(good[:50], [bad[2]] * 50)
+                                                                 for record in pair])
+    with pytest.raises(DataError) as error:
+        prepare(DataConfig(source=str(half_refused), cache_dir=str(tmp_path / "h")), progress=False,
+                tokenizer=tokenizer, chat_template=REFUSING)
+    assert str(error.value).startswith(f"{half_refused}: 50 of 100 conversations are bad, more than "
+                                       "data.skip_bad_records=0.01 lets be skipped (50 that the chat template refused")
+    assert not list((tmp_path / "h").glob("*/meta.json"))
 
 
 def test_a_run_says_what_it_left_out(tmp_path, capsys):

@@ -150,6 +150,18 @@ def test_a_mixture_prepares_each_source_once_and_weighs_them(tmp_path):
     assert np.array_equal(again.conversations["train"].tokens, data.conversations["train"].tokens)
 
 
+def test_a_dataset_with_both_a_validation_and_a_test_split_validates_on_the_validation_split(tmp_path):
+    """data.hf_val_split: auto takes `validation` before `test` (choosing checkpoints on the test
+    split would leak it into the choice)."""
+    hub = tmp_path / "org_both"
+    write_parquet(hub / "data" / "train-00000-of-00001.parquet", task_conversations("add", 30, seed=0))
+    write_parquet(hub / "data" / "validation-00000-of-00001.parquet", task_conversations("add", 6, seed=1))
+    write_parquet(hub / "data" / "test-00000-of-00001.parquet", task_conversations("reverse", 9, seed=2))
+    data = prepare(DataConfig(f"hf:{hub}", tokenizer="char", cache_dir=str(tmp_path / "c")), progress=False)
+    assert data.meta["val_split"] == "validation" and len(data.conversations["val"]) == 6
+    assert data.validated_on() == "the dataset's validation split"
+
+
 @pytest.mark.parametrize("sources, said", [
     ([], "data.sources must be a list of sources"),
     ([{"weight": 2}], r"each is a source \(text\) or a mapping with source, weight"),
