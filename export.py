@@ -194,6 +194,8 @@ def transformers_files(run: RunDir, job: Job, model, tokenizer) -> tuple[dict, d
         for key in ("bos_token_id", "eos_token_id"):  # (the tokens the run has, and no others)
             hf_config.pop(key, None)
         hf_config.update({k: v for k, v in generation.items() if k.endswith("_token_id")})
+        # a model brought in: its own ids, as it had them (generation_config.json stops at every end)
+        hf_config.update(run.token_ids())
     except Unsupported as e:
         raise UserError(f"{run.path} cannot be exported: {e}") from None
     return hf_config, {

@@ -32,6 +32,7 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 DOWNLOAD = [RunDir.MODEL_CONFIG, RunDir.WEIGHTS, SHARD_INDEX, "model-*-of-*.safetensors", RunDir.TOKENIZER, TOKENIZER_CONFIG,
             RunDir.CHAT_TEMPLATE, RunDir.SPECIAL_TOKENS]
 SPECIAL_ROLES = ("bos_token", "eos_token", "pad_token", "unk_token")
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")  # config.json's, kept as the model came in with them
 
 
 @dataclass
@@ -77,6 +78,23 @@ class BaseModel:
                 if roles:
                     return roles
         return {}
+
+    def token_ids(self) -> dict[str, int | list[int]]:
+        """The ids config.json gives its start, end and padding tokens (an end may be a list),
+        those its tokenizer has; for a run folder (a model fine-tuned here, brought in again),
+        those it kept from the transformers model it came from. Kept by the run so that an
+        export's config.json says them as the model came in with them."""
+        size = self.tokenizer().get_vocab_size()
+        settings = read_json(self.folder / RunDir.MODEL_CONFIG)
+        if "model_type" not in settings and (self.folder / RunDir.SPECIAL_TOKENS).is_file():
+            settings = read_json(self.folder / RunDir.SPECIAL_TOKENS)
+        ids = {}
+        for key in TOKEN_IDS:
+            value = settings.get(key)
+            listed = value if isinstance(value, list) else [value]
+            if value is not None and all(isinstance(i, int) and 0 <= i < size for i in listed):
+                ids[key] = value
+        return ids
 
     def state_dict(self, config: GPTConfig) -> dict[str, torch.Tensor]:
         """The weights in our names, cut to config.block_size (learned positions), with the

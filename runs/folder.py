@@ -6,6 +6,7 @@ a RunDir; no other module names a file in it.
       tokenizer.json                   the tokenizer, in Hugging Face tokenizers' format
       chat_template.jinja              a run on conversations: the template that renders them (data/template.py)
       special_tokens_map.json          a run from a transformers model: the roles it gave its special tokens
+                                       (and the ids its config.json gave them, "eos_token_id": ...)
       adapter_model.safetensors        a run with LoRA adapters (lora/): the adapters alone (model.safetensors
       adapter_config.json              holds the model with them merged), and their settings
       config.yaml                      the fully resolved run config
@@ -146,12 +147,21 @@ class RunDir:
 
     def special_tokens(self) -> dict[str, str]:
         """The roles of the special tokens of the model the run came from ({} when it kept none)."""
+        return {role: token for role, token in self.kept_tokens().items() if isinstance(token, str)}
+
+    def token_ids(self) -> dict[str, Any]:
+        """The ids the config.json of the model the run came from gave its start, end and
+        padding tokens ({"eos_token_id": 2, "pad_token_id": 0}; an end may be a list), kept
+        beside the roles; {} when it kept none."""
+        return {key: value for key, value in self.kept_tokens().items() if key.endswith("_token_id")}
+
+    def kept_tokens(self) -> dict[str, Any]:
+        """special_tokens_map.json as the run wrote it ({} for a run that wrote none)."""
         path = self.path / self.SPECIAL_TOKENS
         try:
-            roles = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise UserError(f"{path} cannot be read ({e}); copy the run directory again") from None
-        return {role: token for role, token in roles.items() if isinstance(token, str)}
 
     def summary(self) -> dict[str, Any]:
         """summary.json ({} for a run that wrote none): the last evaluation and what it scored."""
@@ -201,8 +211,9 @@ class RunDir:
         """A run on conversations: its template, once, at the start (it never changes)."""
         write_atomic(self.path / self.CHAT_TEMPLATE, template.encode())
 
-    def save_special_tokens(self, roles: dict[str, str]) -> None:
-        """A run from a transformers model: the roles it gave its special tokens, at the start."""
+    def save_special_tokens(self, roles: dict[str, Any]) -> None:
+        """A run from a transformers model: the roles it gave its special tokens and the ids its
+        config.json gave them, at the start."""
         write_atomic(self.path / self.SPECIAL_TOKENS, (json.dumps(roles, indent=2, ensure_ascii=False) + "\n").encode())
 
     def check_writable(self) -> None:

@@ -295,15 +295,19 @@ def test_qwen2_comes_in_and_goes_out_exact(tmp_path, corpus, tied):
         open_base_model(str(folder))
 
 
-def test_an_export_keeps_the_special_tokens_the_model_came_in_with(corpus, tmp_path):
+@pytest.mark.parametrize("ends", ["one", "a list"])
+def test_an_export_keeps_the_special_tokens_the_model_came_in_with(corpus, tmp_path, ends):
     """A Qwen2 base declares eos <|im_end|> and pad <|endoftext|> (and no bos): fine-tuned
-    here and exported, transformers reads the same roles (not <|endoftext|> for all)."""
+    here and exported, transformers reads the same roles (not <|endoftext|> for all), and
+    config.json the same ids, the end a list only where the base's was; fine-tuned again from
+    the run, the export still says them. generation_config.json stops at every end."""
     tokenizer = qwen_tokenizer(corpus.read_text())
     ids = {token: tokenizer.token_to_id(token) for token in ("<|endoftext|>", "<|im_end|>")}
+    eos = ids["<|im_end|>"] if ends == "one" else [ids["<|im_end|>"], ids["<|endoftext|>"]]
     config = transformers.Qwen2Config(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=88,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       max_position_embeddings=64, use_sliding_window=False,
-                                      bos_token_id=None, eos_token_id=ids["<|im_end|>"])
+                                      bos_token_id=None, eos_token_id=eos, pad_token_id=ids["<|endoftext|>"])
     folder = tmp_path / "qwen2"
     transformers.Qwen2ForCausalLM(config).save_pretrained(folder)
     tokenizer.save(str(folder / "tokenizer.json"))
@@ -312,11 +316,18 @@ def test_an_export_keeps_the_special_tokens_the_model_came_in_with(corpus, tmp_p
     (folder / "tokenizer_config.json").write_text(json.dumps(roles))
     assert train.main(micro_finetune(corpus, tmp_path, folder, "train.max_iters=2")) == 0
     assert json.loads((tmp_path / "ft" / "special_tokens_map.json").read_text()) == {
-        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "eos_token_id": eos, "pad_token_id": ids["<|endoftext|>"]}
     assert export.main(["--checkpoint", str(tmp_path / "ft"), "--out", str(tmp_path / "hf")]) == 0
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert (theirs.eos_token, theirs.pad_token, theirs.bos_token) == ("<|im_end|>", "<|endoftext|>", None)
     assert (theirs.eos_token_id, theirs.pad_token_id) == (ids["<|im_end|>"], ids["<|endoftext|>"])
+    said = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (said["eos_token_id"], said["pad_token_id"], said.get("bos_token_id")) == (eos, ids["<|endoftext|>"], None)
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text())["eos_token_id"] == sorted(ids.values())
+    again = micro_finetune(corpus, tmp_path, tmp_path / "ft", "train.max_iters=2", f"out_dir={tmp_path / 'again'}")
+    assert train.main(again) == 0
+    assert export.main(["--checkpoint", str(tmp_path / "again"), "--out", str(tmp_path / "hf-again")]) == 0
+    assert json.loads((tmp_path / "hf-again" / "config.json").read_text())["eos_token_id"] == eos
 
 
 PROBE = "On 1999-12-31   at 23:59,\n\n\t  今天天气很好。 don't 12345 ROMEO:"

@@ -232,7 +232,7 @@ class Trainer:
         resolved = yaml.safe_dump(self.run.config.to_dict(self.run.model_config), sort_keys=False, allow_unicode=True)
         self.run_dir.save_run_config(resolved)
         self.run.job.save_beside(self.run_dir, self.run.data)  # (conversations: the template that renders them)
-        roles = self.run.base.special_tokens() if self.run.base is not None else {}
+        roles = {**self.run.base.special_tokens(), **self.run.base.token_ids()} if self.run.base is not None else {}
         if roles:  # a transformers model's: an export declares them again
             self.run_dir.save_special_tokens(roles)
         log.text("config", resolved, self.iteration)
