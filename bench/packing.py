@@ -7,13 +7,18 @@ turns, longer and more uneven), from scratch on the same conversations:
 1. the padding: over an epoch of one-a-row batches (each row padded to its batch's longest),
    the share of positions that are padding, and the ideal gain, positions ÷ real tokens;
 2. the dense mask: a packed batch's forward and backward through torch's fused attention
-   with its block-diagonal mask (which gives up is_causal) against the same batch causal only;
+   with its block-diagonal mask (which gives up is_causal; rows this short take it) against
+   the same batch causal only;
 3. training, padded and packed, for the same epochs (so the same real tokens), with about the
    same conversations a step (the packed batch has fewer rows, each holding several): the
    real tokens a second (summary.json's), the wall time, and the held-out exact match
-   (evaluate.py). Goal: packed real tokens/s at least 90% of the ideal gain, the same accuracy.
+   (evaluate.py). Goal: packed real tokens/s at least 90% of the ideal gain, the same accuracy;
+4. long contexts (1k to 8k tokens a row, sequences of 100 to 600 tokens packed in it): the
+   peak memory (the kernel's VmHWM, a process each) and tokens a second of a forward and
+   backward, each sequence alone (the model's way from model/gpt.py's ALONE_FROM tokens a
+   row) against the dense mask: the mask's memory grows with the square of the context.
 
-    python -m bench.packing [--epochs 8] [--count 3000] [--quick]
+    python -m bench.packing [--epochs 8] [--count 3000] [--quick] [--contexts-only]
 """
 
 from __future__ import annotations
@@ -55,8 +60,9 @@ def padding(conversations, block_size: int, batch_size: int, seed: int = 0) -> d
 
 
 def dense_mask_cost(conversations, vocab: int, rows: int, rounds: int) -> dict:
-    """Forward and backward of a packed batch: the fused kernel with the block-diagonal mask
-    against the same tokens causal only (what is_causal costs to give up), ms each, median."""
+    """Forward and backward of a packed batch of 256-token rows: the fused kernel with the
+    block-diagonal mask against the same tokens causal only (what is_causal costs to give
+    up), ms each, median."""
     from data.batches import ConversationSampler
     from model import GPT, GPTConfig
 
@@ -70,6 +76,60 @@ def dense_mask_cost(conversations, vocab: int, rows: int, rounds: int) -> dict:
             times[name].append(1000 * (time.perf_counter() - start))
             model.zero_grad(set_to_none=True)
     return {name: float(np.median(ms)) for name, ms in times.items()}
+
+
+CONTEXTS = (1024, 2048, 4096, 8192)
+WAYS = {"alone": "each sequence alone", "dense": "the dense mask"}
+
+
+def packed_positions(context: int, rows: int, seed: int = 0) -> torch.Tensor:
+    """Position ids [rows, context] of rows packed with sequences of 100 to 600 tokens (the
+    last of a row cut to fit)."""
+    generator = torch.Generator().manual_seed(seed)
+    positions = []
+    for _ in range(rows):
+        row = []
+        while len(row) < context:
+            length = int(torch.randint(100, 601, (1,), generator=generator))
+            row += range(min(length, context - len(row)))
+        positions.append(row)
+    return torch.tensor(positions)
+
+
+def long_context(context: int, way: str, rounds: int, result: str) -> None:
+    """(A process of its own, for its peak memory.) Forward and backward of 2 packed rows of
+    `context` tokens, `way` alone or with the dense mask: the median ms, written to `result`."""
+    from model import GPT, GPTConfig
+    from model.attention import Sequences
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=256, block_size=context, n_layer=4, n_head=4, n_kv_head=2, n_embd=128,
+                          pos_encoding="rope"))
+    positions = packed_positions(context, 2)
+    x = torch.randint(0, 256, positions.shape)
+    mask = Sequences.of(positions).mask(context, x.device)[:, 0] if way == "dense" else None  # [B, T, T]
+    times = []
+    for _ in range(rounds + 1):  # (the first warms up)
+        start = time.perf_counter()
+        model(x, x, attention_mask=mask, position_ids=positions)[1].backward()
+        times.append(1000 * (time.perf_counter() - start))
+        model.zero_grad(set_to_none=True)
+    ms = float(np.median(times[1:]))
+    Path(result).write_text(json.dumps({"ms": ms, "tokens_per_second": x.numel() / ms * 1000}))
+
+
+def long_contexts(contexts, rounds: int, threads: int, tmp: Path) -> list[dict]:
+    """Each context, each way, in a process of its own: peak memory (VmHWM), ms, tokens a second."""
+    from bench.memory import peak_of
+
+    rows = []
+    for context in contexts:
+        for way in WAYS:
+            result = tmp / f"context-{context}-{way}.json"
+            peak, _, _ = peak_of([sys.executable, "-m", "bench.packing", "--threads", str(threads), "--context-child",
+                                  str(context), way, str(rounds), str(result)])
+            rows.append({"context": context, "way": way, "peak_mb": peak, **json.loads(result.read_text())})
+    return rows
 
 
 def trained(out: Path, data: Path, cache: Path, epochs: float, batch_size: int, pack: bool, threads: int) -> dict:
@@ -116,17 +176,31 @@ def main() -> None:
     p.add_argument("--epochs", type=float, default=8)
     p.add_argument("--count", type=int, default=3000, help="conversations of each set (a tenth held out)")
     p.add_argument("--quick", action="store_true", help="a few conversations of one set, one epoch: a smoke test")
+    p.add_argument("--contexts-only", action="store_true", help="only the long contexts (4.)")
+    p.add_argument("--threads", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--context-child", nargs=4, help=argparse.SUPPRESS)
     p.add_argument("--out", help="JSON results (default bench/results/packing.json)")
     args = p.parse_args()
+    if args.context_child:
+        torch.set_num_threads(args.threads)
+        context, way, rounds, result = args.context_child
+        return long_context(int(context), way, int(rounds), result)
     if args.quick:
         args.count, args.epochs = 120, 1
     threads = 1 if args.quick else 2  # (two on an idle box; a smoke test keeps its pace beside other work on one)
     torch.set_num_threads(threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (task, turns) in list(SETS.items())[:1 if args.quick else None]:
+        for name, (task, turns) in list(SETS.items())[:0 if args.contexts_only else 1 if args.quick else None]:
             rows.append(measure_set(name, task, turns, args.count, args.epochs, Path(tmp), 2 if args.quick else 10,
                                     threads))
+        contexts = long_contexts((256, 512) if args.quick else CONTEXTS, 1 if args.quick else 3, threads, Path(tmp))
+    print(table(["context", "way", "peak MB", "ms a step (forward, backward)", "tokens/s"],
+                [[r["context"], WAYS[r["way"]], r["peak_mb"], r["ms"], r["tokens_per_second"]] for r in contexts]))
+    if not rows:
+        path = save("packing-contexts", {"machine": machine(threads), "contexts": contexts}, args.out)
+        print(f"saved {path}")
+        return
     print(table(["set", "real tokens a conversation (mean, max)", "padding share", "ideal gain", "per packed row",
                  "mask ms / causal ms"],
                 [[r["set"], f"{r['mean_tokens']:.1f}, {r['max_tokens']}", f"{r['padding_share']:.1%}",
@@ -139,7 +213,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['set']}: packed {r['gain']:.2f}x the padded real tokens/s, of an ideal {r['ideal_gain']:.2f}x"
               + f" ({r['share_of_ideal']:.0%} of it)")
-    path = save("packing", {"machine": machine(threads), "epochs": args.epochs, "results": rows}, args.out)
+    path = save("packing", {"machine": machine(threads), "epochs": args.epochs, "results": rows, "contexts": contexts},
+                args.out)
     print(f"saved {path}")
 
 

@@ -8,6 +8,8 @@ keeps the keys and values of past tokens so generation does not recompute them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -53,6 +55,45 @@ def scaled_dot_product_attention(
     # 5. weighted sum: each output is a mix of the values, weighted by attention
     output = weights @ value  # [..., T, d_v]
     return output, weights
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Packed rows (several sequences one after another in a row, each from position 0): where
+    each sequence of each row starts and ends, so that attention runs each one alone, causal,
+    through torch's fused kernel, on views of the row (no copy), and never holds a [T, T]
+    mask: memory linear in the context (bench/packing.py measures it, and the time, against
+    the dense block-diagonal mask; grouping the sequences into a few padded calls instead
+    was slower on a CPU where they are uneven)."""
+
+    bounds: tuple[tuple[tuple[int, int], ...], ...]  # bounds[b]: (start, end) of each sequence of row b
+
+    @staticmethod
+    @torch.compiler.disable  # (data-dependent: read from the positions, run eagerly)
+    def of(position_ids: torch.Tensor) -> Sequences:
+        """From position ids [B, T] (0 where a sequence starts)."""
+        T = position_ids.size(1)
+        starts = [[i for i, p in enumerate(row) if p == 0] or [0] for row in position_ids.tolist()]
+        return Sequences(tuple(tuple(zip(row, row[1:] + [T])) for row in starts))
+
+    def mask(self, T: int, device: torch.device) -> torch.Tensor:
+        """The same as a dense mask [B, 1, T, T] (True = may attend): causal within each
+        sequence, nothing across (the five-step path, which hands back every weight)."""
+        sequence = torch.zeros(len(self.bounds), T, dtype=torch.long, device=device)  # [B, T]: each token's sequence
+        for row, bounds in enumerate(self.bounds):
+            for number, (start, end) in enumerate(bounds):
+                sequence[row, start:end] = number
+        order = torch.arange(T, device=device)
+        causal = order[None, :] <= order[:, None]  # [T, T]
+        return causal & (sequence[:, None, :, None] == sequence[:, None, None, :])  # [B, 1, T, T]
+
+    @torch.compiler.disable  # (a loop over the batch's own sequences)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+        """Each sequence's causal attention alone: q, k, v [B, H, T, d_k] -> [B, H, T, d_k]."""
+        rows = [torch.cat([F.scaled_dot_product_attention(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e],
+                                                          dropout_p=dropout_p, is_causal=True)  # [1, H, e - s, d_k]
+                           for s, e in bounds], dim=2) for b, bounds in enumerate(self.bounds)]
+        return torch.cat(rows)  # [B, H, T, d_k]
 
 
 class KVCache:
@@ -113,10 +154,11 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, cache: KVCache | None = None,
                 record: LayerTrace | None = None) -> torch.Tensor:
-        """x [B, T, C] -> [B, T, C]. mask [B, 1, T, S] (True = may attend), or None for plain
-        causal attention over x itself. rope: (cos, sin) for rotary positions. cache: past
-        keys and values. record: the layer's trace (GPT.trace), to fill with q, k, v and the
-        weights (then the five steps run, whatever attn_impl is)."""
+        """x [B, T, C] -> [B, T, C]. mask [B, 1, T, S] (True = may attend), Sequences (packed
+        rows: each sequence attends alone), or None for plain causal attention over x itself.
+        rope: (cos, sin) for rotary positions. cache: past keys and values. record: the layer's
+        trace (GPT.trace), to fill with q, k, v and the weights (then the five steps run,
+        whatever attn_impl is)."""
         B, T, C = x.shape
         H, H_kv, d_k = self.n_head, self.n_kv_head, self.d_k
         # X W_Q, X W_K, X W_V side by side, then each split into heads:
@@ -139,7 +181,11 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
 
         weights = None
-        if self.explicit or record is not None:
+        if isinstance(mask, Sequences) and (self.explicit or record is not None):
+            mask = mask.mask(T, x.device)  # (the five steps hand back every weight: the dense mask)
+        if isinstance(mask, Sequences):
+            y = mask.attend(q, k, v, dropout_p)  # [B, H, T, d_k]
+        elif self.explicit or record is not None:
             if causal:
                 mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # [T, T]
             y, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)  # [B, H, T, d_k]

@@ -28,9 +28,13 @@ def conversations_of(count, seed=0):
 
 @pytest.mark.parametrize("pos", ENCODINGS)
 @pytest.mark.parametrize("impl", ["explicit", "sdpa"])
-def test_a_packed_row_scores_each_conversation_as_it_scores_alone(pos, impl):
+@pytest.mark.parametrize("alone_from", [1024, 0])
+def test_a_packed_row_scores_each_conversation_as_it_scores_alone(pos, impl, alone_from, monkeypatch):
     """Three conversations packed in one row (and the padding after them): each one's per-token
-    losses equal its own row's, so it neither sees the others nor starts at their positions."""
+    losses equal its own row's, so it neither sees the others nor starts at their positions;
+    with the dense block-diagonal mask (a short row's) and a sequence at a time (a long row's:
+    the length from which rows take that way lowered to any)."""
+    monkeypatch.setattr("model.gpt.ALONE_FROM", alone_from)
     rows, tokenizer = conversations_of(3)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=128, n_layer=2, n_head=2, n_embd=32,
@@ -54,6 +58,47 @@ def test_a_packed_row_scores_each_conversation_as_it_scores_alone(pos, impl):
         # without the positions the second and third conversations see the first: their losses differ
         unmasked = GPT.loss(model(x)[0], y, reduction="none")
         assert not torch.allclose(unmasked[0, len(rows[0][0]):], packed[0, len(rows[0][0]):], atol=1e-3)
+
+
+def test_packed_rows_attend_sequence_by_sequence_and_hold_no_dense_mask(monkeypatch):
+    """A row of ALONE_FROM tokens or more: through torch's fused kernel each sequence attends
+    alone, causal, with no mask (so nothing [T, T] is held: memory linear in the context,
+    bench/packing.py), and the logits and gradients are those of the dense block-diagonal
+    mask, which a shorter row takes (cheaper there than many small calls)."""
+    import torch.nn.functional as F
+
+    from model.attention import Sequences
+
+    rows, tokenizer = conversations_of(3)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=128, n_layer=2, n_head=2, n_embd=32,
+                          pos_encoding="rope"))
+    x, y, positions = conversation_rows(rows, [[0, 1, 2], [1]], 128)
+    dense = Sequences.of(positions).mask(x.shape[1], x.device)[:, 0]  # [B, T, T]
+    _, loss = model(x, y, attention_mask=dense, position_ids=positions)
+    loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    calls = []
+    fused = F.scaled_dot_product_attention
+
+    def recorded(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **more):
+        calls.append((q.shape[2], attn_mask is None, is_causal))
+        return fused(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **more)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recorded)
+    model(x, y, position_ids=positions)
+    assert len(calls) == 2 and not calls[0][1]  # (a row shorter than ALONE_FROM: the dense mask, a call a layer)
+    calls.clear()
+    monkeypatch.setattr("model.gpt.ALONE_FROM", x.shape[1])  # (a row as long: a sequence at a time)
+    _, packed = model(x, y, position_ids=positions)
+    packed.backward()
+    # each layer: the first row's three conversations, the second row's one and its padding (from position 0)
+    lengths = [len(rows[i][0]) - 1 for i in (0, 1, 2)] + [len(rows[1][0]) - 1, x.shape[1] - len(rows[1][0]) + 1]
+    assert calls == [(length, True, True) for length in lengths] * 2  # (two layers; none holds a whole row)
+    torch.testing.assert_close(packed, loss, atol=1e-6, rtol=0)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_best_fit_puts_each_item_where_it_leaves_the_least_room():
