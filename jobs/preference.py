@@ -73,6 +73,7 @@ class PreferenceJob(Job):
             raise UserError("preference tuning (DPO) tunes a model brought in, measured against where it starts: set "
                             "train.init_from to it (a run folder, e.g. one fine-tuned on conversations, or a "
                             "transformers model)")
+
         def format_of(source) -> PreferenceFormat:
             """Its pairs' token files: messages (rendered by the template) or texts, as its first pair's."""
             first = next(source.train(), None)
@@ -167,7 +168,6 @@ class PreferenceJob(Job):
                          + (f" ({r['left_out']:,} left out: a side longer than the context)" if r["left_out"] else ""),
                          f"chosen ranked first {r['ranked_right']:.1%} | mean margin {r['margin']:.4f} | reward of the "
                          f"chosen {r['chosen_reward']:.4f}, of the rejected {r['rejected_reward']:.4f} ({against})"]
-
 
 
 def pairs_in(part: DataConfig):
