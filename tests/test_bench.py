@@ -11,8 +11,10 @@ import pytest
 
 from conftest import ROOT
 
-SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer", "elastic", "prepare", "snapshots",
-           "finetune", "induction", "packing", "sft", "dpo"]
+SCRIPTS = ["train_throughput", "decode", "learning", "memory", "gpu", "explorer", "prepare", "snapshots", "finetune",
+           "induction", "packing", "sft", "dpo",
+           # (torchrun's processes: one such test at a time, tests/test_distributed.py)
+           pytest.param("elastic", marks=pytest.mark.xdist_group("processes"))]
 
 
 @pytest.mark.slow

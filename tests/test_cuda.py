@@ -159,6 +159,7 @@ def test_both_programs_on_cuda(tmp_path, micro):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.xdist_group("processes")  # (one such test at a time: tests/test_distributed.py)
 def test_ddp_over_nccl(tmp_path, micro):
     common = ["train.device=cuda", "train.max_iters=3", "train.log_interval=1", "train.eval_interval=3",
               "train.sample_tokens=0", "train.dtype=float32"]

@@ -26,6 +26,10 @@ from training import distributed
 from training.distributed import Distributed, JoinError, launch_store
 from training.preparation import check_same_data
 
+# several processes talking over local ports: one test at a time, never beside another such test
+# (two launches at once may meet each other's workers), on one pytest worker (pytest.ini: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("processes")
+
 TINY = str(ROOT / "configs" / "tiny.yaml")
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="finds torchrun's workers with pgrep")
 

@@ -333,6 +333,7 @@ def test_a_mixture_of_pair_sources_weighs_each_and_tunes(base, capsys):
 
 
 @pytest.mark.slow  # (two torchrun launches of two processes: about 40 seconds)
+@pytest.mark.xdist_group("processes")  # (one such test at a time: tests/test_distributed.py)
 def test_two_processes_tune_what_one_process_tunes(base):
     """torchrun, two processes on gloo, each half of every batch of pairs: the weights one
     process tunes given the whole batch (DPO's loss is a mean over pairs, and DDP averages the

@@ -774,6 +774,7 @@ def two_processes(rank: int, overrides: list[str], store: str, out: str) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # (one such test at a time: tests/test_distributed.py)
 def test_two_processes_train_to_rank_0s_end_and_score_the_windows_of_one(micro, tmp_path):
     """Two real processes: after a refit both train to rank 0's max_iters (a rank that stopped
     sooner would hang the others) and the learning rate's decay ends there; the validation
