@@ -69,7 +69,6 @@ class Sequences:
     bounds: tuple[tuple[tuple[int, int], ...], ...]  # bounds[b]: (start, end) of each sequence of row b
 
     @staticmethod
-    @torch.compiler.disable  # (data-dependent: read from the positions, run eagerly)
     def of(position_ids: torch.Tensor) -> Sequences:
         """From position ids [B, T] (0 where a sequence starts)."""
         T = position_ids.size(1)
@@ -87,7 +86,6 @@ class Sequences:
         causal = order[None, :] <= order[:, None]  # [T, T]
         return causal & (sequence[:, None, :, None] == sequence[:, None, None, :])  # [B, 1, T, T]
 
-    @torch.compiler.disable  # (a loop over the batch's own sequences)
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
         """Each sequence's causal attention alone: q, k, v [B, H, T, d_k] -> [B, H, T, d_k]."""
         rows = [torch.cat([F.scaled_dot_product_attention(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e],

@@ -175,6 +175,14 @@ def test_generating_imports_no_data_preparation():
     assert loaded == {"data", "data.config", "data.shared", "data.template", "data.tokenizer", "data.tool_calls"}, loaded
 
 
+def test_the_model_loads_without_torchs_compiler():
+    """Importing the model loads no torch._dynamo (a decorator of torch.compiler's at import
+    would: 9 s more to start every program, and a DDP worker that hung at its exit)."""
+    code = "import sys, model, generate\nprint('torch._dynamo' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stdout + result.stderr[-2000:]
+
+
 def test_a_chat_template_is_made_in_one_place():
     """Every chat template a program renders is made by data/template.py's template_for (with
     the tokenizer's special tokens): no other module calls ChatTemplate itself."""
