@@ -107,7 +107,7 @@ def long_context(context: int, way: str, rounds: int, result: str) -> None:
                           pos_encoding="rope"))
     positions = packed_positions(context, 2)
     x = torch.randint(0, 256, positions.shape)
-    mask = Sequences.of(positions).mask(context, x.device)[:, 0] if way == "dense" else None  # [B, T, T]
+    mask = Sequences.of(positions).mask()[:, 0] if way == "dense" else None  # [B, T, T]
     times = []
     for _ in range(rounds + 1):  # (the first warms up)
         start = time.perf_counter()

@@ -57,6 +57,13 @@ def scaled_dot_product_attention(
     return output, weights
 
 
+def same_sequence(position_ids: torch.Tensor) -> torch.Tensor:
+    """Packed rows' position ids [B, T] (0 where a sequence starts) -> [B, 1, T, T]: True where
+    the query's token and the key's are of one sequence (the block-diagonal part of its mask)."""
+    sequence = (position_ids == 0).long().cumsum(dim=-1)  # [B, T]: which sequence each token is of
+    return sequence[:, None, :, None] == sequence[:, None, None, :]
+
+
 @dataclass(frozen=True)
 class Sequences:
     """Packed rows (several sequences one after another in a row, each from position 0): where
@@ -66,6 +73,7 @@ class Sequences:
     the dense block-diagonal mask; grouping the sequences into a few padded calls instead
     was slower on a CPU where they are uneven)."""
 
+    position_ids: torch.Tensor  # [B, T], 0 where a sequence starts
     bounds: tuple[tuple[tuple[int, int], ...], ...]  # bounds[b]: (start, end) of each sequence of row b
 
     @staticmethod
@@ -73,18 +81,14 @@ class Sequences:
         """From position ids [B, T] (0 where a sequence starts)."""
         T = position_ids.size(1)
         starts = [[i for i, p in enumerate(row) if p == 0] or [0] for row in position_ids.tolist()]
-        return Sequences(tuple(tuple(zip(row, row[1:] + [T])) for row in starts))
+        return Sequences(position_ids, tuple(tuple(zip(row, row[1:] + [T])) for row in starts))
 
-    def mask(self, T: int, device: torch.device) -> torch.Tensor:
+    def mask(self) -> torch.Tensor:
         """The same as a dense mask [B, 1, T, T] (True = may attend): causal within each
         sequence, nothing across (the five-step path, which hands back every weight)."""
-        sequence = torch.zeros(len(self.bounds), T, dtype=torch.long, device=device)  # [B, T]: each token's sequence
-        for row, bounds in enumerate(self.bounds):
-            for number, (start, end) in enumerate(bounds):
-                sequence[row, start:end] = number
-        order = torch.arange(T, device=device)
-        causal = order[None, :] <= order[:, None]  # [T, T]
-        return causal & (sequence[:, None, :, None] == sequence[:, None, None, :])  # [B, 1, T, T]
+        T = self.position_ids.size(1)
+        order = torch.arange(T, device=self.position_ids.device)
+        return (order[None, :] <= order[:, None]) & same_sequence(self.position_ids)  # [T, T] & [B, 1, T, T]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
         """Each sequence's causal attention alone: q, k, v [B, H, T, d_k] -> [B, H, T, d_k]."""
@@ -180,7 +184,7 @@ class MultiHeadAttention(nn.Module):
 
         weights = None
         if isinstance(mask, Sequences) and (self.explicit or record is not None):
-            mask = mask.mask(T, x.device)  # (the five steps hand back every weight: the dense mask)
+            mask = mask.mask()  # (the five steps hand back every weight: the dense mask)
         if isinstance(mask, Sequences):
             y = mask.attend(q, k, v, dropout_p)  # [B, H, T, d_k]
         elif self.explicit or record is not None:

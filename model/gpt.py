@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import KVCache, Sequences
+from .attention import KVCache, Sequences, same_sequence
 from .block import Block, make_norm
 from .config import GPTConfig
 from storage.atomic import safetensors_bytes, write_atomic
@@ -227,8 +227,7 @@ class GPT(nn.Module):
         if position_ids is not None:  # packed rows (no cache: S = T): each sequence starts at position 0
             if attention_mask is None and T >= ALONE_FROM:
                 return Sequences.of(position_ids)  # each attends alone, causal: no [T, T] mask held
-            sequence = (position_ids == 0).long().cumsum(dim=-1)  # [B, T]: which sequence each token is of
-            mask = mask & (sequence[:, None, :, None] == sequence[:, None, None, :])  # [B, 1, T, T]
+            mask = mask & same_sequence(position_ids)  # [B, 1, T, T]: the dense block-diagonal mask
         if attention_mask is not None:
             mask = mask & attention_mask.bool()[:, None, None, :]  # [B, 1, T, S]: no padding key
             # a padding query would have no key left; letting it see itself avoids an

@@ -74,7 +74,7 @@ def test_packed_rows_attend_sequence_by_sequence_and_hold_no_dense_mask(monkeypa
     model = GPT(GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=128, n_layer=2, n_head=2, n_embd=32,
                           pos_encoding="rope"))
     x, y, positions = conversation_rows(rows, [[0, 1, 2], [1]], 128)
-    dense = Sequences.of(positions).mask(x.shape[1], x.device)[:, 0]  # [B, T, T]
+    dense = Sequences.of(positions).mask()[:, 0]  # [B, T, T]
     _, loss = model(x, y, attention_mask=dense, position_ids=positions)
     loss.backward()
     expected = {name: p.grad.clone() for name, p in model.named_parameters()}
