@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -239,10 +240,14 @@ def chat_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
 
 
 def assistant_spans(template: ChatTemplate, messages: list[dict],
-                    tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int]]]:
+                    tools: list[dict] | None = None) -> tuple[str, list[tuple[int, int | None]]]:
     """The conversation's text (with the tools it may call), and the character span of each
-    assistant message in it: from where the text before it (with the generation prompt) ends
-    to where it ends."""
+    assistant message in it: from where the text before it with the generation prompt ends
+    to where the text up to it ends. Some templates write an answer otherwise once later
+    messages follow it (Qwen3's leaves the thinking block, <think></think>, out of every
+    answer but those after the last question): then the answer starts where the text before
+    it with the prompt and the whole text part ways, and runs to its end-of-turn token (end
+    None; encode finds it)."""
     text = template.render(messages, tools=tools)
     spans = []
     for i, message in enumerate(messages):
@@ -250,11 +255,14 @@ def assistant_spans(template: ChatTemplate, messages: list[dict],
             continue
         before = template.render(messages[:i], add_generation_prompt=True, tools=tools)
         upto = template.render(messages[:i + 1], tools=tools)
-        if not (text.startswith(upto) and upto.startswith(before)):
-            raise DataError("the chat template does not render a conversation as a growing text (the text "
-                            "before an answer is not the start of the text with it), so the answer's tokens "
-                            "cannot be told apart; use another template")
-        spans.append((len(before), len(upto)))
+        if text.startswith(upto) and upto.startswith(before):
+            spans.append((len(before), len(upto)))
+        elif upto.startswith(before) and text.startswith(template.render(messages[:i], tools=tools)):
+            spans.append((len(os.path.commonprefix([text, before])), None))
+        else:
+            raise DataError(f"the chat template does not render the text before message {i + 1} (the assistant's) "
+                            "as the start of the text with it, so the answer's tokens cannot be told apart; use "
+                            "another template")
     return text, spans
 
 
@@ -291,14 +299,20 @@ def encode(tokenizer: Tokenizer, template: ChatTemplate, messages: list[dict],
     mask = np.zeros(len(ids), dtype=np.uint8)
     ends = turn_ends(tokenizer)
     i = 0
-    for start, end in spans:  # (spans and offsets both run along the text)
+    for n, (start, end) in enumerate(spans):  # (spans and offsets both run along the text)
         while i < len(ids) and offsets[i][1] <= start:
             i += 1
-        while i < len(ids) and offsets[i][0] < end:
+        limit = end if end is not None else spans[n + 1][0] if n + 1 < len(spans) else len(text)
+        while i < len(ids) and offsets[i][0] < limit:
             mask[i] = 1
             i += 1
             if ids[i - 1] in ends:  # the turn ends here
                 break
+        else:
+            if end is None:  # (nothing else says where such an answer ends)
+                raise DataError("the chat template writes an answer otherwise once later messages follow it, and "
+                                "its turn ends with no end-of-turn token this project knows "
+                                f"({', '.join(TURN_ENDS)}); use another template")
     return ids, mask
 
 

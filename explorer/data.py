@@ -88,7 +88,7 @@ def page_data(model: GPT, tokenizer, ids: list[int], truncated: int = 0, which: 
     if timeline is not None and "prediction" in timeline:  # (the example's own, at each step)
         shown |= {*(i for p in timeline["prediction"] for i in p["ids"]),
                   *(i for lens in timeline["lens"] for t in lens for row in t["ids"] for i in row)}
-    weights_size = (c.n_embd + 2 * c.n_kv_head * c.head_size) * c.n_embd * c.n_layer
+    weights_size = (c.heads_width + 2 * c.n_kv_head * c.head_size) * c.n_embd * c.n_layer
     return {
         "version": SCHEMA_VERSION,
         "model": which,

@@ -88,14 +88,20 @@ def normed_pieces(norm: torch.nn.Module, pieces: torch.Tensor, stream: torch.Ten
 def projected(model: GPT, layer: int, which: str, head: int, normed: torch.Tensor, shift: torch.Tensor,
               positions: torch.Tensor) -> torch.Tensor:
     """Each piece's q (which="q") or k of `head` [P + 1, T', d_k] at `positions` [T']: normed
-    [P, T', C] through W_Q (or W_K) and the rotation, and the shift (with the bias) as one more piece."""
+    [P, T', C] through W_Q (or W_K), QK-norm (each piece divided by the RMS of their sum, the
+    vector the norm sees, and scaled by its gain: still pieces that add up) and the rotation,
+    and the shift (with the bias) as one more piece."""
     c = model.config
     attn = model.transformer.h[layer].attn
     kv_head = head // (c.n_head // c.n_kv_head)
-    start = head * c.head_size if which == "q" else c.n_embd + kv_head * c.head_size
+    start = head * c.head_size if which == "q" else c.heads_width + kv_head * c.head_size
     w = attn.c_attn.weight[start:start + c.head_size].float()  # [d_k, C]
     b = attn.c_attn.bias[start:start + c.head_size].float() if attn.c_attn.bias is not None else 0.0
     parts = torch.cat([normed @ w.T, (shift @ w.T + b).expand(1, normed.size(1), -1)])  # [P + 1, T', d_k]
+    qk_norm = attn.q_norm if which == "q" else attn.k_norm
+    if qk_norm is not None:
+        rms = (parts.sum(0).pow(2).mean(-1, keepdim=True) + qk_norm.eps).sqrt()  # [T', 1]
+        parts = parts / rms * qk_norm.weight.float()
     if model.rotary is not None:
         cos, sin = model.rotary(positions[None])  # [1, 1, T', d_k]
         parts = apply_rotary(parts[:, None], cos.float(), sin.float())[:, 0]
@@ -143,8 +149,11 @@ def head_matrices(model: GPT) -> dict[str, torch.Tensor]:
         if c.norm == "layernorm" and c.norm_position == "pre":  # (it reads a centred stream: the mean's part is unread)
             folded = folded - folded.mean(1, keepdim=True)
         group = H // c.n_kv_head
-        factors["q"].append(folded[:H])
-        factors["k"].append(folded[H:H + c.n_kv_head].repeat_interleave(group, 0))
+        q, k = folded[:H], folded[H:H + c.n_kv_head]
+        if block.attn.q_norm is not None:  # QK-norm's gains (its division by the RMS depends on the input)
+            q, k = q * block.attn.q_norm.weight.float(), k * block.attn.k_norm.weight.float()
+        factors["q"].append(q)
+        factors["k"].append(k.repeat_interleave(group, 0))
         factors["v"].append(folded[H + c.n_kv_head:].repeat_interleave(group, 0))
         w_o = block.attn.c_proj.weight.float().view(c.n_embd, H, d).permute(1, 0, 2)  # [H, C, d_k]
         factors["o"].append(w_o - w_o.mean(1, keepdim=True) if c.norm == "layernorm" else w_o)

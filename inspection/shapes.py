@@ -120,10 +120,13 @@ def block_rows(model: GPT, rec: Recorder, layer, row) -> list[Row]:
     scores = (layer.q @ keys.transpose(-2, -1)).float()  # [B, H, T, T], as step 1 computes them
     B, T = layer.q.shape[0], layer.q.shape[-2]
     sums = layer.weights.float().sum(-1)  # [B, H, T]
-    gqa = c.n_kv_head != c.n_head
-    attention = [row("c_attn", rec.outputs[f"{b}.attn.c_attn"], "[B, T, QKV]" if gqa else "[B, T, 3C]"),
+    gqa, own = c.n_kv_head != c.n_head, c.head_dim is not None  # (own: heads of their own size, not C / H)
+    attention = [row("c_attn", rec.outputs[f"{b}.attn.c_attn"], "[B, T, QKV]" if gqa or own else "[B, T, 3C]"),
                  row("split_gqa", layer.v, "[B, H_kv, T, d_k]", H=c.n_head, H_kv=c.n_kv_head, group=c.n_head // c.n_kv_head)
-                 if gqa else row("split", layer.v, "[B, H, T, d_k]", H=c.n_head, d_k=d_k)]
+                 if gqa else row("split", layer.v, "[B, H, T, d_k]", "split_own" if own else "split", H=c.n_head, d_k=d_k,
+                                 width=c.heads_width)]
+    if c.qk_norm:
+        attention.append(row("qk_norm", rec.outputs[f"{b}.attn.q_norm"], "[B, H, T, d_k]"))
     if c.pos_encoding == "rope":
         attention.append(row("rotate", layer.q, "[B, H, T, d_k]"))
     attention += [
@@ -134,7 +137,7 @@ def block_rows(model: GPT, rec: Recorder, layer, row) -> list[Row]:
         row("softmax", layer.weights, "[B, H, T, T]", low=sums.min().item(), high=sums.max().item()),
         row("dropout" if c.dropout else "no_dropout", layer.weights, "[B, H, T, T]", p=c.dropout),
         row("weighted_sum", layer.heads, "[B, H, T, d_k]"),
-        row("merge", rec.inputs[f"{b}.attn.c_proj"], "[B, T, C]"),
+        row("merge", rec.inputs[f"{b}.attn.c_proj"], "[B, T, H·d_k]" if own else "[B, T, C]"),
         row("c_proj", layer.attn, "[B, T, C]"),
         row("residual_attention", layer.residual_in + layer.attn, "[B, T, C]", "residual"),
     ]
@@ -156,7 +159,7 @@ def symbolic_sizes(model: GPT, idx: torch.Tensor) -> dict[str, int]:
     c = model.config
     B, T = idx.shape
     return {"B": B, "T": T, "C": c.n_embd, "H": c.n_head, "d_k": c.head_size, "V": c.vocab_size,
-            "H_kv": c.n_kv_head, "F": c.ffn_hidden, "3C": 3 * c.n_embd, "QKV": c.n_embd + 2 * c.n_kv_head * c.head_size}
+            "H_kv": c.n_kv_head, "F": c.ffn_hidden, "3C": 3 * c.n_embd, "QKV": c.heads_width + 2 * c.n_kv_head * c.head_size, "H·d_k": c.heads_width}
 
 
 def parameter_groups(model: GPT, lang: str = "en") -> list[tuple[str, int]]:
@@ -206,7 +209,7 @@ def report(model: GPT, idx: torch.Tensor, targets: torch.Tensor, dtype: torch.dt
     c, words = model.config, explain_words(lang)
     B, T = idx.shape
     rows = trace(model, idx, targets, lang)
-    sizes = ", ".join(f"{k}={v}" for k, v in symbolic_sizes(model, idx).items() if k not in ("3C", "QKV") and (k != "H_kv" or v != model.config.n_head)
+    sizes = ", ".join(f"{k}={v}" for k, v in symbolic_sizes(model, idx).items() if k not in ("3C", "QKV", "H·d_k") and (k != "H_kv" or v != model.config.n_head)
                       and (k != "F" or model.config.mlp == "swiglu"))
     lines = [words["title"].format(sizes=sizes), "", *aligned(rows, words["header"]), "", words["parameters"]]
     lines += [f"  {pad(name, 48)} {n:>12,}" for name, n in parameter_groups(model, lang)]

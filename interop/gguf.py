@@ -4,7 +4,7 @@ llama.cpp's converter (convert_hf_to_gguf.py) reads a transformers folder, but i
 BPE tokenizer only by a hash of how it encodes a test text, and it knows the published
 models' tokenizers only: one trained by this project stops it with "BPE pre-tokenizer was
 not recognized". So the GGUF is written here, with what the converter would write: the
-four kinds of interop/hf.py become llama.cpp's gpt2, gptneox, llama and qwen2
+five kinds of interop/hf.py become llama.cpp's gpt2, gptneox, llama, qwen2 and qwen3
 architectures, and this project's tokenizers llama.cpp's GPT-2 tokenizer (its vocabulary,
 merges and pre-tokenizer). The matrices are written in float32, float16 or Q8_0
 (export.py --gguf-type); norms and biases stay float32, as llama.cpp's converter keeps them.
@@ -18,16 +18,18 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, pre_tokenizers
 
-from interop.hf import export_kind, with_zero_biases
+from interop.hf import MODERN, export_kind, with_zero_biases
 from data.template import END_OF_TURN
 from data.tokenizer import UNK, end_of_text_id, start_ids
 from model import GPTConfig
 from storage.atomic import replaced
 
 GGUF_TYPES = ("f32", "f16", "q8_0")  # what export.py --gguf-type writes the matrices in
-ARCHITECTURES = {"gpt2": "GPT2", "gpt_neox": "GPTNEOX", "llama": "LLAMA", "qwen2": "QWEN2"}  # export_kind -> gguf.MODEL_ARCH
+ARCHITECTURES = {"gpt2": "GPT2", "gpt_neox": "GPTNEOX", "llama": "LLAMA", "qwen2": "QWEN2",
+                 "qwen3": "QWEN3"}  # export_kind -> gguf.MODEL_ARCH
 BLOCK_TENSORS = {"ln_1": "ATTN_NORM", "attn.c_attn": "ATTN_QKV", "attn.c_proj": "ATTN_OUT", "ln_2": "FFN_NORM",
-                 "mlp.c_gate": "FFN_GATE", "mlp.c_fc": "FFN_UP", "mlp.c_proj": "FFN_DOWN"}  # ours -> MODEL_TENSOR
+                 "mlp.c_gate": "FFN_GATE", "mlp.c_fc": "FFN_UP", "mlp.c_proj": "FFN_DOWN",
+                 "attn.q_norm": "ATTN_Q_NORM", "attn.k_norm": "ATTN_K_NORM"}  # ours -> MODEL_TENSOR
 MODEL_TENSORS = {"transformer.wte": "TOKEN_EMBD", "transformer.wpe": "POS_EMBD", "transformer.ln_f": "OUTPUT_NORM",
                  "lm_head": "OUTPUT"}
 BYTE_LEVEL = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)  # a byte -> GPT-2's printable letter
@@ -54,6 +56,9 @@ def write_gguf(path: Path, config: GPTConfig, state: dict[str, torch.Tensor], to
     if config.rope_scaling:  # (llama.cpp takes it as a rope_freqs tensor of factors, not written here yet)
         raise ValueError("Llama 3's rope_scaling is not written to GGUF by this project yet; export it as a "
                          "transformers folder instead")
+    if kind == "qwen3" and config.qkv_bias:  # (llama.cpp's qwen3 reads no attention biases)
+        raise ValueError("llama.cpp's qwen3 architecture has no attention biases; export this model (QK-norm with "
+                         "qkv_bias) as a transformers folder instead")
     arch = getattr(gguf.MODEL_ARCH, ARCHITECTURES[kind])
     tokens, types, merges = gpt2_vocabulary(tokenizer, config.vocab_size)
     with replaced(path) as tmp:  # (storage/atomic.py: no half-written file is ever left at path)
@@ -102,7 +107,7 @@ def write_hyperparameters(writer, gguf, kind: str, c: GPTConfig, name: str, dtyp
     writer.add_head_count_kv(c.n_kv_head)
     writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                           "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype])
-    if kind in ("llama", "qwen2"):
+    if kind in MODERN:
         writer.add_layer_norm_rms_eps(c.norm_eps)
     else:
         writer.add_layer_norm_eps(c.norm_eps)
@@ -111,19 +116,22 @@ def write_hyperparameters(writer, gguf, kind: str, c: GPTConfig, name: str, dtyp
     if c.pos_encoding == "rope":
         writer.add_rope_dimension_count(c.head_size)  # every dimension of each head rotates
         writer.add_rope_freq_base(c.rope_base)
+    if c.head_dim:  # (heads not n_embd / n_head wide: llama.cpp's key_length and value_length)
+        writer.add_key_length(c.head_size)
+        writer.add_value_length(c.head_size)
 
 
 def gguf_tensors(gguf, arch, kind: str, c: GPTConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our tensors by GGUF's names (the gguf library's), shaped as llama.cpp reads them.
     gpt2 and gptneox take every bias (zeros where the model has none); a tied head is
     token_embd read twice, except in gptneox, which requires an output matrix of its own;
-    llama and qwen2 split c_attn into q, k and v."""
-    state = dict(state) if kind in ("llama", "qwen2") else with_zero_biases(c, state)
+    llama, qwen2 and qwen3 split c_attn into q, k and v."""
+    state = dict(state) if kind in MODERN else with_zero_biases(c, state)
     if c.tie_embeddings and kind != "gpt_neox":
         del state["lm_head.weight"]
     out = {}
     for ours, tensor in state.items():
-        if kind in ("llama", "qwen2") and ".attn.c_attn." in ours:
+        if kind in MODERN and ".attn.c_attn." in ours:
             out.update(split_qkv(gguf, c, ours, tensor, adjacent=kind == "llama"))
         else:
             out[gguf_name(gguf, ours)] = tensor
@@ -147,11 +155,11 @@ def gguf_name(gguf, ours: str, tensor: str | None = None) -> str:
 def split_qkv(gguf, c: GPTConfig, ours: str, t: torch.Tensor, adjacent: bool) -> dict[str, torch.Tensor]:
     """c_attn's rows (or its bias) as llama.cpp's attn_q, attn_k, attn_v. Its llama
     architecture rotates adjacent pairs (2i, 2i+1) of each head (`adjacent`); ours rotate i
-    with i + d/2 (rotate_half, as transformers' Llama and llama.cpp's qwen2), so for llama
+    with i + d/2 (rotate_half, as transformers' Llama and llama.cpp's qwen2 and qwen3), so for llama
     the rows of W_Q and W_K are reordered within each head: the same attention scores (q·k
     sums over the same pairs, each rotated by the same angle)."""
     kv = c.n_kv_head * c.head_size
-    q, k, v = t.split([c.n_embd, kv, kv])
+    q, k, v = t.split([c.heads_width, kv, kv])
     if adjacent:
         q, k = adjacent_pairs(q, c.n_head), adjacent_pairs(k, c.n_kv_head)
     return {gguf_name(gguf, ours, "ATTN_Q"): q, gguf_name(gguf, ours, "ATTN_K"): k, gguf_name(gguf, ours, "ATTN_V"): v}

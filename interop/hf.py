@@ -6,8 +6,10 @@ residuals, rotary on every dimension of each head, the same base, tied embedding
 rotate_half's pairing of dimension i with i + d/2, which is ours); and a
 LlamaForCausalLM when it has the modern block (rotary positions, RMSNorm, the SwiGLU
 network; grouped-query attention, an untied head and Llama 3's rope scaling included);
-and a Qwen2ForCausalLM when that block has biases on W_Q, W_K, W_V alone (and its tokenizer
-is Qwen's: to_transformers says why; else a Llama with biases). GPT-2 and GPT-NeoX hold
+a Qwen2ForCausalLM when that block has biases on W_Q, W_K, W_V alone (and its tokenizer
+is Qwen's: to_transformers says why; else a Llama with biases); and a Qwen3ForCausalLM when
+it normalises each head's q and k (QK-norm; a head size of its own comes in and goes out with
+Llama's and Qwen3's head_dim). GPT-2 and GPT-NeoX hold
 grouped-query attention as multi-head attention, each key/value head repeated for the
 query heads that share it (the same logits). Other configurations
 have no transformers class that computes exactly what they compute, and are refused,
@@ -31,9 +33,11 @@ LINEARS_GPT2 = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # Conv1
 # ours -> Llama's (c_attn splits into q_proj, k_proj and v_proj: rename_llama)
 LLAMA_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.c_proj": "self_attn.o_proj",
                "mlp.c_gate": "mlp.gate_proj", "mlp.c_fc": "mlp.up_proj", "mlp.c_proj": "mlp.down_proj"}
+QK_NORM_NAMES = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}  # Qwen3's, with QK-norm
+MODERN = ("llama", "qwen2", "qwen3")  # the kinds of the modern block, in Llama's names
 PEFT_PREFIX = "base_model.model."  # (a PeftModel's name for the transformers model it wraps)
 EMBEDDINGS = {"gpt2": "transformer.wte", "gpt_neox": "gpt_neox.embed_in", "llama": "model.embed_tokens",
-              "qwen2": "model.embed_tokens"}  # export_kind -> the token embedding's module
+              "qwen2": "model.embed_tokens", "qwen3": "model.embed_tokens"}  # export_kind -> the token embedding's module
 NEOX_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.c_attn": "attention.query_key_value",
               "attn.c_proj": "attention.dense", "mlp.c_fc": "mlp.dense_h_to_4h", "mlp.c_proj": "mlp.dense_4h_to_h"}
 
@@ -43,24 +47,29 @@ class Unsupported(ValueError):
 
 
 KINDS = ("GPT-2 (learned positions, LayerNorm, GELU), GPT-NeoX (rope, LayerNorm, GELU), Llama (rope, RMSNorm, "
-         "SwiGLU) or Qwen2 (Llama's, with biases on W_Q, W_K, W_V alone)")
+         "SwiGLU), Qwen2 (Llama's, with biases on W_Q, W_K, W_V alone) or Qwen3 (Llama's, with QK-norm)")
 
 
 def export_kind(c: GPTConfig) -> str:
-    """The transformers class a config becomes: "gpt2", "gpt_neox", "llama" or "qwen2";
-    raises Unsupported naming, in one line, what that class cannot express."""
-    kind = "llama" if c.norm == "rmsnorm" or c.mlp == "swiglu" else "gpt2" if c.pos_encoding == "learned" else "gpt_neox"
-    if kind == "llama" and c.qkv_bias and not c.bias:
+    """The transformers class a config becomes: "gpt2", "gpt_neox", "llama", "qwen2" or
+    "qwen3"; raises Unsupported naming, in one line, what that class cannot express."""
+    kind = "llama" if c.norm == "rmsnorm" or c.mlp == "swiglu" or c.qk_norm else \
+        "gpt2" if c.pos_encoding == "learned" else "gpt_neox"
+    if kind == "llama" and c.qk_norm:
+        kind = "qwen3"
+    elif kind == "llama" and c.qkv_bias and not c.bias:
         kind = "qwen2"
-    modern = kind in ("llama", "qwen2")
-    name = {"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "llama": "Llama", "qwen2": "Qwen2"}[kind]
+    modern = kind in MODERN
+    name = {"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[kind]
     problems = [f"pos_encoding={c.pos_encoding}" if c.pos_encoding == "sinusoidal" or
                 (modern and c.pos_encoding != "rope") else None,
                 f"norm_position={c.norm_position}" if c.norm_position != "pre" else None,
                 f"mlp={c.mlp} (Llama's feed-forward network is SwiGLU)" if modern and c.mlp != "swiglu" else None,
                 f"norm={c.norm} (Llama normalises with RMSNorm)" if modern and c.norm != "rmsnorm" else None,
-                f"qkv_bias={c.qkv_bias} with bias={c.bias}" if c.qkv_bias != c.bias and kind != "qwen2" else None]
+                f"qkv_bias={c.qkv_bias} with bias={c.bias}" if c.qkv_bias != c.bias and kind == "llama" else None,
+                "bias=true (Qwen3's feed-forward network has no biases)" if kind == "qwen3" and c.bias else None]
     if not modern:
+        problems.append(f"head_dim={c.head_dim} (its heads are n_embd / n_head wide)" if c.head_dim else None)
         problems.append("tie_embeddings=false" if not c.tie_embeddings else None)
         problems.append("Llama 3's rope_scaling" if c.rope_scaling else None)
     problems = [p for p in problems if p]
@@ -82,14 +91,15 @@ def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int 
     folder's (it splits digits one by one), whatever tokenizer_config.json names. So a
     Qwen2-shaped model whose tokenizer is another (one trained here) is written as a
     LlamaForCausalLM with attention biases, the output projection's zero: the same logits,
-    and a tokenizer transformers reads as written."""
+    and a tokenizer transformers reads as written. (A qwen3 folder's tokenizer is read as
+    written: tests/test_llama.py checks both.)"""
     c, kind = config, export_kind(config)
     common = {"vocab_size": c.vocab_size, "tie_word_embeddings": c.tie_embeddings, "bos_token_id": eot,
               "eos_token_id": eot, "torch_dtype": "float32"}
     if kind == "qwen2" and not qwen_tokenizer:
-        return to_llama(c, state, common, qkv_bias_as_llama=True)
-    if kind in ("llama", "qwen2"):
-        return to_llama(c, state, common)
+        kind = "llama"  # (with biases on q, k, v and o, o's zero)
+    if kind in MODERN:
+        return to_llama(c, state, common, kind)
     c, state = with_every_kv_head(c, state)
     state = with_zero_biases(c, state)
     if kind == "gpt2":
@@ -108,12 +118,12 @@ def to_transformers(config: GPTConfig, state: dict[str, torch.Tensor], eot: int 
     return hf, rename_neox(state, c, to_neox=True)
 
 
-def to_llama(c: GPTConfig, state: dict[str, torch.Tensor], common: dict,
-             qkv_bias_as_llama: bool = False) -> tuple[dict, dict]:
-    """LlamaForCausalLM (or Qwen2ForCausalLM, for biases on W_Q, W_K, W_V alone, unless
-    qkv_bias_as_llama: then Llama's attention biases, the output projection's zeros): what
-    its defaults would get wrong is written out (the norms' ε, the tying, the key/value
-    heads, the SwiGLU width, the rope base, the context, Qwen2's window left off)."""
+def to_llama(c: GPTConfig, state: dict[str, torch.Tensor], common: dict, kind: str) -> tuple[dict, dict]:
+    """LlamaForCausalLM, Qwen2ForCausalLM (biases on W_Q, W_K, W_V alone) or Qwen3ForCausalLM
+    (QK-norm), as `kind` says: what their defaults would get wrong is written out (the norms'
+    ε, the tying, the key/value heads, the head size, the SwiGLU width, the rope base, the
+    context, Qwen's sliding window left off). Biases on W_Q, W_K, W_V alone in a Llama or a
+    Qwen3, whose attention_bias puts them on W_O too, go out with W_O's biases zero."""
     hf = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": c.n_embd,
           "intermediate_size": c.ffn_hidden, "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head,
           "num_key_value_heads": c.n_kv_head, "head_dim": c.head_size, "hidden_act": "silu",
@@ -121,21 +131,23 @@ def to_llama(c: GPTConfig, state: dict[str, torch.Tensor], common: dict,
           "rope_parameters": {"rope_type": "llama3" if c.rope_scaling else "default", "rope_theta": c.rope_base,
                               **(c.rope_scaling or {})}, "attention_bias": c.bias,
           "mlp_bias": c.bias, "attention_dropout": c.dropout, **common}
-    if c.qkv_bias and not c.bias and qkv_bias_as_llama:
+    tensors = rename_llama(state, c, to_llama=True)
+    if kind == "qwen2":
+        del hf["attention_bias"], hf["mlp_bias"]  # (Qwen2's q, k and v have biases, the rest none)
+        return hf | {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False}, tensors
+    if kind == "qwen3":
+        del hf["mlp_bias"]  # (Qwen3's feed-forward network has none)
+        hf |= {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "use_sliding_window": False}
+    if c.qkv_bias and not c.bias:
         hf["attention_bias"] = True  # (on q, k, v and o)
-        tensors = rename_llama(state, c, to_llama=True)
         for i in range(c.n_layer):
             tensors[f"model.layers.{i}.self_attn.o_proj.bias"] = torch.zeros(c.n_embd)
-        return hf, tensors
-    if c.qkv_bias and not c.bias:
-        del hf["attention_bias"], hf["mlp_bias"]  # (Qwen2's q, k and v have biases, the rest none)
-        hf |= {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False}
-    return hf, rename_llama(state, c, to_llama=True)
+    return hf, tensors
 
 
 def rename_llama(tensors: dict[str, torch.Tensor], c: GPTConfig, to_llama: bool) -> dict[str, torch.Tensor]:
     """Our names to Llama's (to_llama) or back; c_attn splits into q_proj, k_proj, v_proj
-    rows as they are (the rotary layouts are the same)."""
+    rows as they are (the rotary layouts are the same); QK-norm's gains are Qwen3's q_norm, k_norm."""
     pairs = [("transformer.wte.weight", "model.embed_tokens.weight"), ("transformer.ln_f.weight", "model.norm.weight")]
     if not c.tie_embeddings:
         pairs.append(("lm_head.weight", "lm_head.weight"))
@@ -148,10 +160,12 @@ def rename_llama(tensors: dict[str, torch.Tensor], c: GPTConfig, to_llama: bool)
         ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
         names = {f"{mine}.{part}": f"{other}.{part}" for mine, other in LLAMA_NAMES.items()
                  for part in ("weight", "bias") if part == "weight" or (c.bias and not mine.startswith("ln_"))}
+        if c.qk_norm:
+            names |= {f"{mine}.weight": f"{other}.weight" for mine, other in QK_NORM_NAMES.items()}
         for kind in ("weight", "bias") if c.qkv_bias else ("weight",):  # (Qwen2: biases on q, k, v alone)
             parts = [f"{theirs}self_attn.{p}_proj.{kind}" for p in "qkv"]
             if to_llama:
-                split = tensors[f"{ours}attn.c_attn.{kind}"].split([c.n_embd, kv, kv])
+                split = tensors[f"{ours}attn.c_attn.{kind}"].split([c.heads_width, kv, kv])
                 renamed.update(zip(parts, split))
             else:
                 renamed[f"{ours}attn.c_attn.{kind}"] = torch.cat([tensors[p] for p in parts])
@@ -222,9 +236,9 @@ def lora_to_transformers(c: GPTConfig, kind: str,
     tensors = {}
     for ours, (a, b) in adapters.items():
         i, target = re.fullmatch(r"transformer\.h\.(\d+)\.(.+)", ours).groups()
-        if kind in ("llama", "qwen2"):
+        if kind in MODERN:
             if target == "attn.c_attn":
-                parts = zip((f"self_attn.{p}_proj" for p in "qkv"), b.split([c.n_embd, kv, kv]))
+                parts = zip((f"self_attn.{p}_proj" for p in "qkv"), b.split([c.heads_width, kv, kv]))
             else:
                 parts = [(LLAMA_NAMES[target], b)]
             modules = [(f"model.layers.{i}.{theirs}", rows) for theirs, rows in parts]
@@ -303,22 +317,24 @@ def config_of(hf: dict) -> GPTConfig:
         if hf.get("attention_bias") and not hf.get("mlp_bias", False):  # (a Qwen2 as export.py may write it)
             return dataclasses.replace(config_from_llama({**hf, "attention_bias": False}), qkv_bias=True)
         return config_from_llama(hf)
-    if kind == "qwen2":  # Llama's block with biases on q, k and v alone, and a sliding window it may leave off
+    if kind in ("qwen2", "qwen3"):  # Llama's block, with a sliding window it may leave off
         if hf.get("use_sliding_window"):
-            raise Unsupported("qwen2 with use_sliding_window=true is not supported (this model attends to every "
+            raise Unsupported(f"{kind} with use_sliding_window=true is not supported (this model attends to every "
                               "key in every layer)")
         llama = {**hf, "attention_bias": False, "mlp_bias": False, "sliding_window": None}
-        return dataclasses.replace(config_from_llama(llama), qkv_bias=True)
+        if kind == "qwen2":  # biases on q, k and v alone
+            return dataclasses.replace(config_from_llama(llama), qkv_bias=True)
+        # Qwen3: QK-norm; its attention_bias puts biases on q, k, v and o (which come in only when zero)
+        return dataclasses.replace(config_from_llama(llama), qk_norm=True, qkv_bias=bool(hf.get("attention_bias")))
     raise Unsupported(f"model_type {kind!r} is not supported; init_from takes a run directory of this project, "
-                      "a GPT-2 family model (gpt2, distilgpt2, ...) or a Llama-family one (model_type llama or "
-                      "qwen2)")
+                      "a GPT-2 family model (gpt2, distilgpt2, ...) or a Llama-family one (model_type llama, "
+                      "qwen2 or qwen3)")
 
 
 def config_from_llama(hf: dict) -> GPTConfig:
     """Our config for a LlamaForCausalLM config.json; what our block cannot express (a
     rope scaling other than Llama 3's, another activation, biases on attention alone, a
-    head size other than hidden_size / heads, a sliding window) is refused naming the
-    setting."""
+    sliding window) is refused naming the setting."""
     rope = hf.get("rope_parameters") or {}  # (transformers 5; 4 wrote rope_theta and rope_scaling)
     scaling = hf.get("rope_scaling") or rope
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
@@ -327,15 +343,17 @@ def config_from_llama(hf: dict) -> GPTConfig:
                           "positions are unscaled, rope_type 'default', or Llama 3's, rope_type 'llama3')")
     rope_scaling = {key: scaling[key] for key in ROPE_SCALING} if rope_type == "llama3" else None
     heads = hf["num_attention_heads"]
-    require(hf, {"hidden_act": "silu", "pretraining_tp": 1, "head_dim": hf["hidden_size"] // heads,
-                 "mlp_bias": hf.get("attention_bias", False), "sliding_window": None})  # every key, every layer
+    require(hf, {"hidden_act": "silu", "pretraining_tp": 1, "mlp_bias": hf.get("attention_bias", False),
+                 "sliding_window": None})  # every key, every layer
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
     return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"],
                      n_layer=hf["num_hidden_layers"], n_head=heads, n_embd=hf["hidden_size"],
                      n_kv_head=hf.get("num_key_value_heads") or heads, dropout=float(hf.get("attention_dropout", 0.0)),
                      bias=bool(hf.get("attention_bias", False)), pos_encoding="rope", norm="rmsnorm", mlp="swiglu",
                      ffn_hidden=hf["intermediate_size"], norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                      rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-                     tie_embeddings=bool(hf.get("tie_word_embeddings", False)), rope_scaling=rope_scaling)
+                     tie_embeddings=bool(hf.get("tie_word_embeddings", False)), rope_scaling=rope_scaling,
+                     head_dim=None if head_dim * heads == hf["hidden_size"] else head_dim)
 
 
 def require(hf: dict, expected: dict) -> None:
@@ -375,8 +393,8 @@ def state_of(config: GPTConfig, tensors: dict[str, torch.Tensor]) -> dict[str, t
         state = rename_llama(tensors, config, to_llama=False)
         if config.qkv_bias and not config.bias and any(
                 t.any() for name, t in tensors.items() if name.endswith("self_attn.o_proj.bias")):
-            raise Unsupported("llama with attention_bias=true and mlp_bias=false comes in only when its o_proj "
-                              "biases are zero (biases on q, k and v alone, as Qwen2); this one's are not")
+            raise Unsupported("attention_bias=true without mlp_bias comes in only when its o_proj biases are zero "
+                              "(biases on q, k and v alone, as Qwen2); this one's are not")
     else:
         state = rename_neox(tensors, config, to_neox=False)
     if config.tie_embeddings:

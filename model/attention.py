@@ -134,7 +134,8 @@ class MultiHeadAttention(nn.Module):
 
     Self-attention: queries, keys and values all come from the same sequence X.
     W_Q, W_K, W_V are fused into one Linear (c_attn, GPT-2's name); splitting its
-    output into H heads of d_k = n_embd / H lets each head attend in its own subspace.
+    output into H heads of d_k = n_embd / H lets each head attend in its own subspace (a model
+    may set d_k itself, head_dim: W_O then maps the H · d_k wide concatenation back to n_embd).
     With grouped-query attention (n_kv_head < n_head) W_K and W_V make only n_kv_head
     heads, and each group of n_head / n_kv_head query heads shares one (Llama 2 and 3).
     attn_impl 'explicit' runs the five-step function above; 'sdpa' runs torch's fused
@@ -149,8 +150,12 @@ class MultiHeadAttention(nn.Module):
         self.explicit = config.attn_impl == "explicit"
         self.dropout = config.dropout
         kv = 2 * config.n_kv_head * config.head_size
-        self.c_attn = nn.Linear(config.n_embd, config.n_embd + kv, bias=config.qkv_bias)  # W_Q, W_K, W_V
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O
+        self.c_attn = nn.Linear(config.n_embd, config.heads_width + kv, bias=config.qkv_bias)  # W_Q, W_K, W_V
+        self.c_proj = nn.Linear(config.heads_width, config.n_embd, bias=config.bias)  # W_O
+        # QK-norm (Qwen3): each head's q and k scaled to a root mean square of 1 (times a learned
+        # gain), so no weight can grow a score without bound and saturate the softmax
+        self.q_norm = nn.RMSNorm(config.head_size, eps=config.norm_eps) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(config.head_size, eps=config.norm_eps) if config.qk_norm else None
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
@@ -163,12 +168,14 @@ class MultiHeadAttention(nn.Module):
         whatever attn_impl is)."""
         B, T, C = x.shape
         H, H_kv, d_k = self.n_head, self.n_kv_head, self.d_k
-        # X W_Q, X W_K, X W_V side by side, then each split into heads:
-        # [B, T, C + 2 H_kv d_k] -> q [B, T, H, d_k], k and v [B, T, H_kv, d_k] -> [B, heads, T, d_k]
-        q, k, v = self.c_attn(x).split([C, H_kv * d_k, H_kv * d_k], dim=-1)
+        # X W_Q, X W_K, X W_V side by side, then each split into heads (H d_k = C unless head_dim):
+        # [B, T, H d_k + 2 H_kv d_k] -> q [B, T, H, d_k], k and v [B, T, H_kv, d_k] -> [B, heads, T, d_k]
+        q, k, v = self.c_attn(x).split([H * d_k, H_kv * d_k, H_kv * d_k], dim=-1)
         q = q.view(B, T, H, d_k).transpose(1, 2)  # [B, H, T, d_k]
         k = k.view(B, T, H_kv, d_k).transpose(1, 2)  # [B, H_kv, T, d_k]
         v = v.view(B, T, H_kv, d_k).transpose(1, 2)  # [B, H_kv, T, d_k]
+        if self.q_norm is not None:  # each head's vector of d_k on its own, in float32 as Qwen3 computes it
+            q, k = self.q_norm(q.float()).to(v.dtype), self.k_norm(k.float()).to(v.dtype)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if cache is not None:
@@ -196,6 +203,6 @@ class MultiHeadAttention(nn.Module):
                                                is_causal=causal)  # [B, H, T, d_k]
         if record is not None:
             record.weights = weights
-        # merge heads: [B, H, T, d_k] -> [B, T, H, d_k] -> [B, T, C]
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        # merge heads: [B, H, T, d_k] -> [B, T, H, d_k] -> [B, T, H d_k]
+        y = y.transpose(1, 2).contiguous().view(B, T, H * d_k)
         return self.resid_dropout(self.c_proj(y))  # W_O

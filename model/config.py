@@ -28,7 +28,7 @@ class GPTConfig:
     vocab_size:    number of token ids the embedding and the LM head know
     block_size:    longest context the model attends over (T at most)
     n_layer:       number of Transformer blocks
-    n_head:        attention heads per block (H); head size d_k = n_embd / n_head
+    n_head:        attention heads per block (H); head size d_k = n_embd / n_head (or head_dim)
     n_embd:        width of the residual stream (d_model)
     dropout:       dropout on attention weights, residual branches and embeddings
     bias:          biases in Linear layers and LayerNorm (GPT-2 has them)
@@ -53,6 +53,12 @@ class GPTConfig:
                    {"factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
                     "original_max_position_embeddings": 8192}: positional.RotaryEmbedding
     qkv_bias:      biases on W_Q, W_K, W_V alone (Qwen2) where bias is false; None: as bias
+    head_dim:      the head size d_k where it is not n_embd / n_head (Qwen3: 128 for 16 heads in
+                   a stream of 1024): the heads side by side are then n_head × head_dim wide,
+                   and W_O maps that width back to n_embd; None: n_embd / n_head
+    qk_norm:       each head's q and k through an RMSNorm of their own (learned gain, over d_k)
+                   before the rotation (Qwen3's QK-norm): the scores stay bounded whatever the
+                   size of W_Q and W_K
     """
 
     vocab_size: int = 65
@@ -75,6 +81,8 @@ class GPTConfig:
     tie_embeddings: bool = True
     rope_scaling: dict | None = None
     qkv_bias: bool | None = None
+    head_dim: int | None = None
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         for name, value in checked_types(type(self), dataclasses.asdict(self)).items():
@@ -107,14 +115,16 @@ class GPTConfig:
                 raise ValueError(
                     f"{name}={getattr(self, name)!r}: must be one of {', '.join(allowed)}"
                 )
-        if self.n_embd % self.n_head:
+        if self.head_dim is not None and self.head_dim < 1:
+            raise ValueError(f"head_dim={self.head_dim}: must be at least 1 (or unset: n_embd / n_head)")
+        if self.head_dim is None and self.n_embd % self.n_head:
             raise ValueError(
                 f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
-                "each head gets n_embd / n_head dimensions"
+                "each head gets n_embd / n_head dimensions (or set head_dim)"
             )
         if self.pos_encoding == "rope" and self.head_size % 2:
             raise ValueError(
-                f"pos_encoding='rope' needs an even head size, got n_embd / n_head = {self.head_size}"
+                f"pos_encoding='rope' needs an even head size, got {self.head_size}"
             )
         if self.rope_scaling is not None:
             if self.pos_encoding != "rope":
@@ -125,7 +135,14 @@ class GPTConfig:
 
     @property
     def head_size(self) -> int:
-        return self.n_embd // self.n_head
+        """d_k, each head's width."""
+        return self.head_dim or self.n_embd // self.n_head
+
+    @property
+    def heads_width(self) -> int:
+        """H · d_k, the width of every head's q (and output) side by side: n_embd unless head_dim
+        says otherwise."""
+        return self.n_head * self.head_size
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -114,12 +114,12 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int | None = None, training: bool = True) -> float:
         """Matmul FLOPs per token, as in the PaLM paper's MFU (and nanoGPT): 2 per weight
         of every Linear layer (the LM head included; embeddings are lookups, norms and
-        biases are not matmuls), plus attention's Q Kᵀ and weights @ V, 2 · 2 · T · C per
-        layer at context T = seq_len. Training (forward and backward) costs 3× the forward."""
+        biases are not matmuls), plus attention's Q Kᵀ and weights @ V, 2 · 2 · T · H · d_k per
+        layer at context T = seq_len (H · d_k = C unless head_dim). Training (forward and backward) costs 3× the forward."""
         c = self.config
         T = c.block_size if seq_len is None else seq_len
         matmul_weights = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        forward = 2 * matmul_weights + 4 * c.n_layer * T * c.n_embd  # (q·k and weights @ v: H · d_k = C)
+        forward = 2 * matmul_weights + 4 * c.n_layer * T * c.heads_width  # (q·k and weights @ v)
         return float(3 * forward if training else forward)
 
     # ---- forward -------------------------------------------------------------

@@ -84,6 +84,39 @@ def test_a_models_own_template_renders_and_tokenizes_as_transformers_does():
     assert learnt(tokenizer, ids, mask) == "5<|im_end|>8, of course<|im_end|>"
 
 
+QWEN3_TEMPLATE = (ROOT / "tests" / "data" / "qwen3_chat_template.jinja").read_text()  # Qwen3-0.6B's (Apache-2.0)
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "Today's weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WITH_A_CALL = [*TWO_TURNS[:3], {"role": "user", "content": "weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+               {"role": "tool", "content": "sunny"}, {"role": "assistant", "content": "Sunny."}]
+
+
+def test_qwen3s_template_is_learnt_as_it_writes_each_answer_in_the_whole_conversation():
+    """Qwen3's template writes an empty thinking block before the last answer alone: an
+    earlier answer reads otherwise once later messages follow it, so the text up to it is
+    not the start of the whole text. Each answer is then learnt as the whole text writes it,
+    to its <|im_end|> (the ids are transformers' apply_chat_template's), and the prompt is
+    what transformers gives the model to answer."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = train_tokenizer("bpe", ["Be brief. 2+3= 5 weather in Paris? sunny Sunny. system user assistant "
+                                        "tool_call tools think " + QWEN3_TEMPLATE], 400)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")])
+    theirs = PreTrainedTokenizerFast(tokenizer_object=tokenizer, chat_template=QWEN3_TEMPLATE, eos_token="<|im_end|>")
+    template = ChatTemplate(QWEN3_TEMPLATE, {"eos_token": "<|im_end|>"})
+    ids, mask = encode(tokenizer, template, WITH_A_CALL, tools=[WEATHER])
+    assert ids.tolist() == list(theirs.apply_chat_template(WITH_A_CALL, tools=[WEATHER], tokenize=True)["input_ids"])
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert learnt(tokenizer, ids, mask) == f"5<|im_end|>{call}<|im_end|><think>\n\n</think>\n\nSunny.<|im_end|>"
+    assert prompt_ids(tokenizer, template, WITH_A_CALL[:6], tools=[WEATHER]) == list(theirs.apply_chat_template(
+        WITH_A_CALL[:6], tools=[WEATHER], tokenize=True, add_generation_prompt=True)["input_ids"])
+    without_an_end = ChatTemplate(QWEN3_TEMPLATE.replace("<|im_end|>", "<|stop|>"), {})
+    with pytest.raises(DataError, match="its turn ends with no end-of-turn token this project knows"):
+        encode(tokenizer, without_an_end, WITH_A_CALL, tools=[WEATHER])
+
+
 def test_a_template_is_someone_elses_code_and_runs_in_the_sandbox():
     escape = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
     with pytest.raises(DataError, match="refused|unsafe|not valid") as error:
@@ -91,7 +124,7 @@ def test_a_template_is_someone_elses_code_and_runs_in_the_sandbox():
     assert "\n" not in str(error.value)
     with pytest.raises(DataError, match="refused a conversation: no system"):
         ChatTemplate("{{ raise_exception('no system messages') }}").render(TWO_TURNS)
-    with pytest.raises(DataError, match="as a growing text"):  # answers must be told apart
+    with pytest.raises(DataError, match="as the start of the text with it"):  # answers must be told apart
         encode(default_tokenizer(), ChatTemplate("{{ messages | length }}"), TWO_TURNS)
 
 

@@ -40,14 +40,15 @@ def scrambled(seed=0, **settings) -> GPT:
 
 
 SHAPES = [{"pos_encoding": "rope"}, {"pos_encoding": "learned", "bias": True, "qkv_bias": True},
-          {"pos_encoding": "sinusoidal", "norm": "rmsnorm"}, {"pos_encoding": "rope", "n_kv_head": 2}]
+          {"pos_encoding": "sinusoidal", "norm": "rmsnorm"}, {"pos_encoding": "rope", "n_kv_head": 2},
+          {"pos_encoding": "rope", "qk_norm": True, "head_dim": 12, "n_kv_head": 2, "norm": "rmsnorm"}]
 
 
 @pytest.mark.parametrize("settings", SHAPES)
 def test_a_score_is_the_sum_of_its_pieces_pairs(settings):
     """The stream entering each block is the sum of what wrote it; the cells of a score's
     table add up to the trace's own q·k/√d_k, and against the other keys to its lead over
-    their mean, whatever the positions, norm, biases and key/value heads."""
+    their mean, whatever the positions, norm, biases, key/value heads, QK-norm and head size."""
     model = scrambled(**settings)
     idx = torch.randint(0, 40, (1, 12))
     with torch.no_grad():

@@ -116,6 +116,22 @@ def test_the_trace_follows_the_modern_block(settings):
     assert parameter_groups(model)[-1] == ("total", sum(n for _, n in parameter_groups(model)[:-1]))
 
 
+def test_the_trace_shows_qk_norm_and_heads_of_their_own_size():
+    """Qwen3's attention: heads 12 wide in a stream of 32 (the merged heads 48, not C) and
+    QK-norm between the split and the rotation."""
+    model = small_model(pos_encoding="rope", n_head=4, n_embd=32, head_dim=12, qk_norm=True, norm="rmsnorm")
+    idx = torch.randint(0, 37, (3, 9))
+    rows = trace(model, idx, idx)
+    sizes = symbolic_sizes(model, idx)
+    assert all(r.shape == evaluate_symbolic(r.symbolic, sizes) for r in rows)
+    steps = [r.step for r in rows]
+    assert steps.index("split into heads") < steps.index("QK-norm (q_norm, k_norm)") < steps.index("rotate q and k (rope)")
+    by_step = {r.step: r for r in rows}
+    assert by_step["merge heads"].shape == (3, 9, 48) and by_step["merge heads"].symbolic == "[B, T, H·d_k]"
+    assert by_step["split into heads"].meaning == "q, k, v each; H × d_k = 4 × 12 = 48 (head_dim), not C"
+    assert "H·d_k" not in report(model, idx, idx, torch.float32).splitlines()[0]
+
+
 @pytest.mark.parametrize("activation, name", [("gelu", "GELU"), ("gelu_tanh", "GELU TANH")])
 def test_the_trace_names_the_activation(activation, name):
     idx = torch.randint(0, 37, (2, 5))

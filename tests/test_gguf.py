@@ -25,11 +25,13 @@ from model.positional import RotaryEmbedding, apply_rotary
 gguf = pytest.importorskip("gguf")
 
 TEXT = "ROMEO:\nWhat light through yonder window breaks? ’Tis the east — é!"
-KINDS = {  # the three architectures, with what each holds that the others do not
+KINDS = {  # the four architectures, with what each holds that the others do not
     "gpt2": dict(pos_encoding="learned", n_kv_head=2),
     "gptneox": dict(pos_encoding="rope", bias=False, rope_base=500.0),
     "llama": dict(pos_encoding="rope", norm="rmsnorm", mlp="swiglu", bias=False, n_kv_head=2,
                   tie_embeddings=False, norm_eps=1e-6),
+    "qwen3": dict(pos_encoding="rope", norm="rmsnorm", mlp="swiglu", bias=False, n_kv_head=2, qk_norm=True,
+                  head_dim=12, norm_eps=1e-6, rope_base=1e6),
 }
 
 
@@ -75,8 +77,10 @@ def test_every_parameter_is_in_the_file_under_llama_cpps_name(tmp_path, arch):
     assert torch.equal(got["blk.1.ffn_down.weight"], sd["transformer.h.1.mlp.c_proj.weight"])
     assert torch.equal(got["blk.0.ffn_norm.weight"], sd["transformer.h.0.ln_2.weight"])
     kv = c.n_kv_head * c.head_size
-    if arch == "llama":
-        assert torch.equal(got["output.weight"], sd["lm_head.weight"])  # untied
+    if arch in ("llama", "qwen3"):  # q, k and v apart
+        assert ("output.weight" in got) == (arch == "llama")  # llama's untied; qwen3's tied: token_embd again
+        if arch == "llama":
+            assert torch.equal(got["output.weight"], sd["lm_head.weight"])
         assert torch.equal(got["blk.0.attn_v.weight"], sd["transformer.h.0.attn.c_attn.weight"][-kv:])
         assert torch.equal(got["blk.0.ffn_gate.weight"], sd["transformer.h.0.mlp.c_gate.weight"])
         assert not any(name.endswith(".bias") for name in got)
@@ -91,12 +95,17 @@ def test_every_parameter_is_in_the_file_under_llama_cpps_name(tmp_path, arch):
     assert field(reader, f"{arch}.context_length") == 64 and field(reader, f"{arch}.block_count") == 2
     assert field(reader, f"{arch}.attention.head_count_kv") == c.n_kv_head
     assert field(reader, f"{arch}.feed_forward_length") == c.ffn_hidden
-    eps = f"{arch}.attention.layer_norm_rms_epsilon" if arch == "llama" else f"{arch}.attention.layer_norm_epsilon"
+    eps = f"{arch}.attention.layer_norm_{'rms_' if arch in ('llama', 'qwen3') else ''}epsilon"
     assert math.isclose(field(reader, eps), c.norm_eps, rel_tol=1e-6)
     if arch == "gptneox":
         assert field(reader, "gptneox.use_parallel_residual") is False
         assert field(reader, "gptneox.rope.freq_base") == 500.0
         assert field(reader, "gptneox.rope.dimension_count") == c.head_size
+    if arch == "qwen3":  # QK-norm's gains, heads of 12 in a stream of 32, q's rows as they are (rotate_half)
+        assert torch.equal(got["blk.1.attn_k_norm.weight"], sd["transformer.h.1.attn.k_norm.weight"])
+        assert torch.equal(got["blk.0.attn_q.weight"], sd["transformer.h.0.attn.c_attn.weight"][:4 * 12])
+        assert field(reader, "qwen3.attention.key_length") == field(reader, "qwen3.attention.value_length") == 12
+        assert field(reader, "qwen3.rope.freq_base") == 1e6
 
 
 def llama_cpp_rotation(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
@@ -241,7 +250,7 @@ def test_llama_cpp_computes_our_logits_token_by_token(tmp_path, arch, tokenizer_
     torch.testing.assert_close(theirs, ours, atol=2e-3 if arch != "llama" else 1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("gguf_type, tolerance", [("f16", 1e-3), ("q8_0", 3e-2)])
 def test_llama_cpp_computes_our_logits_from_float16_and_q8_0_and_qwen2(tmp_path, arch, gguf_type, tolerance):
     """Where llama.cpp is installed: its logits from the float16 and Q8_0 files, and from
@@ -251,7 +260,7 @@ def test_llama_cpp_computes_our_logits_from_float16_and_q8_0_and_qwen2(tmp_path,
     llama_cpp = pytest.importorskip("llama_cpp")
     tokenizer = tokenizer_of("bpe")
     torch.manual_seed(0)
-    settings = {**KINDS["llama"], **({"qkv_bias": True} if arch == "qwen2" else {})}
+    settings = KINDS["qwen3"] if arch == "qwen3" else {**KINDS["llama"], **({"qkv_bias": True} if arch == "qwen2" else {})}
     config = GPTConfig(vocab_size=tokenizer.get_vocab_size(), block_size=64, n_layer=2, n_head=4, n_embd=64, **settings)
     model = GPT(config).eval()
     with torch.no_grad():

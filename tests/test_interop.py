@@ -199,6 +199,10 @@ def test_model_card(runs, exported):
     ({"mlp": "swiglu", "norm": "rmsnorm"}, "as Llama, no transformers class computes a model with pos_encoding=learned"),
     ({"tie_embeddings": False, "pos_encoding": "rope"}, "as GPT-NeoX, no transformers class computes a model with "
                                                         "tie_embeddings=false"),
+    ({"head_dim": 6, "pos_encoding": "rope"}, "as GPT-NeoX, no transformers class computes a model with head_dim=6 "
+                                              "(its heads are n_embd / n_head wide)"),
+    ({"qk_norm": True, "pos_encoding": "rope", "norm": "rmsnorm", "mlp": "swiglu"},
+     "as Qwen3, no transformers class computes a model with bias=true (Qwen3's feed-forward network has no biases)"),
 ])
 def test_export_refuses_what_no_transformers_class_computes(tmp_path, settings, message, capsys):
     from data.tokenizer import train_tokenizer as make
@@ -212,7 +216,8 @@ def test_export_refuses_what_no_transformers_class_computes(tmp_path, settings, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and err.endswith(
         "the kinds that export are GPT-2 (learned positions, LayerNorm, GELU), GPT-NeoX (rope, LayerNorm, GELU), "
-        "Llama (rope, RMSNorm, SwiGLU) or Qwen2 (Llama's, with biases on W_Q, W_K, W_V alone)\n")
+        "Llama (rope, RMSNorm, SwiGLU), Qwen2 (Llama's, with biases on W_Q, W_K, W_V alone) or Qwen3 (Llama's, "
+        "with QK-norm)\n")
     assert not (tmp_path / "hf").exists()
 
 
@@ -450,7 +455,7 @@ def test_init_from_bad_input(gpt2_folder, tmp_path, corpus, monkeypatch, capsys)
     (llama / "config.json").write_text(json.dumps({"model_type": "mamba"}))
     assert fails(llama) == (f"error: train.init_from={llama}: model_type 'mamba' is not supported; init_from takes "
                             "a run directory of this project, a GPT-2 family model (gpt2, distilgpt2, ...) or a "
-                            "Llama-family one (model_type llama or qwen2)\n")
+                            "Llama-family one (model_type llama, qwen2 or qwen3)\n")
     (llama / "config.json").write_text(json.dumps({"model_type": "llama", "rope_scaling": None}))
     assert fails(llama) == f"error: train.init_from={llama}: its config.json (llama) has no 'num_attention_heads'\n"
     assert "model.n_layer=4 differs from train.init_from" in fails(gpt2_folder, "model.n_layer=4")

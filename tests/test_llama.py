@@ -4,6 +4,7 @@ tokenizer of Llama's kind beside it (<s> before every text, </s> at the end) loa
 transformers' logits and greedy text; fine-tuning from it runs and resumes; every program
 works on the run; and a run of the modern block exports back to LlamaForCausalLM."""
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -295,6 +296,117 @@ def test_qwen2_comes_in_and_goes_out_exact(tmp_path, corpus, tied):
         open_base_model(str(folder))
 
 
+def qwen3_folder(folder: Path, tokenizer, tied: bool, **config) -> "transformers.Qwen3ForCausalLM":
+    """A random Qwen3ForCausalLM as Qwen3's published ones are shaped (QK-norm, heads wider
+    than hidden_size / heads: 4 of 12 in a stream of 32, two key/value heads, rope base 10⁶,
+    no biases) with Qwen3's tokenizer roles and chat template, saved in `folder`."""
+    eos = tokenizer.token_to_id("<|im_end|>")
+    hf_config = transformers.Qwen3Config(
+        vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=88, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=1024, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=tied, use_sliding_window=False,
+        bos_token_id=None, eos_token_id=eos, pad_token_id=tokenizer.token_to_id("<|endoftext|>"), **config)
+    torch.manual_seed(0)
+    hf = transformers.Qwen3ForCausalLM(hf_config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.1)
+    hf.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
+        "chat_template": (ROOT / "tests" / "data" / "qwen3_chat_template.jinja").read_text()}))
+    return hf
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_qwen3_comes_in_and_goes_out_exact(tmp_path, corpus, tied):
+    """Qwen3: Llama's block with QK-norm (an RMSNorm with its own gain on each head's q and
+    k, before the rotation) and a head size that is not hidden_size / heads. Our logits and
+    greedy text equal transformers'; the export is a Qwen3ForCausalLM again with the same
+    logits, its tokenizer read as written; biases on q, k and v alone go out with o's zero and
+    come back; a sliding window and an o_proj bias are refused."""
+    from interop.base_model import open_base_model
+
+    tokenizer = qwen_tokenizer(corpus.read_text())
+    hf = qwen3_folder(tmp_path / "qwen3", tokenizer, tied)
+    base = open_base_model(str(tmp_path / "qwen3"))
+    c = base.config
+    assert (c.qk_norm, c.head_dim, c.head_size, c.n_kv_head, c.rope_base, c.bias, c.tie_embeddings) == (
+        True, 12, 12, 2, 1e6, False, tied)
+    ours = GPT(c).eval()
+    ours.load_state_dict(base.state_dict(c))
+    assert ours.transformer.h[0].attn.c_attn.weight.shape == (4 * 12 + 2 * 2 * 12, 32)
+    idx = torch.randint(3, c.vocab_size, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx)[0], hf(idx).logits, atol=1e-5, rtol=0)
+    prompt = torch.tensor([tokenizer.encode("ROMEO:").ids])
+    theirs = hf.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(ours.generate(prompt, 30, temperature=0), theirs)
+    run, again = exported(ours, tokenizer, tmp_path)
+    assert type(again).__name__ == "Qwen3ForCausalLM" and again.config.head_dim == 12
+    with torch.no_grad():
+        torch.testing.assert_close(again(idx).logits, hf(idx).logits, atol=1e-5, rtol=0)
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "out")(PROBE)["input_ids"] == tokenizer.encode(PROBE).ids
+    # biases on q, k and v alone: Qwen3's attention_bias, o_proj's zero
+    shutil.rmtree(tmp_path / "run"), shutil.rmtree(tmp_path / "out")
+    biased = GPT(dataclasses.replace(c, qkv_bias=True)).eval()
+    run, again = exported(biased, tokenizer, tmp_path)
+    assert again.config.attention_bias and again.model.layers[0].self_attn.o_proj.bias.abs().sum() == 0
+    with torch.no_grad():
+        torch.testing.assert_close(again(idx).logits, biased(idx)[0], atol=1e-5, rtol=0)
+    back = open_base_model(str(tmp_path / "out"))
+    assert (back.config.qkv_bias, back.config.bias, back.config.qk_norm) == (True, False, True)
+    again.model.layers[1].self_attn.o_proj.bias.data[0] = 1.0
+    again.save_pretrained(tmp_path / "out")
+    with pytest.raises(UserError, match="comes in only when its o_proj biases are zero"):
+        open_base_model(str(tmp_path / "out")).state_dict(back.config)
+    with pytest.raises(UserError, match="qwen3 with use_sliding_window=true is not supported"):
+        qwen3_folder(tmp_path / "window", tokenizer, tied, sliding_window=16)
+        config = json.loads((tmp_path / "window" / "config.json").read_text())
+        (tmp_path / "window" / "config.json").write_text(json.dumps({**config, "use_sliding_window": True}))
+        open_base_model(str(tmp_path / "window"))
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["every weight", "LoRA"])
+def test_a_qwen3_fine_tuned_on_packed_conversations_with_tools_exports_with_its_template(tmp_path, corpus, lora):
+    """A practitioner's path from a Qwen3 folder: fine-tuned (every weight, or LoRA) on
+    conversations with tool calls, packed, with Qwen3's own chat template; the export is a
+    Qwen3ForCausalLM with the run's logits, and transformers' apply_chat_template on it
+    writes the ids the run learnt from. (Rows of 1,024 tokens: each packed conversation
+    attends alone, model/attention.py's Sequences.)"""
+    from data.tasks import conversations, write
+    from data.template import encode, template_for
+
+    records = conversations("weather", 40, seed=0)
+    write(tmp_path / "calls.jsonl", records)
+    tokenizer = qwen_tokenizer(corpus.read_text() + (tmp_path / "calls.jsonl").read_text())
+    qwen3_folder(tmp_path / "qwen3", tokenizer, tied=True)
+    tuned = ["--config", FINETUNE, f"train.init_from={tmp_path / 'qwen3'}", f"data.source={tmp_path / 'calls.jsonl'}",
+             f"data.cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / 'ft'}", "train.max_iters=2",
+             "model.block_size=1024", "train.batch_size=2", "train.grad_accum=1", "train.eval_interval=2",
+             "train.eval_windows=4", "train.sample_tokens=0", "train.dtype=float32", "train.threads=1",
+             "train.packing=true", *(["lora.rank=4", "train.lr=0.01"] if lora else [])]
+    assert train.main(tuned) == 0
+    model, tokenizer = RunDir(tmp_path / "ft").load_model()
+    assert model.config.qk_norm and model.config.head_dim == 12
+    assert export.main(["--checkpoint", str(tmp_path / "ft"), "--out", str(tmp_path / "hf")]) == 0
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(back).__name__ == "Qwen3ForCausalLM"
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    messages, tools = records[0]["messages"], records[0].get("tools")
+    ids = theirs.apply_chat_template(messages, tools=tools, tokenize=True)["input_ids"]
+    run = RunDir(tmp_path / "ft")
+    assert ids == encode(tokenizer, template_for(tokenizer, run.chat_template()), messages, tools)[0].tolist()
+    assert "<think>" in theirs.decode(ids)  # (Qwen3's own template, kept)
+    x = torch.tensor([ids[:60]])
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, model.eval()(x)[0], atol=1e-5, rtol=0)
+        if lora:
+            first = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "qwen3").eval()
+            assert (first(x).logits - back(x).logits[..., :first.config.vocab_size]).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize("ends", ["one", "a list"])
 def test_an_export_keeps_the_special_tokens_the_model_came_in_with(corpus, tmp_path, ends):
     """A Qwen2 base declares eos <|im_end|> and pad <|endoftext|> (and no bos): fine-tuned
@@ -365,7 +477,6 @@ def test_every_exports_tokenizer_gives_transformers_our_ids(tmp_path, kind):
     ({"attention_bias": True, "mlp_bias": True}, "its weights have no 'model.layers.0.self_attn.q_proj.bias', "
                                                  "which its config.json implies"),
     ({"mlp_bias": True}, "llama with mlp_bias=True is not supported (this model computes mlp_bias=False)"),
-    ({"head_dim": 16}, "llama with head_dim=16 is not supported (this model computes head_dim=8)"),
     ({"sliding_window": 32}, "llama with sliding_window=32 is not supported (this model computes sliding_window=None)"),
     ({"eos_token_id": 5}, "declares end-of-text token"),
 ])

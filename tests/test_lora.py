@@ -260,16 +260,17 @@ def test_a_lora_run_resumes_exactly_and_every_program_opens_it(runs, tmp_path):
 
 SHAPES = {"gpt2": ["model.pos_encoding=learned"], "gpt_neox": [],
           "llama": ["model.norm=rmsnorm", "model.mlp=swiglu", "model.bias=false", "model.tie_embeddings=false"],
-          "qwen2": ["model.norm=rmsnorm", "model.mlp=swiglu", "model.bias=false", "model.qkv_bias=true"]}
+          "qwen2": ["model.norm=rmsnorm", "model.mlp=swiglu", "model.bias=false", "model.qkv_bias=true"],
+          "qwen3": ["model.norm=rmsnorm", "model.mlp=swiglu", "model.bias=false", "model.qk_norm=true", "model.head_dim=24"]}
 
 
 @pytest.mark.parametrize("kind", [pytest.param("gpt2", marks=pytest.mark.slow), "gpt_neox", "llama",
-                                  pytest.param("qwen2", marks=pytest.mark.slow)])
+                                  pytest.param("qwen2", marks=pytest.mark.slow), "qwen3"])
 def test_the_adapters_export_as_peft_s_over_the_base_with_the_merged_logits(runs, tmp_path, kind):
     """export.py --adapters: peft's PeftModel over base/ (train.init_from's model, exported)
     computes the merged export's logits, for each kind the export writes: GPT-2's fused
-    Conv1D, GPT-NeoX's per-head rows, Llama's (and a Qwen2 written as Llama's) q, k and v
-    split, with two query heads a key/value head; the chat markers' trained rows as
+    Conv1D, GPT-NeoX's per-head rows, Llama's (and a Qwen2 written as Llama's, and Qwen3's,
+    its heads 24 wide in a stream of 32) q, k and v split, with two query heads a key/value head; the chat markers' trained rows as
     trainable tokens (an untied head's too)."""
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")

@@ -1,6 +1,6 @@
 """The modern block's options: grouped-query attention, the SwiGLU feed-forward network,
-norm_eps and an untied LM head; each is what its equation says, and every
-parameter trains in exactly one optimizer group."""
+norm_eps, an untied LM head, QK-norm and a head size of its own; each is what its equation
+says, and every parameter trains in exactly one optimizer group."""
 
 
 import pytest
@@ -91,7 +91,8 @@ def test_an_untied_head_has_its_own_matrix_and_is_saved_and_loaded(tmp_path):
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 @pytest.mark.parametrize("settings", [{}, {"tie_embeddings": False}, {"mlp": "swiglu", "n_kv_head": 2, "bias": False},
-                                      {"pos_encoding": "learned", "tie_embeddings": False}])
+                                      {"pos_encoding": "learned", "tie_embeddings": False},
+                                      {"qk_norm": True, "head_dim": 12, "norm": "rmsnorm"}])
 def test_every_parameter_is_in_exactly_one_optimizer_group(optimizer, settings):
     from training.config import TrainConfig
     from training.optim import make_optimizers
@@ -110,3 +111,55 @@ def test_every_parameter_is_in_exactly_one_optimizer_group(optimizer, settings):
 def test_a_bad_group_of_heads_is_refused():
     with pytest.raises(ValueError, match="n_kv_head=3: must divide n_head=4"):
         GPTConfig(n_head=4, n_embd=32, n_kv_head=3)
+
+
+def test_qk_norm_scales_each_heads_q_and_k_to_unit_rms_times_its_gain_before_the_rotation():
+    """Qwen3's QK-norm: q_h ← g_q ⊙ q_h / √(mean(q_h²) + ε), the same for k with g_k, for each
+    head's d_k numbers, before rope; the scores then do not grow with W_Q and W_K."""
+    model = model_of(qk_norm=True, norm="rmsnorm", norm_eps=1e-6)
+    attn = model.transformer.h[0].attn
+    with torch.no_grad():
+        attn.q_norm.weight.copy_(torch.linspace(0.5, 2.0, 8))
+        attn.k_norm.weight.copy_(torch.linspace(2.0, 0.5, 8))
+    idx = torch.randint(0, 50, (1, 10))
+    with torch.no_grad():
+        trace = model.trace(idx)
+        x = trace.layers[0].ln_1  # [1, T, C]: what W_Q and W_K read
+        q, k, _ = attn.c_attn(x).split([32, 32, 32], dim=-1)
+        q, k = (t.view(1, 10, 4, 8).transpose(1, 2) for t in (q, k))  # [1, H, T, d_k]
+        q = attn.q_norm.weight * q / (q.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+        k = attn.k_norm.weight * k / (k.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+        cos, sin = model.rotary(torch.arange(10)[None])
+        from model.positional import apply_rotary
+        torch.testing.assert_close(trace.layers[0].q, apply_rotary(q, cos, sin), atol=1e-5, rtol=0)
+        torch.testing.assert_close(trace.layers[0].k, apply_rotary(k, cos, sin), atol=1e-5, rtol=0)
+        before = model(idx)[0]
+        attn.c_attn.weight[:64] *= 10  # W_Q and W_K ten times larger: the same q and k
+        torch.testing.assert_close(model(idx)[0], before, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
+def test_heads_of_their_own_size_are_exact_with_the_cache_and_cost_what_their_width_says(attn_impl):
+    """head_dim: 4 heads of 12 in a stream of 32 (Qwen3's way: the heads side by side are
+    48 wide and W_O maps them back to 32); cached decoding equals the whole pass, the five
+    steps equal torch's kernel, and the FLOPs count attention at the heads' width."""
+    model = model_of(head_dim=12, n_kv_head=2, qk_norm=True, attn_impl=attn_impl)
+    attn = model.transformer.h[0].attn
+    assert attn.c_attn.weight.shape == (48 + 2 * 2 * 12, 32) and attn.c_proj.weight.shape == (32, 48)
+    idx = torch.randint(0, 50, (2, 12))
+    cache = KVCache(model.config, 2, 16, "cpu", torch.float32)
+    assert cache.k.shape == (2, 2, 2, 16, 12)
+    with torch.no_grad():
+        full, _ = model(idx)
+        steps = [model(idx[:, :5], kv_cache=cache)[0]] + [model(idx[:, t:t + 1], kv_cache=cache)[0] for t in range(5, 12)]
+        other = model_of(head_dim=12, n_kv_head=2, qk_norm=True, attn_impl="explicit" if attn_impl == "sdpa" else "sdpa")
+        other.load_state_dict(model.state_dict())
+        torch.testing.assert_close(other(idx)[0], full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert model.flops_per_token(16, training=False) == 2 * weights + 4 * 2 * 16 * 48
+    with pytest.raises(ValueError, match="n_embd=30 is not divisible by n_head=4"):
+        GPTConfig(n_head=4, n_embd=30)
+    assert GPTConfig(n_head=4, n_embd=30, head_dim=8).head_size == 8  # (any width, with its own head size)
+    with pytest.raises(ValueError, match="head_dim=0: must be at least 1"):
+        GPTConfig(head_dim=0)
