@@ -24,6 +24,8 @@ class DataConfig:
     hf_val_split: str = "auto"  # hf: sources: the split to validate on; auto: the dataset's validation (or test)
     # split where it has one and data.hf_split is train, else a cut of data.val_fraction; none: always the cut
     chat_too_long: str = "cut"  # conversations longer than the context: cut at the end, or refuse the run
+    unencodable: float = 0.0  # the share of the text's characters a given tokenizer may be unable to write (dropped:
+    # counted and named per character); more refuses the data, and 0 refuses any (data/tokenizer.py: Unencodable)
     skip_bad_records: float = 0.01  # conversations: the share of records that may be skipped as bad, each counted
     # by its reason and the first named (more refuses the source; 0 refuses the first), data/conversations.py
     sources: list | None = None  # a mixture of conversations: each a source as data.source takes it, or
@@ -38,6 +40,10 @@ class DataConfig:
                 or not 0.0 <= self.skip_bad_records < 1.0:
             raise DataError(f"data.skip_bad_records={self.skip_bad_records!r}: must be a share from 0 (refuse any bad "
                             "record) up to 1, e.g. 0.01")
+        if isinstance(self.unencodable, bool) or not isinstance(self.unencodable, (int, float)) \
+                or not 0.0 <= self.unencodable < 1.0:
+            raise DataError(f"data.unencodable={self.unencodable!r}: must be a share from 0 (refuse any character the "
+                            "tokenizer cannot write) up to 1, e.g. 0.001")
         if not 0.0 < self.val_fraction < 1.0:
             raise DataError(f"data.val_fraction={self.val_fraction}: must be between 0 and 1, e.g. 0.1")
         if self.sources is not None:

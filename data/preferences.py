@@ -24,7 +24,7 @@ from .config import DataConfig
 from .conversations import BadRecord, ChatSource, Kind, conversation, conversation_tools, records_of
 from .shared import DataError
 from .template import ChatTemplate, encode, prompt_ids
-from .tokenizer import end_of_text_id
+from .tokenizer import Unencodable, end_of_text_id
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def common_prefix(a, b) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-def encode_pair(tokenizer: Tokenizer, template: ChatTemplate | None, pair: Pair
+def encode_pair(tokenizer: Tokenizer, template: ChatTemplate | None, pair: Pair, lost: Unencodable | None = None
                 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """The two sequences a pair is scored on, chosen then rejected: each (token ids, 1 for each
     token of the answer). Both start with the same prompt tokens (as trl tokenizes them: the
@@ -123,10 +123,11 @@ def encode_pair(tokenizer: Tokenizer, template: ChatTemplate | None, pair: Pair
     template, the answer's tokens those of the assistant's turns after the prompt (up to their
     end-of-turn tokens, as fine-tuning scores them; what the template writes after a turn's end,
     a newline, is not the answer's). Standard: the text, the answer ending with the
-    tokenizer's end-of-text token (as trl appends it)."""
+    tokenizer's end-of-text token (as trl appends it). lost: shown each side's text, to count the
+    characters the tokenizer cannot write."""
     if pair.conversational:
         prompt = prompt_ids(tokenizer, template, pair.prompt, pair.tools)
-        sides = [encode(tokenizer, template, pair.prompt + answer, pair.tools) for answer in (pair.chosen, pair.rejected)]
+        sides = [encode(tokenizer, template, pair.prompt + answer, pair.tools, lost) for answer in (pair.chosen, pair.rejected)]
     else:
         end = end_of_text_id(tokenizer)
         if end is None:
@@ -135,6 +136,8 @@ def encode_pair(tokenizer: Tokenizer, template: ChatTemplate | None, pair: Pair
         prompt = tokenizer.encode(pair.prompt).ids
         sides = []
         for answer in (pair.chosen, pair.rejected):
+            if lost is not None:
+                lost.count(pair.prompt + answer)
             ids = np.asarray(tokenizer.encode(pair.prompt + answer).ids + [end], dtype=np.int64)
             sides.append((ids, np.ones(len(ids), dtype=np.uint8)))
     shared = min(common_prefix(prompt, ids) for ids, _ in sides)

@@ -49,9 +49,9 @@ from storage.atomic import remove, replaced
 
 from .config import DataConfig
 from .conversations import BadRecord, Skipped
-from .shared import END, Piece
+from .shared import END, DataError, Piece
 from .text import Source
-from .tokenizer import UNK, Encoder, end_of_text_id, load_tokenizer, start_ids, train_tokenizer
+from .tokenizer import UNK, Encoder, Unencodable, end_of_text_id, load_tokenizer, lost_characters, start_ids, train_tokenizer
 
 
 # The files of a prepared folder (the layout above), named in one place.
@@ -140,6 +140,12 @@ class TokenFiles:
     def vocab_size(self) -> int:
         return self.meta["vocab_size"]
 
+    def characters_lost(self) -> str | None:
+        """The characters the tokenizer cannot write, which the token files lack (as many as
+        data.unencodable lets through), in words; None: none."""
+        lost, characters = unencodable_of(self.meta)
+        return f"the tokenizer finds {lost_characters(lost, characters)}; the token files lack them" if lost else None
+
     def validated_on(self) -> str | None:
         """What validates, said on a run's first line where it may surprise: a dataset's own split
         (data.hf_val_split), a cut of the split an hf: dataset trains on (whatever data.hf_split
@@ -164,7 +170,30 @@ def token_folder(config: DataConfig, form: Format, tokenizer: Tokenizer | None =
     built = not (directory / META).is_file()
     if built:
         build(directory, lambda tmp: fill(tmp, form, settings, fingerprint, directory, progress, tokenizer))
+    check_unencodable(json.loads((directory / META).read_text()), config)
     return directory, built
+
+
+def check_unencodable(meta: dict, config: DataConfig) -> None:
+    """Refuse, in one line naming them, characters the tokenizer cannot write past the share
+    data.unencodable lets through (0: any). Checked at every use of the token files (they are
+    kept: a run that lets more through uses them as they are)."""
+    lost, characters = unencodable_of(meta)
+    if lost and sum(lost.values()) > config.unencodable * characters:
+        raise DataError(f"data.source={config.source}: the tokenizer finds {lost_characters(lost, characters)}; the "
+                        "model would learn the text without them (a JSON string without its escapes); give a "
+                        "tokenizer that writes them, or let a share through with data.unencodable (now "
+                        f"{config.unencodable:g})")
+
+
+def unencodable_of(meta: dict) -> tuple[dict[str, int], int]:
+    """(each character the tokenizer cannot write, with how many times, over both splits; the
+    characters seen) from a folder's meta.json."""
+    lost: dict[str, int] = {}
+    for split in SPLITS:
+        for ch, n in meta.get(f"{split}_unencodable", {}).items():
+            lost[ch] = lost.get(ch, 0) + n
+    return lost, sum(meta.get(f"{split}_characters", 0) for split in SPLITS)
 
 
 def located(config: DataConfig, form: Format, tokenizer: Tokenizer | None = None) -> tuple[dict, str, Path]:
@@ -209,10 +238,13 @@ def fill(tmp: Path, form: Format, settings: dict, fingerprint: str, directory: P
                  for split, records in (("train", train), ("val", src.val()))}
     # 4. what the kind checks of them
     form.check(sizes)
-    for split in SPLITS:  # (training text has unknown tokens only with a given tokenizer)
+    for split in SPLITS:  # (training text has unknown tokens, or characters it cannot write, only with a given tokenizer)
         if sizes[split]["unknown"]:
             log(f"warning: {sizes[split]['unknown']} {split} characters are not in the tokenizer's vocabulary; "
                 "they are encoded as <unk>")
+        if sizes[split]["unencodable"]:
+            log(f"warning: in the {split} split the tokenizer finds "
+                f"{lost_characters(sizes[split]['unencodable'], sizes[split]['characters'])}")
     # 5. meta.json: what the folder is, and each split's counts
     meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings, "kind": form.kind,
             **form.meta(), **({"val_split": src.val_split()} if src.val_split() else {}),
@@ -282,19 +314,22 @@ def build(path: Path, fill: Callable[[Path], None]) -> None:
         raise
 
 
-def write_conversations(records: Iterable[tuple], sequences: Callable[[tuple], list[tuple[np.ndarray, np.ndarray]]],
+def write_conversations(records: Iterable[tuple],
+                        sequences: Callable[[tuple, Unencodable], list[tuple[np.ndarray, np.ndarray]]],
                         tokenizer: Tokenizer, folder: Path, split: str, dtype, skipped: Skipped) -> dict:
-    """Each record's sequences (`sequences(record)`: one for a conversation, two for a
-    preference pair; a bad record raises BadRecord and goes to `skipped`): their ids into
-    split.bin, the answer's flags into split.mask.bin and where each starts into
-    split.starts.npy; returns the counts (records, tokens, sequences, the answers' tokens,
-    <unk> tokens)."""
+    """Each record's sequences (`sequences(record, lost)`: one for a conversation, two for a
+    preference pair, the texts they render shown to `lost`; a bad record raises BadRecord and
+    goes to `skipped`): their ids into split.bin, the answer's flags into split.mask.bin and
+    where each starts into split.starts.npy; returns the counts (records, tokens, sequences,
+    the answers' tokens, <unk> tokens, the rendered characters and those the tokenizer cannot
+    write)."""
     starts, unknown, kept = [0], 0, 0
     unk = tokenizer.token_to_id(UNK)
+    lost = Unencodable(tokenizer)
     with open(folder / tokens_file(split), "wb") as ids_file, open(folder / mask_file(split), "wb") as flags_file:
         for record in records:
             try:
-                encoded = sequences(record)
+                encoded = sequences(record, lost)
             except BadRecord as e:
                 skipped.take(e)
                 continue
@@ -307,7 +342,7 @@ def write_conversations(records: Iterable[tuple], sequences: Callable[[tuple], l
     np.save(folder / starts_file(split), np.asarray(starts, dtype=np.int64))
     answers = int(np.fromfile(folder / mask_file(split), dtype=np.uint8).sum())
     return {"records": kept, "tokens": starts[-1], "conversations": len(starts) - 1, "answer_tokens": answers,
-            "unknown": unknown}
+            "unknown": unknown, "characters": lost.characters, "unencodable": lost.lost}
 
 
 def announced(pieces: Iterable[Piece], say: Callable[[], None]) -> Iterator[Piece]:
@@ -378,10 +413,12 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
     separated by <|endoftext|> (or the tokenizer's end-of-text token) where it has one, else by
     a blank line. Documents that arrive whole (one chunk, then END: rows of a .jsonl file) are
     queued and encoded many at a time; longer ones stream through feed and flush. Unknown
-    characters are counted; advance(bytes) follows each chunk's UTF-8 size. Returns the
-    counts of tokens, characters, UTF-8 bytes and unknown characters."""
+    characters are counted, and those the tokenizer cannot write (Unencodable); advance(bytes)
+    follows each chunk's UTF-8 size. Returns the counts of tokens, characters, UTF-8 bytes,
+    unknown characters and each character it cannot write."""
     eot = end_of_text_id(tokenizer)
     encode = Encoder(tokenizer)
+    lost = Unencodable(tokenizer)
     characters = size = 0
     tail = ""  # end of the text read so far, to place blank lines between documents
     with open(path, "wb") as f:
@@ -414,6 +451,7 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
                     held = None
                 out.write(encode.feed(chunk))
             characters += len(chunk)
+            lost.count(chunk)
             size += (nbytes := len(chunk.encode("utf-8")))
             tail = (tail + chunk)[-2:]
             advance(nbytes)
@@ -421,4 +459,5 @@ def write_tokens(chunks: Iterable[Piece], tokenizer: Tokenizer, path: Path, dtyp
             out.queue.append(held)
         out.drain()
         out.write(encode.flush())
-    return {"tokens": out.tokens, "characters": characters, "bytes": size, "unknown": out.unknown}
+    return {"tokens": out.tokens, "characters": characters, "bytes": size, "unknown": out.unknown,
+            "unencodable": lost.lost}

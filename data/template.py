@@ -28,7 +28,7 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
 from .shared import DataError
-from .tokenizer import END_OF_TEXT, end_of_text_id, start_ids
+from .tokenizer import END_OF_TEXT, Unencodable, end_of_text_id, start_ids
 
 # The default template: a role marker before each message, END_OF_TURN after it; the
 # markers are special tokens, one id each (in a rendered conversation a message that
@@ -284,15 +284,19 @@ def turn_ends(tokenizer: Tokenizer) -> set[int]:
 
 
 def encode(tokenizer: Tokenizer, template: ChatTemplate, messages: list[dict],
-           tools: list[dict] | None = None) -> tuple[np.ndarray, np.ndarray]:
+           tools: list[dict] | None = None, lost: Unencodable | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(token ids, the assistant's: 1 for each token of an assistant message up to and
     including its end-of-turn token, else 0). What follows an end-of-turn token inside the
     span (a template's newline) is the template's, not the answer's. A template with
-    {% generation %} blocks says itself which text is the assistant's: the blocks'."""
+    {% generation %} blocks says itself which text is the assistant's: the blocks'. lost: shown
+    the rendered text, to count the characters the tokenizer cannot write (the template's
+    escapes and newlines among them)."""
     if template.marks_answers:  # the template says which text is the assistant's
         text, spans = template.render_marked(messages, tools=tools)
     else:
         text, spans = assistant_spans(template, messages, tools)
+    if lost is not None:
+        lost.count(text)
     encoding = encode_rendered(tokenizer, text)
     ids = np.asarray(encoding.ids, dtype=np.int64)
     offsets = encoding.offsets  # (read once: the binding builds the whole list at each read)

@@ -160,6 +160,48 @@ def unknown_characters(tokenizer: Tokenizer, text: str) -> list[str]:
     return sorted({ch for ch in set(text) if tokenizer.token_to_id(ch) is None})
 
 
+class Unencodable:
+    """The characters of the texts it is shown that a tokenizer cannot write: those whose
+    decode(encode(·)) loses them (a BPE whose alphabet lacks a character or a byte drops it
+    without a word: the model would learn the text without it, a JSON string without its
+    escapes). Counted per character, with every character seen. A tokenizer with <unk> writes
+    <unk> instead, counted as unknown (data/prepare.py), so this counts nothing for it. A
+    character is tried alone and between two letters (a decoder may drop a leading space, as a
+    Llama's does); the special tokens a template writes (<|im_start|>, ...) are one id each,
+    and their characters are not the text's."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.checks = tokenizer.token_to_id(UNK) is None
+        self.specials = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special]
+        self.writes: dict[str, bool] = {}  # character -> whether the tokenizer writes it
+        self.lost: dict[str, int] = {}  # character -> how many times the texts held it
+        self.characters = 0
+
+    def count(self, text: str) -> None:
+        for special in self.specials:
+            if special in text:
+                text = text.replace(special, "")
+        self.characters += len(text)
+        if not self.checks:
+            return
+        for ch in set(text):
+            if ch not in self.writes:
+                self.writes[ch] = any(ch in self.tokenizer.decode(self.tokenizer.encode(probe, add_special_tokens=False).ids)
+                                      for probe in (ch, f"a{ch}a"))
+            if not self.writes[ch]:
+                self.lost[ch] = self.lost.get(ch, 0) + text.count(ch)
+
+
+def lost_characters(lost: dict[str, int], characters: int) -> str:
+    """Unencodable's count in words: how many characters, how many times in how many, and each
+    (in JSON's spelling: a newline as "\\n")."""
+    times = sum(lost.values())
+    each = ", ".join(f"{json.dumps(ch, ensure_ascii=False)} ×{n:,}" for ch, n in sorted(lost.items(), key=lambda kv: -kv[1]))
+    return (f"{len(lost)} character{'s' if len(lost) > 1 else ''} it cannot write, {times:,} times in {characters:,} "
+            f"({times / max(characters, 1):.2%}): {each}")
+
+
 PROMPT_CHARACTERS = 40  # the longest prompt suggest_prompt gives
 UNQUOTABLE = set('"$`\\!')  # characters a shell reads inside double quotes
 

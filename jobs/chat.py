@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 from cli.program import UserError
 from data.config import DataConfig
 from data.template import template_for
+from data.tokenizer import lost_characters
 from runs.folder import RunDir
 from storage.atomic import write_atomic
 
@@ -132,7 +133,7 @@ class ChatJob(Job):
 
     def report(self, r: dict, what: str) -> tuple[dict, list[str]]:
         figures = {k: r[k] for k in ("loss", "perplexity", "answer_tokens", "conversations", "exact_match",
-                                     "text_answers", "tool_call_answers", "max_new_tokens", "at_the_cap")}
+                                     "text_answers", "tool_call_answers", "max_new_tokens", "at_the_cap", "unencodable")}
         return figures, [f"{what}: {r['conversations']:,} conversations, {r['answer_tokens']:,} answer tokens scored "
                          f"in {r['seconds']:.1f} s",
                          f"loss {r['loss']:.4f} nats/answer token | perplexity {r['perplexity']:.3f} | exact match of "
@@ -140,16 +141,20 @@ class ChatJob(Job):
 
 
 def answer_lines(r: dict) -> list[str]:
-    """The last answers by kind (text, tool calls), and how many the cap on their length cut."""
+    """The last answers by kind (text, tool calls), how many the cap on their length cut, and
+    the characters the tokenizer cannot write (then those, not the template, spoil the calls' JSON)."""
     text, calls = r["text_answers"], r["tool_call_answers"]
     lines = []
+    if r["unencodable"]:
+        lines.append(f"note: in these conversations the tokenizer finds {lost_characters(r['unencodable'], r['characters'])}"
+                     "; an answer that holds them cannot match, and a call without them may not be JSON")
     if calls["count"] and text["count"]:
         lines.append(f"text answers: {text['count']:,}, exact match {text['exact_match']:.1%}")
     if calls["count"]:
         lines.append(f"answers that call tools: {calls['count']:,}, exact match {calls['exact_match']:.1%} | the "
                      f"right tool {calls['name_right']:.1%} | the right arguments (as JSON) {calls['arguments_right']:.1%}"
                      f" | the right text around the calls {calls['text_right']:.1%}")
-        if not calls["template_writes_json"]:
+        if not calls["template_writes_json"] and not r["unencodable"]:
             lines.append("note: the chat template writes some calls in a form other than JSON; those calls are "
                          "compared as text only (data/tool_calls.py)")
     cut = r["at_the_cap"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from data.prepare import (META, SPLITS, TOKENIZER, TokenFiles, build, cache_fold
                           starts_file, token_folder, tokenizer_settings, write_conversations)
 from data.shared import END, DataError, Piece
 from data.template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer, encode, prompt_ids, template_for, turn_ends
-from data.tokenizer import load_tokenizer, train_tokenizer
+from data.tokenizer import Unencodable, load_tokenizer, train_tokenizer
 from data.tool_calls import compare_turn
 
 from .chat_session import replies, run_template
@@ -69,11 +70,11 @@ class ChatFormat:
 
     def write_split(self, split: str, records: Iterable[Record], tokenizer: Tokenizer, folder: Path, dtype,
                     advance) -> dict:
-        def sequences(record: Record) -> list[tuple[np.ndarray, np.ndarray]]:
+        def sequences(record: Record, lost: Unencodable) -> list[tuple[np.ndarray, np.ndarray]]:
             """A conversation's one sequence: its ids and the assistant's flags (the template may refuse it)."""
             where, messages, tools = record
             try:
-                return [encode(tokenizer, self.template, messages, tools)]
+                return [encode(tokenizer, self.template, messages, tools, lost)]
             except DataError as e:
                 raise BadRecord("that the chat template refused", f"{where}: {e}") from None
 
@@ -199,7 +200,11 @@ def prepare_mixture(config: DataConfig, progress: bool, tokenizer: Tokenizer | N
     weights = [(np.arange(starts[i], starts[i + 1]), weight) for i, (_, weight) in enumerate(parts)]
     conversations = {split: joined([data.conversations[split] for data in datas]) for split in SPLITS}
     counts = {key: sum(data.meta[key] for data in datas) for key in datas[0].meta
-              if key.startswith(("train_", "val_")) and all(key in data.meta for data in datas)}
+              if key.startswith(("train_", "val_")) and not key.endswith("_unencodable")
+              and all(key in data.meta for data in datas)}
+    for split in SPLITS:  # (each character the tokenizer cannot write: its times in every part, added up)
+        counts[f"{split}_unencodable"] = dict(sum((Counter(data.meta.get(f"{split}_unencodable", {})) for data in datas),
+                                                  Counter()))
     folders = [{"source": part.source, "directory": str(data.directory), "fingerprint": data.meta["fingerprint"],
                 **({"val_split": data.meta["val_split"]} if "val_split" in data.meta else {})}
                for data, (part, _) in zip(datas, parts)]
@@ -278,9 +283,11 @@ def score_conversations(model, tokenizer, template: ChatTemplate,
     as training cuts it), and each conversation's last answer written by the model (greedy, to
     its end-of-turn token or max_new_tokens, default answer_cap) against the one expected,
     both as the template writes the turn: its text and its tool calls (data/tool_calls.py).
-    conversations: (messages, the tools they may call) each."""
+    conversations: (messages, the tools they may call) each. The characters of the rendered
+    conversations the tokenizer cannot write are counted (an answer that holds one cannot match)."""
     block = model.config.block_size
-    rows = in_memory([encode(tokenizer, template, messages, tools) for messages, tools in conversations])
+    lost = Unencodable(tokenizer)
+    rows = in_memory([encode(tokenizer, template, messages, tools, lost) for messages, tools in conversations])
     nll, scored = 0.0, 0
     for start in range(0, len(rows), batch_size):
         x, y, _ = conversation_rows(rows, range(start, min(start + batch_size, len(rows))), block)
@@ -307,7 +314,7 @@ def score_conversations(model, tokenizer, template: ChatTemplate,
     return {"loss": nll / max(scored, 1), "answer_tokens": scored, "conversations": len(conversations),
             "exact_match": sum(a["right"] for a in answers) / len(conversations), "answers": answers,
             "max_new_tokens": cap, "at_the_cap": sum(a["at_the_cap"] for a in answers),
-            **answer_kinds(answers)}
+            "unencodable": lost.lost, "characters": lost.characters, **answer_kinds(answers)}
 
 
 def answer_kinds(answers: list[dict]) -> dict:

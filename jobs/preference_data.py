@@ -24,6 +24,7 @@ from data.prepare import write_conversations
 from data.preferences import Pair, encode_pair
 from data.shared import END, DataError, Piece
 from data.template import ChatTemplate, chat_tokenizer, template_for
+from data.tokenizer import Unencodable
 from model import GPT, evaluating
 
 from .chat_data import ConversationData, template_settings
@@ -70,14 +71,14 @@ class PreferenceFormat:
 
     def write_split(self, split: str, records: Iterable[tuple[str, Pair]], tokenizer: Tokenizer, folder: Path, dtype,
                     advance) -> dict:
-        def sequences(record: tuple[str, Pair]) -> list[tuple[np.ndarray, np.ndarray]]:
+        def sequences(record: tuple[str, Pair], lost: Unencodable) -> list[tuple[np.ndarray, np.ndarray]]:
             where, pair = record
             if pair.conversational != self.conversational:
                 raise BadRecord("of the other kind", f"{where}: its sides are {'messages' if pair.conversational else 'texts'}"
                                 f", the source's first pair's are {'messages' if self.conversational else 'texts'}",
                                 "give every pair of a source the same kind")
             try:
-                return list(encode_pair(tokenizer, self.template, pair))
+                return list(encode_pair(tokenizer, self.template, pair, lost))
             except DataError as e:
                 raise BadRecord("that could not be tokenized", f"{where}: {e}") from None
 

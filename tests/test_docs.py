@@ -194,21 +194,21 @@ def test_what_the_usage_page_says_comes_in_is_what_the_importer_accepts():
     text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
     paragraph = text[text.index("**`train.init_from`**"):text.index("**`export.py`**")]
     read = set(re.findall(r'kind == "(\w+)"', (ROOT / "interop" / "hf.py").read_text()))
-    assert read == {"gpt2", "gpt_neox", "llama", "qwen2"}
-    assert {"gpt2", "llama", "qwen2"} <= set(re.findall(r"`(?:model_type: )?(\w+)`", paragraph))
+    assert read == {"gpt2", "gpt_neox", "llama", "qwen2", "qwen3"}
+    assert {"gpt2", "llama", "qwen2", "qwen3"} <= set(re.findall(r"`(?:model_type: )?(\w+)`", paragraph))
     llama = {"model_type": "llama", "vocab_size": 50, "hidden_size": 32, "num_attention_heads": 4,
              "num_hidden_layers": 1, "intermediate_size": 64, "max_position_embeddings": 64, "hidden_act": "silu"}
     scaled = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 32}
     assert "`llama3` comes in" in paragraph and config_from_transformers({**llama, "rope_scaling": scaled}).rope_scaling
     assert "Qwen2" in paragraph and config_from_transformers({**llama, "model_type": "qwen2"}).qkv_bias
+    assert "Qwen3" in paragraph and config_from_transformers({**llama, "model_type": "qwen3", "head_dim": 12}).qk_norm
     assert "model.safetensors.index.json" in paragraph and "Sharded weights" not in paragraph
     refused = {"`linear`": {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
                "activation other than SiLU": {"hidden_act": "gelu"},
                "biases on the MLP": {"mlp_bias": True},
-               "head size other than": {"head_dim": 16},
                "`sliding_window` in a Llama config": {"sliding_window": 16},
-               "`use_sliding_window: true` in a Qwen2 one": {"model_type": "qwen2", "use_sliding_window": True}}
+               "`use_sliding_window: true` in a Qwen2 or Qwen3 one": {"model_type": "qwen3", "use_sliding_window": True}}
     for said, change in refused.items():
         assert said in paragraph, said
         with pytest.raises(Unsupported):

@@ -644,7 +644,7 @@ def test_a_base_whose_tokenizer_has_only_its_texts_bytes_fine_tunes_and_exports_
     import evaluate
     from data.tokenizer import end_of_text_id
 
-    folder, size = own_bytes_folder(tmp_path, family, corpus.read_text()[:20000])
+    folder, size = own_bytes_folder(tmp_path, family, corpus.read_text())  # (all its characters: none lost)
     assert size < 257
     args = micro_finetune(corpus, tmp_path, folder, "model.block_size=32", "train.max_iters=2")
     assert train.main(args) == 0

@@ -128,6 +128,8 @@ def load_data(cfg: RunConfig, job: Job, dist: Distributed, base: BaseModel | Non
             model_config = dataclasses.replace(model_config, vocab_size=data.vocab_size)
     if dist.is_main and (left_out := data.bad_records()):
         print(f"note: {left_out}")
+    if dist.is_main and (lost := data.characters_lost()):
+        print(f"note: {lost} (data.unencodable={cfg.data.unencodable:g})")
     try:  # (a text too short for one window of either split; conversations too long, refused)
         data.check_fits(model_config.block_size, cfg.data.chat_too_long, say=dist.is_main)
     except DataError:
