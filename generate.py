@@ -36,6 +36,9 @@ from runs.folder import DEFAULT_RUN, RunDir
 from storage.atomic import write_atomic
 
 
+DEFAULT_NEW_TOKENS = 500  # what --max-new-tokens is when it is not given
+
+
 def option(default, help: str, **argparse):
     """A field of Settings that is also a command-line option (--name-with-dashes)."""
     kind = {"default_factory": list} if isinstance(default, list) else {"default": default}
@@ -47,7 +50,8 @@ class Settings:
     """What to generate. Each field with a help text is a command-line option, declared
     here once: parse_args makes the option, Settings checks its value."""
 
-    max_new_tokens: int = option(500, "tokens to add to each sample (default 500)")
+    max_new_tokens: int | None = option(None, "tokens to add to each sample (default 500; --chat: at most what "
+                                              "the context leaves after large tools)")
     temperature: float = option(0.8, "0 = greedy (default 0.8)")
     top_k: int | None = option(None, "sample among the k likeliest tokens")
     top_p: float | None = option(None, "nucleus sampling: smallest set with mass p")
@@ -61,8 +65,13 @@ class Settings:
     interactive: bool = option(False, "read prompts from the terminal")  # and Ctrl-C ends a sample, not the program
     stream: bool = False  # print one sample as it grows (on a terminal)
     suppress_tokens: tuple[int, ...] = ()  # never generated: the tokenizer's (data.tokenizer.suppressed_ids)
+    chosen_max_new_tokens: bool | None = None  # whether --max-new-tokens was given (--chat fits one not given)
 
     def __post_init__(self) -> None:
+        if self.chosen_max_new_tokens is None:  # (made from the options; dataclasses.replace keeps it)
+            self.chosen_max_new_tokens = self.max_new_tokens is not None
+        if self.max_new_tokens is None:
+            self.max_new_tokens = DEFAULT_NEW_TOKENS
         try:
             self.sampling = Sampling(self.temperature, self.top_k, self.top_p, self.suppress_tokens)
         except ValueError as e:
@@ -236,11 +245,10 @@ def chat(job: Job, model, tokenizer, checkpoint: Path, settings: Settings, devic
     call by call (on stderr), and a line "/tool RESULT" gives each call's result, after which
     the model answers. A line refused is said and the next read; the exit code is 2 where
     every line was refused."""
-    chosen = settings.max_new_tokens != Settings.max_new_tokens  # (else the reply's room fits what the tools leave)
     session = job.chat_session(model, tokenizer, checkpoint, sampling=settings.sampling,
                                max_new_tokens=settings.max_new_tokens, generator=seeded(settings.seed, device),
                                note=lambda text: print(f"\nnote: {text}", file=sys.stderr), system=system, tools=tools,
-                               fit_reply=not chosen)
+                               fit_reply=not settings.chosen_max_new_tokens)  # (else it fits what the tools leave)
     if sys.stdin.isatty():
         print("Type a message and press Enter (end a line with \\ to go on on the next; Ctrl-D to quit)"
               + (f"; give a tool's result as {TOOL_RESULT}RESULT." if tools else "."), file=sys.stderr)

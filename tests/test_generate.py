@@ -191,7 +191,8 @@ def test_command_line_help_describes_every_option(capsys):
             "one prompt from a file --chat talk with a model fine-tuned on conversations: each line is a message "
             "(end a line with \\ to go on on the next) --system SYSTEM --chat: the system message the conversation "
             "starts with --tools FILE.json --chat: the tools the model may call (a JSON list of tool descriptions); a "
-            "line /tool RESULT gives a call's result --max-new-tokens MAX_NEW_TOKENS tokens to add to each sample (default 500) "
+            "line /tool RESULT gives a call's result --max-new-tokens MAX_NEW_TOKENS tokens to add to each sample (default 500; "
+            "--chat: at most what the context leaves after large tools) "
             "--temperature TEMPERATURE 0 = greedy (default 0.8) --top-k TOP_K sample among the k likeliest tokens "
             "--top-p TOP_P nucleus sampling: smallest set with mass p --seed SEED same seed, same samples "
             "--num-samples NUM_SAMPLES samples per prompt --stop STOP end a sample at this text (repeatable) "
@@ -281,7 +282,9 @@ def test_show_attention_into_a_folder_is_refused(checkpoint, capsys, tmp_path):
 
 
 def test_a_sample_is_500_new_tokens_unless_told_otherwise():
-    assert generate.parse_args(["--prompt", "x"]).max_new_tokens == 500  # what --help says
+    settings = generate.Settings.from_args(generate.parse_args(["--prompt", "x"]))
+    assert settings.max_new_tokens == 500 and not settings.chosen_max_new_tokens  # what --help says
+    assert generate.Settings.from_args(generate.parse_args(["--prompt", "x", "--max-new-tokens", "500"])).chosen_max_new_tokens
 
 
 def test_a_prompt_file_is_read_as_utf8(checkpoint, capsys, tmp_path):

@@ -339,6 +339,9 @@ def test_large_tools_leave_a_message_room_or_are_refused_naming_what_fills_the_c
             "--max-new-tokens, fewer tools, or a model with a larger context") in err
     assert err.strip().splitlines()[-1] == "error: every line (1) was refused, none answered"
     monkeypatch.setattr("sys.stdin", io.StringIO("Weather in Paris?\n"))
+    assert generate.main([*chat, "--max-new-tokens", "500"]) == 2  # (chosen, though it is the default's number)
+    assert capsys.readouterr().err.strip().endswith("error: every line (1) was refused, none answered")
+    monkeypatch.setattr("sys.stdin", io.StringIO("Weather in Paris?\n"))
     assert generate.main(chat) == 0
     err = capsys.readouterr().err
     assert (f"note: the system prompt and the tools are {fixed} of the context's 512 tokens: {(512 - fixed) // 2} "
