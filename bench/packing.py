@@ -16,9 +16,11 @@ turns, longer and more uneven), from scratch on the same conversations:
 4. long contexts (1k to 8k tokens a row, sequences of 100 to 600 tokens packed in it): the
    peak memory (the kernel's VmHWM, a process each) and tokens a second of a forward and
    backward, each sequence alone (the model's way from model/gpt.py's ALONE_FROM tokens a
-   row) against the dense mask: the mask's memory grows with the square of the context.
+   row) against the dense mask: the mask's memory grows with the square of the context; with
+   --block qwen3, Qwen3's block at the same width (QK-norm, 4 heads of 64 in a stream of 128,
+   RMSNorm, SwiGLU, no biases), as a Qwen3 brought in fine-tunes.
 
-    python -m bench.packing [--epochs 8] [--count 3000] [--quick] [--contexts-only]
+    python -m bench.packing [--epochs 8] [--count 3000] [--quick] [--contexts-only] [--block qwen3]
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ def dense_mask_cost(conversations, vocab: int, rows: int, rounds: int) -> dict:
 
 CONTEXTS = (1024, 2048, 4096, 8192)
 WAYS = {"alone": "each sequence alone", "dense": "the dense mask"}
+BLOCKS = {"tiny": dict(n_kv_head=2),  # the long contexts' model: 4 layers of 128, rope, and one of these blocks
+          "qwen3": dict(n_kv_head=2, head_dim=64, qk_norm=True, norm="rmsnorm", mlp="swiglu", bias=False)}
 
 
 def packed_positions(context: int, rows: int, seed: int = 0) -> torch.Tensor:
@@ -96,15 +100,16 @@ def packed_positions(context: int, rows: int, seed: int = 0) -> torch.Tensor:
     return torch.tensor(positions)
 
 
-def long_context(context: int, way: str, rounds: int, result: str) -> None:
+def long_context(context: int, way: str, rounds: int, result: str, block: str) -> None:
     """(A process of its own, for its peak memory.) Forward and backward of 2 packed rows of
-    `context` tokens, `way` alone or with the dense mask: the median ms, written to `result`."""
+    `context` tokens, `way` alone or with the dense mask, through `block` (BLOCKS): the median
+    ms, written to `result`."""
     from model import GPT, GPTConfig
     from model.attention import Sequences
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=256, block_size=context, n_layer=4, n_head=4, n_kv_head=2, n_embd=128,
-                          pos_encoding="rope"))
+    model = GPT(GPTConfig(vocab_size=256, block_size=context, n_layer=4, n_head=4, n_embd=128, pos_encoding="rope",
+                          **BLOCKS[block]))
     positions = packed_positions(context, 2)
     x = torch.randint(0, 256, positions.shape)
     mask = Sequences.of(positions).mask()[:, 0] if way == "dense" else None  # [B, T, T]
@@ -118,7 +123,7 @@ def long_context(context: int, way: str, rounds: int, result: str) -> None:
     Path(result).write_text(json.dumps({"ms": ms, "tokens_per_second": x.numel() / ms * 1000}))
 
 
-def long_contexts(contexts, rounds: int, threads: int, tmp: Path) -> list[dict]:
+def long_contexts(contexts, rounds: int, threads: int, tmp: Path, block: str = "tiny") -> list[dict]:
     """Each context, each way, in a process of its own: peak memory (VmHWM), ms, tokens a second."""
     from bench.memory import peak_of
 
@@ -127,7 +132,7 @@ def long_contexts(contexts, rounds: int, threads: int, tmp: Path) -> list[dict]:
         for way in WAYS:
             result = tmp / f"context-{context}-{way}.json"
             peak, _, _ = peak_of([sys.executable, "-m", "bench.packing", "--threads", str(threads), "--context-child",
-                                  str(context), way, str(rounds), str(result)])
+                                  str(context), way, str(rounds), str(result), block])
             rows.append({"context": context, "way": way, "peak_mb": peak, **json.loads(result.read_text())})
     return rows
 
@@ -177,14 +182,15 @@ def main() -> None:
     p.add_argument("--count", type=int, default=3000, help="conversations of each set (a tenth held out)")
     p.add_argument("--quick", action="store_true", help="a few conversations of one set, one epoch: a smoke test")
     p.add_argument("--contexts-only", action="store_true", help="only the long contexts (4.)")
+    p.add_argument("--block", choices=BLOCKS, default="tiny", help="the long contexts' block (4.): tiny.yaml's or Qwen3's")
     p.add_argument("--threads", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--context-child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--context-child", nargs=5, help=argparse.SUPPRESS)
     p.add_argument("--out", help="JSON results (default bench/results/packing.json)")
     args = p.parse_args()
     if args.context_child:
         torch.set_num_threads(args.threads)
-        context, way, rounds, result = args.context_child
-        return long_context(int(context), way, int(rounds), result)
+        context, way, rounds, result, block = args.context_child
+        return long_context(int(context), way, int(rounds), result, block)
     if args.quick:
         args.count, args.epochs = 120, 1
     threads = 1 if args.quick else 2  # (two on an idle box; a smoke test keeps its pace beside other work on one)
@@ -194,11 +200,13 @@ def main() -> None:
         for name, (task, turns) in list(SETS.items())[:0 if args.contexts_only else 1 if args.quick else None]:
             rows.append(measure_set(name, task, turns, args.count, args.epochs, Path(tmp), 2 if args.quick else 10,
                                     threads))
-        contexts = long_contexts((256, 512) if args.quick else CONTEXTS, 1 if args.quick else 3, threads, Path(tmp))
+        contexts = long_contexts((256, 512) if args.quick else CONTEXTS, 1 if args.quick else 3, threads, Path(tmp),
+                                 args.block)
     print(table(["context", "way", "peak MB", "ms a step (forward, backward)", "tokens/s"],
                 [[r["context"], WAYS[r["way"]], r["peak_mb"], r["ms"], r["tokens_per_second"]] for r in contexts]))
     if not rows:
-        path = save("packing-contexts", {"machine": machine(threads), "contexts": contexts}, args.out)
+        path = save("packing-contexts" if args.block == "tiny" else f"packing-contexts-{args.block}",
+                    {"machine": machine(threads), "block": args.block, "contexts": contexts}, args.out)
         print(f"saved {path}")
         return
     print(table(["set", "real tokens a conversation (mean, max)", "padding share", "ideal gain", "per packed row",
