@@ -260,12 +260,13 @@ def validation_text(run, tokenizer, scratch: Path, say: bool = True):
 
 
 def page_config(model: GPT) -> dict:
-    """The model's config as the page reads it: GPTConfig's fields, the head size, and the
-    frequencies of its positions as the model computes them (RoPE's θ_i; the sinusoidal
-    encoding's), so that the page's arithmetic starts from the model's own numbers."""
+    """The model's config as the page reads it: GPTConfig's fields, the head size and the heads'
+    width side by side (H·d_k: n_embd unless head_dim), and the frequencies of its positions as
+    the model computes them (RoPE's θ_i; the sinusoidal encoding's), so that the page's
+    arithmetic starts from the model's own numbers."""
     c = model.config
     wpe = getattr(model.transformer, "wpe", None)
-    return {**c.to_dict(), "head_size": c.head_size,
+    return {**c.to_dict(), "head_size": c.head_size, "heads_width": c.heads_width,
             "rope_frequencies": None if model.rotary is None else model.rotary.inv_freq.tolist(),
             "sinusoidal_frequencies": wpe.inv_freq.tolist() if c.pos_encoding == "sinusoidal" else None}
 

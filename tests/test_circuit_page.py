@@ -22,11 +22,13 @@ from test_patching import LINES, lesson_model
 TEXT = LINES + "kQ3kQ3\n"
 
 
-@pytest.fixture(scope="module")
-def lesson(tmp_path_factory):
-    """A scrambled two-layer model over the lesson's alphabet, its page (running it), and a
-    timeline of three snapshots whose lesson's numbers are then set by hand."""
-    model, tokenizer = lesson_model(pos_encoding="rope")
+@pytest.fixture(scope="module", params=[{}, {"qk_norm": True, "head_dim": 12, "norm": "rmsnorm"}],
+                ids=["lesson", "qwen3"])
+def lesson(request, tmp_path_factory):
+    """A scrambled two-layer model over the lesson's alphabet (and one with Qwen3's attention:
+    QK-norm, heads of 12), its page (running it), and a timeline of three snapshots whose
+    lesson's numbers are then set by hand."""
+    model, tokenizer = lesson_model(pos_encoding="rope", **request.param)
     ids = tokenizer.encode(TEXT).ids
     snapshots = {step: functools.partial(lambda m, scale: m, scale=step) for step in (0, 10, 20)}
     val = np.asarray(tokenizer.encode(TEXT * 8).ids)

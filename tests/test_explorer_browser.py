@@ -92,7 +92,10 @@ def pages(tmp_path_factory):
             "hostile": (make_run(tmp / "char2"), HOSTILE),
             "chinese": (make_run(tmp / "zh", text=CHINESE), "今天天气很好。你好，世界"),
             "bpe": (make_run(tmp / "bpe", text=CHINESE + "hello world\n", kind="bpe", vocab_size=262, pos_encoding="learned"),
-                    "你好，hello")}
+                    "你好，hello"),
+            # Qwen3's attention: QK-norm, heads of 24 in a stream of 32
+            "qwen3": (make_run(tmp / "qwen3", qk_norm=True, head_dim=24, n_kv_head=1, norm="rmsnorm", mlp="swiglu",
+                               bias=False), "ROMEO:\nBut soft, what light through yonder")}
     (runs["char"][0] / "config.yaml").write_text("train:\n  seed: 3\n")  # its page of the model at initialisation
     made = {}
     for name, (run, prompt) in runs.items():
@@ -754,10 +757,10 @@ def test_the_chinese_page_shows_no_english_sentence_in_any_state(tmp_path, open_
     assert [(state, ENGLISH.findall(s)) for state, s in seen] == [] and not page.errors
 
 
-@pytest.mark.parametrize("name", ["char", "bpe"])
+@pytest.mark.parametrize("name", ["char", "bpe", "qwen3"])
 def test_where_a_score_comes_from_is_torch_s_split_cell_for_cell(pages, open_page, name):
     """The page splits the picked score (layer 1: the stream's pieces through the norm, W_Q,
-    W_K and the rotation) as inspection/circuits.py does on the same weights: every cell and
+    W_K, QK-norm and the rotation) as inspection/circuits.py does on the same weights: every cell and
     the lead over the other keys, to float32's rounding; the cells add up to step 2's score;
     a click on another key in the five steps splits that one's; in both languages."""
     from inspection.circuits import score_sources

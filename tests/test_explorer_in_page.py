@@ -43,7 +43,8 @@ TEXT = ("ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the e
 TINY = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())["model"]
 SMALL = dict(block_size=64, n_layer=2, n_head=4, n_embd=64)
 # (tokenizer, its vocabulary size, the model): each position encoding, grouped and full
-# heads, SwiGLU, RMSNorm, post-LN, tied and untied, GELU's tanh form, biases on q, k, v only
+# heads, SwiGLU, RMSNorm, post-LN, tied and untied, GELU's tanh form, biases on q, k, v only,
+# QK-norm and heads of their own size
 CONFIGS = {
     "tiny": ("bpe", 400, TINY),  # rotary, 4 heads sharing 2 key/value heads, LayerNorm, GELU, tied
     "gpt2": ("char", 0, SMALL | dict(pos_encoding="learned", activation="gelu_tanh")),
@@ -51,6 +52,8 @@ CONFIGS = {
                                       norm_eps=1e-3)),
     "llama": ("bpe", 400, SMALL | dict(pos_encoding="rope", n_kv_head=1, norm="rmsnorm", mlp="swiglu",
                                        tie_embeddings=False, bias=False, qkv_bias=True, norm_eps=1e-6)),
+    "qwen3": ("bpe", 400, SMALL | dict(pos_encoding="rope", n_kv_head=2, norm="rmsnorm", mlp="swiglu", bias=False,
+                                       qk_norm=True, head_dim=24, norm_eps=1e-6)),  # QK-norm, heads of 24 in 64
     "wider": ("bpe", 400, dict(block_size=64, n_layer=3, n_head=8, n_kv_head=4, n_embd=256, pos_encoding="rope")),
 }
 TINY_TOLERANCE = 1e-5  # tiny's logits: absolute

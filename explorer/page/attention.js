@@ -212,15 +212,16 @@ const AttentionPanels = (() => {
     const c = Page.data.config;
     const row = el("div", { class: "vector-row", "data-which": which });
     row.append(el("h4", { text: t(`${which}Row`, { position, text: tokenLabel(Page.data.tokens[position]) }) }));
-    const rotated = c.pos_encoding === "rope" && which !== "v";
+    const turned = (c.pos_encoding === "rope" || c.qk_norm) && which !== "v"; // (q and k go on past W)
     const layer = layerData(v.layer);
     if (!layer.c_attn) { // too large to embed: the model's vector alone
       row.append(vectorBox(traced, `${which}-model`));
-    } else if (rotated) { // RoPE: computed from the weights before the rotation, the model's after it
+    } else if (turned) { // RoPE, QK-norm: computed from the weights before them, the model's after them
       const before = projected(layer.c_attn, which, v.head, attentionInput(layer, position), c);
-      row.append(el("p", { class: "note", text: t("beforeRotation", { position, input: inputName() }) }),
+      row.append(el("p", { class: "note", text: t(c.qk_norm ? "beforeQkNorm" : "beforeRotation", { position, input: inputName() }) }),
         coordinates(before, which, position, `${which}-before`),
-        el("p", { class: "note", text: t("afterRotation", { position }) }), vectorBox(traced, `${which}-model`));
+        el("p", { class: "note", text: t(c.qk_norm ? "afterQkNorm" : "afterRotation", { position }) }),
+        vectorBox(traced, `${which}-model`));
     } else { // the model's own vector, each coordinate a sum of products to click
       row.append(el("p", { class: "note", text: t("modelVector", { input: inputName() }) }), coordinates(traced, which, position, `${which}-model`));
     }

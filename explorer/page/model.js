@@ -7,7 +7,7 @@
 // numbers), so the page is at least as exact as torch's float32 kernels.
 const Model = (() => {
   "use strict";
-  const { values, add, lastRow, fiveSteps, ropeAngles, normStatistics, nextTokenProbabilities } = Numbers;
+  const { values, add, lastRow, fiveSteps, ropeAngles, normStatistics, qkNormed, nextTokenProbabilities } = Numbers;
 
 
   // The weights: {name: array} as model.state_dict() names them ("transformer.h.0.attn.c_attn.weight")
@@ -186,28 +186,30 @@ const Model = (() => {
   }
 
   // MultiHead(x) = concat(head_1 … head_H) W_O, head_h = Attention(x W_Q,h, x W_K,h, x W_V,h):
-  // x [T, C] -> [T, C]; with grouped-query attention key/value head h / (H / H_kv) serves head h.
+  // x [T, C] -> [T, C]; with grouped-query attention key/value head h / (H / H_kv) serves head h;
+  // with QK-norm each head's q and k are normed before the rotation (qkNorm).
   // options: scale, mask (the experiments: false switches them off), off (this layer's heads
   // switched off: [H] of 0 or 1), patches (this layer's heads' patches: patched), deltas (where
   // a patch on one path leaves its difference). record, if given, receives q, k, v, weights and heads.
   function attention(model, layer, x, T, cache, options, record) {
     const c = model.config;
-    const { n_head: H, n_kv_head: Hkv, head_size: dk, n_embd: C } = c;
+    const { n_head: H, n_kv_head: Hkv, head_size: dk, heads_width: HD } = c; // (HD = H · d_k: C unless head_dim)
     const prefix = `transformer.h.${layer}.attn`;
-    const qkv = linear(x, T, param(model, `${prefix}.c_attn.weight`), param(model, `${prefix}.c_attn.bias`)); // [T, C + 2 H_kv d_k]
-    const width = C + 2 * Hkv * dk;
+    const qkv = linear(x, T, param(model, `${prefix}.c_attn.weight`), param(model, `${prefix}.c_attn.bias`)); // [T, H d_k + 2 H_kv d_k]
+    const width = HD + 2 * Hkv * dk;
     const past = cache.length;
     const slice = (t, start) => qkv.slice(t * width + start, t * width + start + dk);
     const turned = (vector, t) => (c.pos_encoding === "rope" ? rotate(vector, past + t, c.rope_frequencies) : vector);
+    const normed = qkNorm(model, layer);
     // split into heads: q [H][T] d_k-vectors; k and v [H_kv][T], appended to the cache's
-    const q = Array.from({ length: H }, (_, h) => Array.from({ length: T }, (_, t) => turned(slice(t, h * dk), t)));
+    const q = Array.from({ length: H }, (_, h) => Array.from({ length: T }, (_, t) => turned(normed.q(slice(t, h * dk)), t)));
     for (let g = 0; g < Hkv; g++) {
       for (let t = 0; t < T; t++) {
-        cache.k[layer][g].push(turned(slice(t, C + g * dk), t));
-        cache.v[layer][g].push(slice(t, C + Hkv * dk + g * dk));
+        cache.k[layer][g].push(turned(normed.k(slice(t, HD + g * dk)), t));
+        cache.v[layer][g].push(slice(t, HD + Hkv * dk + g * dk));
       }
     }
-    const merged = new Float32Array(T * C); // [T, H · d_k]: the heads side by side
+    const merged = new Float32Array(T * HD); // [T, H · d_k]: the heads side by side
     const weights = [], heads = [];
     for (let h = 0; h < H; h++) {
       const g = Math.floor(h / (H / Hkv));
@@ -220,12 +222,22 @@ const Model = (() => {
         for (let d = 0; d < dk; d++) outputs[t * dk + d] = on * s.output[d];
       }
       for (const patch of (options.patches || []).filter((p) => p.head === h)) patched(model, layer, patch, outputs, options.deltas);
-      for (let t = 0; t < T; t++) merged.set(outputs.subarray(t * dk, (t + 1) * dk), t * C + h * dk);
+      for (let t = 0; t < T; t++) merged.set(outputs.subarray(t * dk, (t + 1) * dk), t * HD + h * dk);
       weights.push(rows);
       heads.push(outputs);
     }
     if (record) Object.assign(record, { q, k: cache.k[layer], v: cache.v[layer], weights, heads });
     return linear(merged, T, param(model, `${prefix}.c_proj.weight`), param(model, `${prefix}.c_proj.bias`)); // W_O
+  }
+
+  // QK-norm of block `layer` (Qwen3's): {q, k}, each a d_k-vector -> itself normed (the identity
+  // where the model has none)
+  function qkNorm(model, layer) {
+    const c = model.config;
+    if (!c.qk_norm) return { q: (v) => v, k: (v) => v };
+    const gain = (which) => values(param(model, `transformer.h.${layer}.attn.${which}_norm.weight`));
+    const [gq, gk] = [gain("q"), gain("k")];
+    return { q: (v) => Float32Array.from(qkNormed(v, gq, c.norm_eps)), k: (v) => Float32Array.from(qkNormed(v, gk, c.norm_eps)) };
   }
 
   // Activation patching (model/trace.py's Patch): {layer, head (null: the block's feed-forward
@@ -234,7 +246,7 @@ const Model = (() => {
   // it stays, and the difference value − own, through the head's columns of W_O, is added to
   // deltas[path]: the final norm's input, or this block's ln_2 input, alone reads it.
   function patched(model, layer, patch, outputs, deltas) {
-    const { n_embd: C, head_size: dk } = model.config;
+    const { n_embd: C, head_size: dk, heads_width: HD } = model.config;
     const width = patch.head === null ? C : dk;
     const T = outputs.length / width;
     if (patch.path === "all") {
@@ -244,13 +256,13 @@ const Model = (() => {
       }
       return;
     }
-    const wO = values(param(model, `transformer.h.${layer}.attn.c_proj.weight`)); // [C, C]
+    const wO = values(param(model, `transformer.h.${layer}.attn.c_proj.weight`)); // [C, H d_k]
     const delta = deltas[patch.path];
     for (let t = 0; t < T; t++) {
       if (!patch.where[t]) continue;
       for (let i = 0; i < C; i++) {
         let sum = 0;
-        for (let d = 0; d < dk; d++) sum += wO[i * C + patch.head * dk + d] * (patch.value[t * dk + d] - outputs[t * dk + d]);
+        for (let d = 0; d < dk; d++) sum += wO[i * HD + patch.head * dk + d] * (patch.value[t * dk + d] - outputs[t * dk + d]);
         delta[t * C + i] += sum;
       }
     }
@@ -345,6 +357,6 @@ const Model = (() => {
     return probs.findLastIndex((p) => p > 0);
   }
 
-  return { withWeights, cAttnOf, forward, linear, normalised, feedForward, finalNorm, lmHead, rotate, generate, erf,
-    ACTIVATIONS };
+  return { withWeights, cAttnOf, forward, linear, normalised, feedForward, finalNorm, lmHead, rotate, qkNorm, generate,
+    erf, ACTIVATIONS };
 })();

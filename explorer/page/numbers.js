@@ -113,13 +113,14 @@ const Numbers = (() => {
 
   // ---- where q, k and v come from: one head's slice of x W + b --------------------------------
 
-  // c_attn's weight is [C + 2·H_kv·d_k, C] (out × in, as nn.Linear stores it): the rows of q
-  // (H heads of d_k), then of k, then of v (H_kv heads each: grouped-query attention shares
-  // key/value head h / (H / H_kv) among its group); coordinate d of head h is one row.
+  // c_attn's weight is [H·d_k + 2·H_kv·d_k, C] (out × in, as nn.Linear stores it; H·d_k = C
+  // unless the model sets head_dim): the rows of q (H heads of d_k), then of k, then of v (H_kv
+  // heads each: grouped-query attention shares key/value head h / (H / H_kv) among its group);
+  // coordinate d of head h is one row.
   function projectionTerms(cAttn, which, head, dim, x, config) {
-    const { n_embd: C, head_size: dk, n_head: H } = config;
+    const { heads_width: HD, head_size: dk, n_head: H } = config;
     const kv = config.n_kv_head ?? H;
-    const start = { q: 0, k: C, v: C + kv * dk }[which];
+    const start = { q: 0, k: HD, v: HD + kv * dk }[which];
     const row = start + (which === "q" ? head : Math.floor(head / (H / kv))) * dk + dim;
     const weights = rowOf(cAttn.weight, row); // [3C, C]: one row per output coordinate
     const bias = cAttn.bias ? values(cAttn.bias)[row] : 0;
@@ -135,6 +136,13 @@ const Numbers = (() => {
   // model's own frequencies (base^(-2i/d_k), stretched where it has Llama 3's rope_scaling)
   function ropeAngles(position, frequencies) {
     return frequencies.map((theta) => position * theta);
+  }
+
+  // QK-norm (model/attention.py's q_norm and k_norm, Qwen3's): a head's q (or k) divided by its
+  // root mean square and scaled by the gain, coordinate by coordinate. `divisor`, where given, is
+  // the whole vector's: a piece of it (sources.js) is divided by the same, and the pieces still add up.
+  function qkNormed(vector, gain, eps, divisor = normStatistics(vector, "rmsnorm", eps).divisor) {
+    return Array.from(vector, (x, d) => (x / divisor) * gain[d]);
   }
 
   // What a norm divides by, and what it takes away first: LayerNorm (x − mean) / √(var + ε),
@@ -189,5 +197,5 @@ const Numbers = (() => {
   }
 
   return { tensor, values, rowOf, rows, lastRow, add, dot, norm, softmax, logSoftmax, largest, fiveSteps,
-    projectionTerms, projected, ropeAngles, normStatistics, nextTokenProbabilities, cutBy };
+    projectionTerms, projected, ropeAngles, normStatistics, qkNormed, nextTokenProbabilities, cutBy };
 })();

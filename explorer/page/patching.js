@@ -129,7 +129,7 @@ const Patching = (() => {
   // [K][T]: the scored loss with component k's clean output `values[k]` at position p alone
   function positionGrid(model, ids, pass, values, found, scored) {
     const c = model.config;
-    const { n_embd: C, head_size: dk } = c;
+    const { n_embd: C, head_size: dk, heads_width: HD } = c;
     const T = ids.length;
     const L = c.n_layer - 1;
     const targets = ids.slice(1);
@@ -140,7 +140,7 @@ const Patching = (() => {
       const w = Numbers.values(model.weights[`transformer.h.${l}.attn.c_proj.weight`]);
       return Float32Array.from({ length: C }, (_, i) => {
         let sum = 0;
-        for (let d = 0; d < dk; d++) sum += w[i * C + h * dk + d] * difference[d];
+        for (let d = 0; d < dk; d++) sum += w[i * HD + h * dk + d] * difference[d];
         return sum;
       });
     };
@@ -173,22 +173,23 @@ const Patching = (() => {
   // The scored loss (summed) when the last block's input changes at row p to x [C]
   function nextBlock(model, pass, x, p, scored, targets, own, base) {
     const c = model.config;
-    const { n_embd: C, head_size: dk, n_head: H, n_kv_head: Hkv } = c;
+    const { n_embd: C, head_size: dk, n_head: H, n_kv_head: Hkv, heads_width: HD } = c;
     const L = c.n_layer - 1;
     const layer = pass.layers[L];
     const prefix = `transformer.h.${L}.attn`;
     const normed = Model.normalised(model, `transformer.h.${L}.ln_1`, x, 1);
     const qkv = Model.linear(normed, 1, model.weights[`${prefix}.c_attn.weight`], model.weights[`${prefix}.c_attn.bias`] ?? null);
     const turned = (vector) => (c.pos_encoding === "rope" ? Model.rotate(vector, p, c.rope_frequencies) : vector);
-    const q = Array.from({ length: H }, (_, h) => turned(qkv.slice(h * dk, (h + 1) * dk)));
-    const k = Array.from({ length: Hkv }, (_, g) => turned(qkv.slice(C + g * dk, C + (g + 1) * dk)));
-    const v = Array.from({ length: Hkv }, (_, g) => qkv.slice(C + Hkv * dk + g * dk, C + Hkv * dk + (g + 1) * dk));
+    const qk = Model.qkNorm(model, L);
+    const q = Array.from({ length: H }, (_, h) => turned(qk.q(qkv.slice(h * dk, (h + 1) * dk))));
+    const k = Array.from({ length: Hkv }, (_, g) => turned(qk.k(qkv.slice(HD + g * dk, HD + (g + 1) * dk))));
+    const v = Array.from({ length: Hkv }, (_, g) => qkv.slice(HD + Hkv * dk + g * dk, HD + Hkv * dk + (g + 1) * dk));
     const dot = Numbers.dot;
     const factor = 1 / Math.sqrt(dk);
     let total = base;
     for (let j = p; j < scored.length; j++) {
       if (!scored[j]) continue;
-      const merged = new Float32Array(C);
+      const merged = new Float32Array(HD);
       for (let h = 0; h < H; h++) {
         const g = Math.floor(h / (H / Hkv));
         const keys = layer.k[g], values = layer.v[g];

@@ -15,16 +15,16 @@ const Sources = (() => {
   // What wrote the stream entering block `layer` at position t: [{name, vector [C]}] (they add up to it)
   function pieces(model, data, layer, t) {
     const c = model.config;
-    const { n_embd: C, head_size: dk } = c;
+    const { n_embd: C, head_size: dk, heads_width: HD } = c;
     const found = [{ name: "token", vector: rowOf(data.embedding.token, t) }];
     if (data.embedding.position) found.push({ name: "position", vector: rowOf(data.embedding.position, t) });
     for (let l = 0; l < layer; l++) {
-      const wO = values(param(model, `transformer.h.${l}.attn.c_proj.weight`)); // [C, C]: head h writes through its d_k columns
+      const wO = values(param(model, `transformer.h.${l}.attn.c_proj.weight`)); // [C, H d_k]: head h writes through its d_k columns
       data.layers[l].heads.forEach((head, h) => {
         const y = rowOf(head.output, t); // [d_k]
         const vector = Array.from({ length: C }, (_, i) => {
           let sum = 0;
-          for (let d = 0; d < dk; d++) sum += wO[i * C + h * dk + d] * y[d];
+          for (let d = 0; d < dk; d++) sum += wO[i * HD + h * dk + d] * y[d];
           return sum;
         });
         found.push({ name: `L${l}H${h}`, vector });
@@ -55,8 +55,8 @@ const Sources = (() => {
   // The rows of c_attn that make head h's q (or k: its key/value head's), and their bias
   function projection(model, layer, which, head) {
     const c = model.config;
-    const { n_embd: C, head_size: dk } = c;
-    const start = which === "q" ? head * dk : C + Math.floor(head / (c.n_head / c.n_kv_head)) * dk;
+    const { n_embd: C, head_size: dk, heads_width: HD } = c;
+    const start = which === "q" ? head * dk : HD + Math.floor(head / (c.n_head / c.n_kv_head)) * dk;
     const weight = values(param(model, `transformer.h.${layer}.attn.c_attn.weight`));
     const bias = param(model, `transformer.h.${layer}.attn.c_attn.bias`);
     const rows = Array.from({ length: dk }, (_, d) => weight.subarray((start + d) * C, (start + d + 1) * C));
@@ -64,12 +64,20 @@ const Sources = (() => {
   }
 
   // The pieces at position t as q (or k) parts [P + 1][d_k]: through W (the shift with the
-  // bias), then turned by the rotation of position t where the model has RoPE
+  // bias), QK-norm where the model has it (each part divided by the RMS of their sum, the vector
+  // the norm sees, and scaled by its gain: parts that still add up), then turned by the rotation
+  // of position t where the model has RoPE
   function parts(model, data, layer, which, head, t) {
     const through = normed(model, data, layer, t, pieces(model, data, layer, t));
     const { rows, bias } = projection(model, layer, which, head);
-    const made = through.map((x, p) => rows.map((w, d) => dot(w, x) + (p === through.length - 1 && bias ? bias[d] : 0)));
+    let made = through.map((x, p) => rows.map((w, d) => dot(w, x) + (p === through.length - 1 && bias ? bias[d] : 0)));
     const c = model.config;
+    if (c.qk_norm) {
+      const gain = values(param(model, `transformer.h.${layer}.attn.${which}_norm.weight`));
+      const whole = made[0].map((_, d) => made.reduce((sum, part) => sum + part[d], 0));
+      const { divisor } = normStatistics(whole, "rmsnorm", c.norm_eps);
+      made = made.map((part) => Numbers.qkNormed(part, gain, c.norm_eps, divisor));
+    }
     return c.pos_encoding === "rope" ? made.map((vector) => Array.from(Model.rotate(vector, t, c.rope_frequencies))) : made;
   }
 
