@@ -66,7 +66,7 @@ def export_kind(c: GPTConfig) -> str:
                 f"norm_position={c.norm_position}" if c.norm_position != "pre" else None,
                 f"mlp={c.mlp} (Llama's feed-forward network is SwiGLU)" if modern and c.mlp != "swiglu" else None,
                 f"norm={c.norm} (Llama normalises with RMSNorm)" if modern and c.norm != "rmsnorm" else None,
-                f"qkv_bias={c.qkv_bias} with bias={c.bias}" if c.qkv_bias != c.bias and kind == "llama" else None,
+                f"qkv_bias={c.qkv_bias} with bias={c.bias}" if c.qkv_bias != c.bias and kind not in ("qwen2", "qwen3") else None,
                 "bias=true (Qwen3's feed-forward network has no biases)" if kind == "qwen3" and c.bias else None]
     if not modern:
         problems.append(f"head_dim={c.head_dim} (its heads are n_embd / n_head wide)" if c.head_dim else None)

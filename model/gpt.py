@@ -115,7 +115,8 @@ class GPT(nn.Module):
         """Matmul FLOPs per token, as in the PaLM paper's MFU (and nanoGPT): 2 per weight
         of every Linear layer (the LM head included; embeddings are lookups, norms and
         biases are not matmuls), plus attention's Q Kᵀ and weights @ V, 2 · 2 · T · H · d_k per
-        layer at context T = seq_len (H · d_k = C unless head_dim). Training (forward and backward) costs 3× the forward."""
+        layer at context T = seq_len (H · d_k = C unless head_dim). Training (forward and
+        backward) costs 3× the forward."""
         c = self.config
         T = c.block_size if seq_len is None else seq_len
         matmul_weights = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))

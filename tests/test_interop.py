@@ -199,6 +199,8 @@ def test_model_card(runs, exported):
     ({"mlp": "swiglu", "norm": "rmsnorm"}, "as Llama, no transformers class computes a model with pos_encoding=learned"),
     ({"tie_embeddings": False, "pos_encoding": "rope"}, "as GPT-NeoX, no transformers class computes a model with "
                                                         "tie_embeddings=false"),
+    ({"bias": False, "qkv_bias": True}, "as GPT-2, no transformers class computes a model with qkv_bias=True with "
+                                        "bias=False"),
     ({"head_dim": 6, "pos_encoding": "rope"}, "as GPT-NeoX, no transformers class computes a model with head_dim=6 "
                                               "(its heads are n_embd / n_head wide)"),
     ({"qk_norm": True, "pos_encoding": "rope", "norm": "rmsnorm", "mlp": "swiglu"},
