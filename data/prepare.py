@@ -51,7 +51,8 @@ from .config import DataConfig
 from .conversations import BadRecord, Skipped
 from .shared import END, DataError, Piece
 from .text import Source
-from .tokenizer import UNK, Encoder, Unencodable, end_of_text_id, load_tokenizer, lost_characters, start_ids, train_tokenizer
+from .tokenizer import (UNK, Encoder, Unencodable, end_of_text_id, load_tokenizer, lost_characters, start_ids,
+                        train_tokenizer)
 
 
 # The files of a prepared folder (the layout above), named in one place.

@@ -187,17 +187,21 @@ class Unencodable:
             return
         for ch in set(text):
             if ch not in self.writes:
-                self.writes[ch] = any(ch in self.tokenizer.decode(self.tokenizer.encode(probe, add_special_tokens=False).ids)
-                                      for probe in (ch, f"a{ch}a"))
+                self.writes[ch] = any(ch in self.written(probe) for probe in (ch, f"a{ch}a"))
             if not self.writes[ch]:
                 self.lost[ch] = self.lost.get(ch, 0) + text.count(ch)
+
+    def written(self, text: str) -> str:
+        """decode(encode(text)): the text as the tokenizer writes it back."""
+        return self.tokenizer.decode(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 def lost_characters(lost: dict[str, int], characters: int) -> str:
     """Unencodable's count in words: how many characters, how many times in how many, and each
     (in JSON's spelling: a newline as "\\n")."""
     times = sum(lost.values())
-    each = ", ".join(f"{json.dumps(ch, ensure_ascii=False)} ×{n:,}" for ch, n in sorted(lost.items(), key=lambda kv: -kv[1]))
+    by_count = sorted(lost.items(), key=lambda item: -item[1])
+    each = ", ".join(f"{json.dumps(ch, ensure_ascii=False)} ×{n:,}" for ch, n in by_count)
     return (f"{len(lost)} character{'s' if len(lost) > 1 else ''} it cannot write, {times:,} times in {characters:,} "
             f"({times / max(characters, 1):.2%}): {each}")
 

@@ -36,8 +36,9 @@ LLAMA_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "a
 QK_NORM_NAMES = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}  # Qwen3's, with QK-norm
 MODERN = ("llama", "qwen2", "qwen3")  # the kinds of the modern block, in Llama's names
 PEFT_PREFIX = "base_model.model."  # (a PeftModel's name for the transformers model it wraps)
+# export_kind -> the token embedding's module
 EMBEDDINGS = {"gpt2": "transformer.wte", "gpt_neox": "gpt_neox.embed_in", "llama": "model.embed_tokens",
-              "qwen2": "model.embed_tokens", "qwen3": "model.embed_tokens"}  # export_kind -> the token embedding's module
+              "qwen2": "model.embed_tokens", "qwen3": "model.embed_tokens"}
 NEOX_NAMES = {"ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attn.c_attn": "attention.query_key_value",
               "attn.c_proj": "attention.dense", "mlp.c_fc": "mlp.dense_h_to_4h", "mlp.c_proj": "mlp.dense_4h_to_h"}
 
@@ -66,7 +67,8 @@ def export_kind(c: GPTConfig) -> str:
                 f"norm_position={c.norm_position}" if c.norm_position != "pre" else None,
                 f"mlp={c.mlp} (Llama's feed-forward network is SwiGLU)" if modern and c.mlp != "swiglu" else None,
                 f"norm={c.norm} (Llama normalises with RMSNorm)" if modern and c.norm != "rmsnorm" else None,
-                f"qkv_bias={c.qkv_bias} with bias={c.bias}" if c.qkv_bias != c.bias and kind not in ("qwen2", "qwen3") else None,
+                f"qkv_bias={c.qkv_bias} with bias={c.bias}"
+                if c.qkv_bias != c.bias and kind not in ("qwen2", "qwen3") else None,
                 "bias=true (Qwen3's feed-forward network has no biases)" if kind == "qwen3" and c.bias else None]
     if not modern:
         problems.append(f"head_dim={c.head_dim} (its heads are n_embd / n_head wide)" if c.head_dim else None)
