@@ -84,7 +84,7 @@ def test_a_models_own_template_renders_and_tokenizes_as_transformers_does():
     assert learnt(tokenizer, ids, mask) == "5<|im_end|>8, of course<|im_end|>"
 
 
-QWEN3_TEMPLATE = (ROOT / "tests" / "data" / "qwen3_chat_template.jinja").read_text()  # Qwen3-0.6B's (Apache-2.0)
+QWEN3_TEMPLATE = (ROOT / "tests" / "data" / "qwen3_chat_template.jinja").read_text()  # Qwen3's (its first line says whence)
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "Today's weather in a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 WITH_A_CALL = [*TWO_TURNS[:3], {"role": "user", "content": "weather in Paris?"},
