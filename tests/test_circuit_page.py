@@ -22,8 +22,9 @@ from test_patching import LINES, lesson_model
 TEXT = LINES + "kQ3kQ3\n"
 
 
-@pytest.fixture(scope="module", params=[{}, {"qk_norm": True, "head_dim": 12, "norm": "rmsnorm"}],
-                ids=["lesson", "qwen3"])
+@pytest.fixture(scope="module", params=[
+    pytest.param({}, id="lesson"),
+    pytest.param({"qk_norm": True, "head_dim": 12, "norm": "rmsnorm"}, id="qwen3", marks=pytest.mark.slow)])
 def lesson(request, tmp_path_factory):
     """A scrambled two-layer model over the lesson's alphabet (and one with Qwen3's attention:
     QK-norm, heads of 12), its page (running it), and a timeline of three snapshots whose

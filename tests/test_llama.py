@@ -368,7 +368,7 @@ def test_qwen3_comes_in_and_goes_out_exact(tmp_path, corpus, tied):
         open_base_model(str(tmp_path / "window"))
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["every weight", "LoRA"])
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["every weight", "LoRA"])
 def test_a_qwen3_fine_tuned_on_packed_conversations_with_tools_exports_with_its_template(tmp_path, corpus, lora):
     """A practitioner's path from a Qwen3 folder: fine-tuned (every weight, or LoRA) on
     conversations with tool calls, packed, with Qwen3's own chat template; the export is a

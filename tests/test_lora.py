@@ -265,7 +265,8 @@ SHAPES = {"gpt2": ["model.pos_encoding=learned"], "gpt_neox": [],
 
 
 @pytest.mark.parametrize("kind", [pytest.param("gpt2", marks=pytest.mark.slow), "gpt_neox", "llama",
-                                  pytest.param("qwen2", marks=pytest.mark.slow), "qwen3"])
+                                  pytest.param("qwen2", marks=pytest.mark.slow),
+                                  pytest.param("qwen3", marks=pytest.mark.slow)])
 def test_the_adapters_export_as_peft_s_over_the_base_with_the_merged_logits(runs, tmp_path, kind):
     """export.py --adapters: peft's PeftModel over base/ (train.init_from's model, exported)
     computes the merged export's logits, for each kind the export writes: GPT-2's fused
