@@ -72,7 +72,8 @@ def starts_file(split: str) -> str:
     return f"{split}.starts.npy"
 
 
-FORMAT_VERSION = 2  # 2: BPE text cut only where the tokens cannot change; char vocabularies hold "\n"
+FORMAT_VERSION = 3  # 2: BPE text cut only where the tokens cannot change; char vocabularies hold "\n"; 3: meta.json
+# counts the characters a given tokenizer cannot write (token files made before never counted them)
 CHUNK_CHARS = 1 << 20  # text is tokenized in chunks of about 1M characters
 LEGACY_CACHE = Path(__file__).resolve().parent / "cache"  # the default before default_cache(): still read
 SPLITS = ("train", "val")
