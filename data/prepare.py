@@ -240,13 +240,11 @@ def fill(tmp: Path, form: Format, settings: dict, fingerprint: str, directory: P
                  for split, records in (("train", train), ("val", src.val()))}
     # 4. what the kind checks of them
     form.check(sizes)
-    for split in SPLITS:  # (training text has unknown tokens, or characters it cannot write, only with a given tokenizer)
+    for split in SPLITS:  # (training text has unknown tokens only with a given tokenizer; the characters
+        # it cannot write are said at every use of the files: check_unencodable, TokenFiles.characters_lost)
         if sizes[split]["unknown"]:
             log(f"warning: {sizes[split]['unknown']} {split} characters are not in the tokenizer's vocabulary; "
                 "they are encoded as <unk>")
-        if sizes[split]["unencodable"]:
-            log(f"warning: in the {split} split the tokenizer finds "
-                f"{lost_characters(sizes[split]['unencodable'], sizes[split]['characters'])}")
     # 5. meta.json: what the folder is, and each split's counts
     meta = {"fingerprint": fingerprint, "source": src.identity, "settings": settings, "kind": form.kind,
             **form.meta(), **({"val_split": src.val_split()} if src.val_split() else {}),

@@ -174,8 +174,9 @@ class MultiHeadAttention(nn.Module):
         q = q.view(B, T, H, d_k).transpose(1, 2)  # [B, H, T, d_k]
         k = k.view(B, T, H_kv, d_k).transpose(1, 2)  # [B, H_kv, T, d_k]
         v = v.view(B, T, H_kv, d_k).transpose(1, 2)  # [B, H_kv, T, d_k]
-        if self.q_norm is not None:  # each head's vector of d_k on its own, in the gains' precision (under
-            # autocast q and k arrive in bfloat16, and the norm's sums want float32, as Qwen3 computes them)
+        if self.q_norm is not None:
+            # QK-norm: each head's d_k numbers on their own, in the gains' precision (under autocast
+            # q and k arrive in bfloat16; the norm's sums want float32, as Qwen3 takes them)
             dtype = self.q_norm.weight.dtype
             q, k = self.q_norm(q.to(dtype)).to(v.dtype), self.k_norm(k.to(dtype)).to(v.dtype)
         if rope is not None:
